@@ -1,0 +1,331 @@
+"""The ledger: who holds which devices, and the one place that grants or refuses them.
+
+Vocabulary
+- *allocation*: a granted request: id, owner, team, offer, what it is for (``kind``/``ref``), the
+  devices it holds and what it costs in GPU-equivalents (thousandths).
+- *device*: one held GPU (``profile is None``) or MIG instance (profile, start slot, and the
+  ``MIG-…`` UUID once the instance exists).
+- *restore*: rebuilding the ledger from persisted allocations after a restart, against the
+  inventory found now. Allocations whose devices are gone (or now conflict) come back as *lost*.
+
+Invariants, checked by :meth:`Ledger.check_invariants` and kept by every operation:
+no slot has two owners; a whole GPU is never handed out while MIG instances are on it (nor MIG on
+a whole-held GPU); multi-GPU allocations sit on one node; no team holds more than guarantee plus
+borrowing limit; the usage counters equal the sum of the allocations.
+
+Contract: pure and synchronous. Every operation either completes or leaves the ledger unchanged.
+Clocks and ids come from the caller.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from .errors import InvalidRequest, NoCapacity, UnknownAllocation
+from .inventory import Inventory
+from .occupancy import Occupancy
+from .offers import Offer, Request
+from .placement import Demand, Pick, PlacementPolicy, make_policy
+from .quota import EVERYONE, Team, check_offer, check_quota
+from .units import fmt
+
+
+@dataclass(frozen=True)
+class Device:
+    gpu: str
+    profile: str | None = None
+    start: int | None = None
+    instance: str | None = None
+
+    @property
+    def visible_id(self) -> str:
+        """What goes into ``CUDA_VISIBLE_DEVICES``: the MIG UUID if known, else the GPU UUID."""
+        return self.instance or self.gpu
+
+
+@dataclass(frozen=True)
+class Allocation:
+    id: str
+    user: str
+    team: str
+    offer: str
+    kind: str
+    ref: str
+    count: int
+    cost_milli: int
+    node: str | None
+    devices: tuple[Device, ...]
+    created: float = 0.0
+
+    @property
+    def visible_devices(self) -> str:
+        return ",".join(d.visible_id for d in self.devices)
+
+
+class Ledger:
+    def __init__(
+        self,
+        inventory: Inventory,
+        offers: Mapping[str, Offer],
+        teams: Mapping[str, Team],
+        everyone: Team | None = None,
+        policy: PlacementPolicy | str = "gpupool",
+    ) -> None:
+        self.inventory = inventory
+        self.offers = dict(offers)
+        self.teams = dict(teams)
+        self.everyone = everyone or Team(EVERYONE, offers=frozenset({"cpu"}))
+        self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        self.occ = Occupancy(inventory)
+        self.allocations: dict[str, Allocation] = {}
+        self.team_used: Counter[str] = Counter()
+        self.user_used: Counter[tuple[str, str]] = Counter()
+
+    # -- questions -------------------------------------------------------------------------
+    def team(self, name: str) -> Team:
+        if name == self.everyone.name:
+            return self.everyone
+        try:
+            return self.teams[name]
+        except KeyError:
+            raise InvalidRequest(f"Unknown team {name!r}.") from None
+
+    def placeable(self, offer: Offer) -> int:
+        """How many of ``offer`` could be granted right now, ignoring quotas.
+
+        For whole GPUs: the most free GPUs on one node. For MIG: instances that fit, summed over
+        GPUs (each GPU counted on its own, so this is exact for one request at a time).
+        """
+        occ = self.occ
+        if offer.kind == "cpu":
+            return 1
+        if offer.kind == "gpu":
+            return max(
+                (
+                    f
+                    for (model, f, _), b in occ.node_buckets.items()
+                    if b and (offer.model is None or model == offer.model)
+                ),
+                default=0,
+            )
+        total = 0
+        for (model, _mode, mask), bucket in occ.mig_buckets.items():
+            g = bucket.min() if offer.model in (None, model) else None
+            geo = occ.geometry[g] if g is not None else None
+            p = geo.resolve(offer.profile) if geo else None
+            if geo and p:
+                total += len(bucket) * geo.max_fit[p][mask]
+        for g in occ.fixed:
+            geo = occ.geometry[g]
+            p = geo.resolve(offer.profile) if geo else None
+            if geo and p and offer.model in (None, occ.gpus[g].model):
+                total += len(occ.free_instances(g, p))
+        return total
+
+    def free_now(self, team: Team) -> str:
+        """``"2× 1g.10gb, 1× h100"``: what this team could still get, for refusal messages."""
+        parts = []
+        for name, offer in sorted(self.offers.items()):
+            if offer.kind == "cpu" or not team.allows(name):
+                continue
+            n = self.placeable(offer)
+            if n:
+                what = offer.profile if offer.kind == "mig" else name
+                parts.append(f"{n}× {what}")
+        return ", ".join(parts) or "nothing"
+
+    # -- operations ------------------------------------------------------------------------
+    def allocate(self, request: Request, alloc_id: str, created: float = 0.0) -> Allocation:
+        """Grant ``request`` or raise; the ledger is unchanged when it raises."""
+        if alloc_id in self.allocations:
+            raise InvalidRequest(f"Allocation {alloc_id} exists already.")
+        team = self.team(request.team)
+        offer = check_offer(team, self.offers, request.offer, request.count)
+        what = f"{request.count}× {offer.label}" if offer.kind == "gpu" else offer.label
+        check_quota(
+            team,
+            self.team_used[team.name],
+            self.user_used[team.name, request.user],
+            offer.cost_milli(request.count),
+            what,
+        )
+        picks: list[Pick] = []
+        if offer.kind != "cpu":
+            demand = Demand(offer.kind, request.count, offer.model, offer.nvlink, offer.profile)
+            self.policy.observe(demand)
+            found = self.policy.place(self.occ, demand)
+            if found is None:
+                raise NoCapacity(self._no_capacity(team, offer, request.count))
+            picks = found
+        template = Allocation(
+            alloc_id,
+            request.user,
+            team.name,
+            request.offer,
+            request.kind,
+            request.ref,
+            request.count,
+            0,
+            None,
+            (),
+            created,
+        )
+        return self._apply(template, picks)
+
+    def release(self, alloc_id: str) -> Allocation:
+        try:
+            allocation = self.allocations.pop(alloc_id)
+        except KeyError:
+            raise UnknownAllocation(f"No allocation {alloc_id}.") from None
+        occ = self.occ
+        for d in allocation.devices:
+            g = occ.ordinal[d.gpu]
+            if d.profile is None:
+                occ.free_whole(g)
+            else:
+                geo = occ.geometry[g]
+                p = geo.resolve(d.profile) if geo else None
+                assert p is not None and d.start is not None
+                occ.free_slots(g, p, d.start)
+        self.team_used[allocation.team] -= allocation.cost_milli
+        self.user_used[allocation.team, allocation.user] -= allocation.cost_milli
+        return allocation
+
+    def restore(
+        self, allocations: Iterable[Allocation]
+    ) -> tuple[list[Allocation], list[Allocation]]:
+        """Re-apply persisted allocations after a restart; returns ``(restored, lost)``.
+
+        Quotas are not re-checked (running work is never taken away because a quota shrank);
+        devices are: an allocation whose GPU is gone, changed mode, or whose fixed instance no
+        longer exists is lost. Fixed instances get their current MIG UUIDs.
+        """
+        restored: list[Allocation] = []
+        lost: list[Allocation] = []
+        for a in sorted(allocations, key=lambda a: (a.created, a.id)):
+            picks = self._picks_for(a)
+            if picks is None or a.id in self.allocations:
+                lost.append(a)
+                continue
+            restored.append(self._apply(a, picks, keep_cost=True))
+        return restored, lost
+
+    # -- internals -------------------------------------------------------------------------
+    def _apply(
+        self, template: Allocation, picks: list[Pick], keep_cost: bool = False
+    ) -> Allocation:
+        """Take the picked devices and record ``template`` with them (its id, owner and time)."""
+        occ = self.occ
+        devices = []
+        for pick in picks:
+            gpu = occ.gpus[pick.gpu]
+            if pick.profile is None:
+                occ.take_whole(pick.gpu)
+                devices.append(Device(gpu.uuid))
+            else:
+                assert pick.start is not None
+                occ.take_slots(pick.gpu, pick.profile, pick.start)
+                devices.append(Device(gpu.uuid, pick.profile.name, pick.start, pick.instance))
+        nodes = {occ.node_names[occ.node_of[p.gpu]] for p in picks}
+        allocation = replace(
+            template,
+            devices=tuple(devices),
+            node=nodes.pop() if nodes else None,
+            cost_milli=template.cost_milli
+            if keep_cost
+            else sum(self._device_cost(d) for d in devices),
+        )
+        self.allocations[allocation.id] = allocation
+        self.team_used[allocation.team] += allocation.cost_milli
+        self.user_used[allocation.team, allocation.user] += allocation.cost_milli
+        return allocation
+
+    def _device_cost(self, d: Device) -> int:
+        g = self.occ.ordinal[d.gpu]
+        geo = self.occ.geometry[g]
+        if d.profile is None or geo is None:
+            return 1000
+        p = geo.resolve(d.profile)
+        assert p is not None
+        return geo.cost_milli(p)
+
+    def _picks_for(self, a: Allocation) -> list[Pick] | None:
+        """The picks that re-create ``a`` on today's inventory, or ``None`` if it cannot be."""
+        occ = self.occ
+        picks: list[Pick] = []
+        taken: dict[int, int] = {}
+        for d in a.devices:
+            g = occ.ordinal.get(d.gpu)
+            if g is None:
+                return None
+            gpu = occ.gpus[g]
+            if d.profile is None:
+                if not occ.whole_free(g) or g in taken:
+                    return None
+                taken[g] = occ.full(g)
+                picks.append(Pick(g))
+                continue
+            geo = occ.geometry[g]
+            p = geo.resolve(d.profile) if geo else None
+            if geo is None or p is None or d.start is None or d.start not in p.starts:
+                return None
+            bits = p.mask_at(d.start)
+            if gpu.mig_mode == "off" or occ.whole[g] or (occ.mask[g] | taken.get(g, 0)) & bits:
+                return None
+            instance = d.instance
+            if gpu.mig_mode == "fixed":
+                match = [
+                    i for i in gpu.instances if geo.resolve(i.profile) == p and i.start == d.start
+                ]
+                if not match:
+                    return None
+                instance = match[0].uuid
+            taken[g] = taken.get(g, 0) | bits
+            picks.append(Pick(g, p, d.start, instance))
+        return picks
+
+    def _no_capacity(self, team: Team, offer: Offer, count: int) -> str:
+        what = (
+            f"{count}× {offer.model or 'GPU'} on one node" if offer.kind == "gpu" else offer.profile
+        )
+        return (
+            f"No {what} free (team {team.name} uses {fmt(self.team_used[team.name])} of "
+            f"{fmt(team.limit_milli)} GPU-eq). Free now: {self.free_now(team)}."
+        )
+
+    # -- invariants ------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Raise ``AssertionError`` naming the first broken invariant (tests call this)."""
+        occ = self.occ
+        masks = [0] * len(occ.gpus)
+        whole = [False] * len(occ.gpus)
+        team_used: Counter[str] = Counter()
+        user_used: Counter[tuple[str, str]] = Counter()
+        for a in self.allocations.values():
+            team_used[a.team] += a.cost_milli
+            user_used[a.team, a.user] += a.cost_milli
+            nodes = {occ.node_of[occ.ordinal[d.gpu]] for d in a.devices}
+            assert len(nodes) <= 1, f"{a.id} spans nodes {nodes}"
+            for d in a.devices:
+                g = occ.ordinal[d.gpu]
+                if d.profile is None:
+                    assert masks[g] == 0, f"{a.id}: whole GPU {d.gpu} already has slots taken"
+                    assert occ.gpus[g].mig_mode in ("off", "flex"), f"{a.id}: whole on MIG GPU"
+                    masks[g], whole[g] = occ.full(g), True
+                else:
+                    geo = occ.geometry[g]
+                    p = geo.resolve(d.profile) if geo else None
+                    assert p is not None and d.start in p.starts, f"{a.id}: bad placement {d}"
+                    bits = p.mask_at(d.start)
+                    assert not whole[g] and not masks[g] & bits, f"{a.id}: {d} has two owners"
+                    masks[g] |= bits
+        assert masks == occ.mask, "occupancy differs from the allocations"
+        assert whole == occ.whole, "whole-GPU flags differ from the allocations"
+        for name, used in team_used.items():
+            assert used == self.team_used[name], f"usage counter of team {name} is off"
+        assert +self.team_used == +team_used and +self.user_used == +user_used, "counters are off"
+        for name, used in team_used.items():
+            limit = self.team(name).limit_milli
+            assert used <= limit, f"team {name} holds {fmt(used)} > limit {fmt(limit)}"

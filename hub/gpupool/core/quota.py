@@ -1,0 +1,105 @@
+"""Teams and quota arithmetic, as small pure functions over a usage snapshot.
+
+Vocabulary
+- *team*: a JupyterHub group with a *guarantee* (GPU-equivalents it can always use when the pool
+  has them), a *borrow limit* (how much more it may use while others leave theirs idle), an
+  optional per-user *cap*, and the offers it may request (``None``: all).
+- *everyone*: the pseudo-team for users in no team; by default it may request only ``cpu``.
+- *usage*: the GPU-equivalents a team (or user) holds now, in thousandths.
+
+Contract: no I/O; every check raises a :mod:`gpupool.core.errors` error with a full sentence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from .errors import InvalidRequest, NotATeamMember, OfferNotAllowed, QuotaExceeded
+from .offers import Offer
+from .units import fmt
+
+EVERYONE = "everyone"
+
+
+@dataclass(frozen=True)
+class Team:
+    name: str
+    guarantee_milli: int = 0
+    borrow_limit_milli: int = 0
+    user_cap_milli: int | None = None
+    offers: frozenset[str] | None = None
+
+    @property
+    def limit_milli(self) -> int:
+        """The most this team may hold: guarantee plus borrowing limit."""
+        return self.guarantee_milli + self.borrow_limit_milli
+
+    def allows(self, offer: str) -> bool:
+        return self.offers is None or offer in self.offers
+
+
+def borrowed_milli(team: Team, used_milli: int) -> int:
+    """How much of ``used_milli`` lies above the guarantee."""
+    return max(0, used_milli - team.guarantee_milli)
+
+
+def resolve_team(
+    teams: Mapping[str, Team], everyone: Team, groups: Iterable[str], requested: str | None
+) -> Team:
+    """The team a request is charged to.
+
+    A user in exactly one team gets it by default; a user in several must name one; a user in
+    none gets ``everyone``. Naming a team the user is not in is refused.
+    """
+    mine = sorted(g for g in set(groups) if g in teams)
+    if requested:
+        if requested in mine:
+            return teams[requested]
+        if requested == everyone.name and not mine:
+            return everyone
+        choices = ", ".join(mine) or "none"
+        raise NotATeamMember(f"You are not in team {requested!r} (your teams: {choices}).")
+    if not mine:
+        return everyone
+    if len(mine) == 1:
+        return teams[mine[0]]
+    raise NotATeamMember(f"You are in several teams; choose one of: {', '.join(mine)}.")
+
+
+def check_offer(team: Team, offers: Mapping[str, Offer], offer: str, count: int) -> Offer:
+    """The requested offer, if it exists, the team may use it and the count is in range."""
+    found = offers.get(offer)
+    if found is None:
+        known = ", ".join(sorted(offers)) or "none"
+        raise InvalidRequest(f"Unknown offer {offer!r}; offers are: {known}.")
+    if not team.allows(offer):
+        allowed = ", ".join(sorted(o for o in offers if team.allows(o))) or "none"
+        who = "Users in no team" if team.name == EVERYONE else f"Team {team.name}"
+        raise OfferNotAllowed(f"{who} may not request {offer}; allowed: {allowed}.")
+    top = found.max_count if found.kind == "gpu" else 1
+    if not 1 <= count <= top:
+        raise InvalidRequest(f"Offer {offer} takes a count from 1 to {top}, not {count}.")
+    return found
+
+
+def check_quota(
+    team: Team, team_used_milli: int, user_used_milli: int, cost_milli: int, what: str
+) -> None:
+    """Refuse ``cost_milli`` more if the team's limit or the user's cap would be passed."""
+    if cost_milli == 0:
+        return
+    if team_used_milli + cost_milli > team.limit_milli:
+        left = max(0, team.limit_milli - team_used_milli)
+        raise QuotaExceeded(
+            f"{what} needs {fmt(cost_milli)} GPU-eq but team {team.name} uses "
+            f"{fmt(team_used_milli)} of {fmt(team.limit_milli)} GPU-eq "
+            f"(guarantee {fmt(team.guarantee_milli)}, borrow limit "
+            f"{fmt(team.borrow_limit_milli)}); {fmt(left)} GPU-eq left."
+        )
+    cap = team.user_cap_milli
+    if cap is not None and user_used_milli + cost_milli > cap:
+        raise QuotaExceeded(
+            f"{what} needs {fmt(cost_milli)} GPU-eq but you hold {fmt(user_used_milli)} of your "
+            f"{fmt(cap)} GPU-eq cap in team {team.name}."
+        )
