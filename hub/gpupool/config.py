@@ -1,0 +1,152 @@
+"""``GPUPool``: the admin-facing configurable, set in ``jupyterhub_config.py`` as ``c.GPUPool.*``.
+
+Every setting is a traitlet with ``config=True`` and an example in its help. Each part is checked
+when it is set (``@validate``), and :meth:`GPUPool.settings` adds the checks across parts; a bad
+value raises :class:`gpupool.settings.ConfigError`, whose message starts with the key path, so the
+hub stops at start naming the key to fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from traitlets import Dict, Unicode, validate
+from traitlets.config import LoggingConfigurable
+
+from .core.placement import POLICIES
+from .settings import ConfigError, Settings, parse_offers, parse_settings, parse_team, parse_teams
+
+INVENTORY_SOURCES = ("nvml", "simulated:<spec>")
+
+
+class GPUPool(LoggingConfigurable):
+    offers = Dict(
+        {
+            "cpu": {"kind": "cpu", "description": "No GPU"},
+        },
+        config=True,
+        help="""What users may pick, by name. Kinds: ``cpu``, ``gpu`` (whole GPUs; ``max_count``,
+        optional ``model`` and ``nvlink``), ``mig`` (one instance of ``profile``; the kind and the
+        profile follow from a name like ``mig-3g.40gb``). Example::
+
+            c.GPUPool.offers = {
+                "cpu": {"description": "CPU only"},
+                "h100": {"kind": "gpu", "model": "H100-80GB", "max_count": 4, "nvlink": True},
+                "mig-3g.40gb": {},
+                "mig-1g.10gb": {"model": "H100-80GB"},
+            }
+        """,
+    )
+
+    teams = Dict(
+        {},
+        config=True,
+        help="""Teams by JupyterHub group name, with quotas in GPU-equivalents (a whole GPU is 1, a
+        3g.40gb MIG instance 0.5). ``guarantee``: always available while the pool has it;
+        ``borrow_limit``: how much more the team may use while others leave theirs idle;
+        ``user_cap``: the most one member may hold; ``offers``: which offers it may request
+        (default: all). Example::
+
+            c.GPUPool.teams = {
+                "vision": {"guarantee": 2, "borrow_limit": 1, "user_cap": 1,
+                           "offers": ["cpu", "h100", "mig-3g.40gb"]},
+                "nlp": {"guarantee": 1, "offers": ["cpu", "mig-1g.10gb"]},
+            }
+        """,
+    )
+
+    everyone = Dict(
+        {"offers": ["cpu"]},
+        config=True,
+        help="""What users in no team get, as a team spec. Default: CPU only. Example::
+
+            c.GPUPool.everyone = {"guarantee": 0.25, "offers": ["cpu", "mig-1g.10gb"]}
+        """,
+    )
+
+    inventory = Unicode(
+        "nvml",
+        config=True,
+        help="""Where the GPUs come from: ``nvml`` (this machine, through the NVIDIA driver) or
+        ``simulated:<spec>`` for a machine without GPUs, always labelled as simulated. Example::
+
+            c.GPUPool.inventory = "simulated:node1: 4x H100-80GB, mig=2"
+        """,
+    )
+
+    policy = Unicode(
+        "gpupool",
+        config=True,
+        help="""Placement policy: ``gpupool`` (fragmentation-aware, keeps large shapes
+        placeable), ``best-fit`` or ``first-fit``. Example: ``c.GPUPool.policy = "best-fit"``""",
+    )
+
+    db_url = Unicode(
+        "sqlite:///gpupool.sqlite",
+        config=True,
+        help="""SQLAlchemy URL of the allocation store. Example:
+        ``c.GPUPool.db_url = "postgresql+psycopg://gpupool@db/gpupool"``""",
+    )
+
+    @validate("offers")
+    def _valid_offers(self, proposal: dict[str, Any]) -> Any:
+        parse_offers(proposal["value"])
+        return proposal["value"]
+
+    @validate("teams")
+    def _valid_teams(self, proposal: dict[str, Any]) -> Any:
+        parse_teams(proposal["value"])
+        return proposal["value"]
+
+    @validate("everyone")
+    def _valid_everyone(self, proposal: dict[str, Any]) -> Any:
+        parse_team("everyone", proposal["value"], "GPUPool.everyone")
+        return proposal["value"]
+
+    @validate("policy")
+    def _valid_policy(self, proposal: dict[str, Any]) -> str:
+        value = str(proposal["value"]).strip()
+        if value not in POLICIES:
+            raise ConfigError(
+                "GPUPool.policy", f"must be one of {', '.join(POLICIES)}, got {value!r}"
+            )
+        return value
+
+    @validate("inventory")
+    def _valid_inventory(self, proposal: dict[str, Any]) -> str:
+        value = str(proposal["value"]).strip()
+        if value == "nvml":
+            return value
+        if value.startswith("simulated:"):
+            from .discovery import parse_spec
+
+            try:
+                parse_spec(value.removeprefix("simulated:"))
+            except ValueError as e:
+                raise ConfigError("GPUPool.inventory", str(e)) from None
+            return value
+        raise ConfigError(
+            "GPUPool.inventory",
+            f"must be one of {', '.join(INVENTORY_SOURCES)}, got {value!r}; "
+            "example: 'simulated:node1: 4x H100-80GB, mig=2'",
+        )
+
+    @validate("db_url")
+    def _valid_db_url(self, proposal: dict[str, Any]) -> str:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        value = str(proposal["value"]).strip()
+        try:
+            make_url(value)
+        except ArgumentError:
+            raise ConfigError(
+                "GPUPool.db_url",
+                "is not an SQLAlchemy URL (value not shown: it may hold a password); "
+                "example: 'sqlite:///gpupool.sqlite'",
+            ) from None
+        return value
+
+    def settings(self) -> Settings:
+        """The validated offers, teams and ``everyone``, checked across parts."""
+        return parse_settings(self.offers, self.teams, self.everyone)

@@ -1,0 +1,148 @@
+"""The pool: the one allocator for notebooks and jobs, in the hub process.
+
+Vocabulary
+- *pool*: the ledger (pure decisions) plus the store (persistence) behind one lock. Callers pass
+  a user, their JupyterHub groups and an offer; the pool picks the team, checks quota and offer,
+  places, persists, and only then answers.
+- *restore*: at start, the persisted allocations are re-applied to the inventory found now;
+  those that can no longer exist are *lost*, removed from the store and logged.
+
+Contract: ``allocate`` and ``release`` are atomic: if writing to the database fails, the ledger is
+rolled back and the error propagates. Seams: ``clock`` (defaults to :func:`gpupool.clock.utcnow`)
+and ``new_id``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import datetime
+
+from .clock import utcnow
+from .config import GPUPool
+from .core.inventory import Inventory
+from .core.ledger import Allocation, Ledger
+from .core.offers import Request, RequestKind
+from .core.quota import resolve_team
+from .store import Store
+
+log = logging.getLogger("gpupool")
+
+
+def load_inventory(source: str, logger: logging.Logger = log) -> Inventory:
+    """The inventory named by ``GPUPool.inventory``: ``nvml`` or ``simulated:<spec>``."""
+    from .discovery import discover, simulated_inventory
+
+    if source.startswith("simulated:"):
+        inventory = simulated_inventory(source.removeprefix("simulated:"))
+        logger.warning("gpupool: SIMULATED inventory, no real GPUs: %s", inventory.label)
+        return inventory
+    return discover(log=logger)
+
+
+class Pool:
+    def __init__(
+        self,
+        ledger: Ledger,
+        store: Store,
+        *,
+        logger: logging.Logger = log,
+        clock: Callable[[], datetime] = utcnow,
+        new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+    ) -> None:
+        self.ledger = ledger
+        self.store = store
+        self.log = logger
+        self.clock = clock
+        self.new_id = new_id
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, config: GPUPool, logger: logging.Logger = log) -> Pool:
+        """Validate the config, discover the inventory, open the store and restore the ledger."""
+        settings = config.settings()
+        inventory = load_inventory(config.inventory, logger)
+        ledger = Ledger(
+            inventory, settings.offers, settings.teams, settings.everyone, config.policy
+        )
+        pool = cls(ledger, Store(config.db_url), logger=logger)
+        pool.restore()
+        return pool
+
+    @property
+    def inventory(self) -> Inventory:
+        return self.ledger.inventory
+
+    def allocate(
+        self,
+        user: str,
+        groups: Iterable[str],
+        offer: str,
+        count: int = 1,
+        *,
+        team: str | None = None,
+        kind: RequestKind = "notebook",
+        ref: str = "",
+    ) -> Allocation:
+        """Grant ``count`` of ``offer`` to ``user``, charged to ``team`` (or their only team)."""
+        with self._lock:
+            ledger = self.ledger
+            chosen = resolve_team(ledger.teams, ledger.everyone, groups, team)
+            request = Request(user, chosen.name, offer, count, kind, ref)
+            allocation = ledger.allocate(request, self.new_id(), self.clock().timestamp())
+            try:
+                self.store.insert(allocation)
+            except Exception:
+                ledger.release(allocation.id)
+                raise
+            self.log.info(
+                "gpupool: allocated %s to %s (team %s, %s %s): %s",
+                allocation.id,
+                user,
+                chosen.name,
+                kind,
+                ref or "-",
+                allocation.visible_devices or "cpu",
+            )
+            return allocation
+
+    def release(self, alloc_id: str) -> Allocation:
+        """Give an allocation's devices back; persisted first, then the ledger."""
+        with self._lock:
+            allocation = self.ledger.allocations.get(alloc_id)
+            if allocation is not None:
+                self.store.delete([alloc_id])
+            released = self.ledger.release(alloc_id)
+            self.log.info("gpupool: released %s (%s)", alloc_id, released.user)
+            return released
+
+    def restore(self) -> list[Allocation]:
+        """Rebuild the ledger from the store; returns (and forgets) the lost allocations."""
+        with self._lock:
+            persisted = self.store.load()
+            restored, lost = self.ledger.restore(persisted)
+            before = {a.id: a for a in persisted}
+            changed = [a for a in restored if a != before[a.id]]
+            if changed:
+                self.store.replace(changed)
+            if lost:
+                self.store.delete(a.id for a in lost)
+            for a in lost:
+                self.log.warning(
+                    "gpupool: allocation %s of %s (%s %s) is lost: its devices %s are gone or "
+                    "changed since the last start; released",
+                    a.id,
+                    a.user,
+                    a.kind,
+                    a.ref or "-",
+                    a.visible_devices,
+                )
+            self.log.info(
+                "gpupool: restored %d allocation(s), %d lost, on %s",
+                len(restored),
+                len(lost),
+                self.inventory.label,
+            )
+            return lost

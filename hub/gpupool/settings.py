@@ -1,0 +1,163 @@
+"""Turn the admin's plain config (dicts from ``jupyterhub_config.py``, Helm values) into core types.
+
+Vocabulary
+- *key path*: where a value sits in the config, e.g. ``GPUPool.teams['vision'].guarantee``; every
+  :class:`ConfigError` starts with it, so a bad config names the key to fix.
+- *settings*: the validated result: offers, teams and the ``everyone`` pseudo-team.
+
+Contract: pure (no I/O). Each ``parse_*`` function validates one part on its own;
+:func:`parse_settings` adds the checks across parts (a team allowed an offer that is not defined).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from traitlets import TraitError
+
+from .core.mig import GEOMETRIES
+from .core.offers import Offer, mig_costs
+from .core.quota import EVERYONE, Team
+from .core.units import to_milli
+
+_MODEL = re.compile(r"^[A-Z][A-Z0-9]*-\d+GB$")
+_OFFER_KEYS = {"kind", "description", "model", "max_count", "nvlink", "profile"}
+_TEAM_KEYS = {"guarantee", "borrow_limit", "user_cap", "offers"}
+
+
+class ConfigError(TraitError):
+    """A bad gpupool setting; the message starts with the key path."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Settings:
+    offers: dict[str, Offer]
+    teams: dict[str, Team]
+    everyone: Team
+
+
+def _unknown_keys(path: str, spec: Mapping[str, Any], allowed: set[str]) -> None:
+    extra = sorted(set(spec) - allowed)
+    if extra:
+        raise ConfigError(
+            f"{path}.{extra[0]}", f"unknown key; allowed keys are {', '.join(sorted(allowed))}"
+        )
+
+
+def _mapping(path: str, value: Any, example: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(path, f"must be a dict, got {value!r}; example: {example}")
+    return value
+
+
+def _gpu_eq(path: str, value: Any, *, positive: bool = False) -> int:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or value < 0 or (positive and value == 0):
+        bound = "> 0" if positive else ">= 0"
+        raise ConfigError(path, f"must be a number {bound} (GPU-equivalents), got {value!r}")
+    return to_milli(value)
+
+
+def parse_offer(name: str, spec: Any) -> Offer:
+    """One offer from ``{"kind": "mig", "profile": "3g.40gb"}`` (kind inferred from the name)."""
+    path = f"GPUPool.offers[{name!r}]"
+    spec = _mapping(path, spec, '{"kind": "gpu", "model": "H100-80GB", "max_count": 4}')
+    _unknown_keys(path, spec, _OFFER_KEYS)
+    default_kind = "cpu" if name == "cpu" else "mig" if name.startswith("mig-") else "gpu"
+    kind = spec.get("kind", default_kind)
+    if kind not in ("cpu", "gpu", "mig"):
+        raise ConfigError(f"{path}.kind", f"must be 'cpu', 'gpu' or 'mig', got {kind!r}")
+    model = spec.get("model")
+    if model is not None and (not isinstance(model, str) or not _MODEL.match(model)):
+        raise ConfigError(
+            f"{path}.model", f"must be a model key like 'H100-80GB' or 'A100-40GB', got {model!r}"
+        )
+    max_count = spec.get("max_count", 1)
+    if kind != "gpu" and "max_count" in spec:
+        raise ConfigError(f"{path}.max_count", "only 'gpu' offers take a count")
+    if not isinstance(max_count, int) or isinstance(max_count, bool) or max_count < 1:
+        raise ConfigError(f"{path}.max_count", f"must be an integer >= 1, got {max_count!r}")
+    nvlink = spec.get("nvlink", False)
+    if not isinstance(nvlink, bool):
+        raise ConfigError(f"{path}.nvlink", f"must be true or false, got {nvlink!r}")
+    profile = spec.get("profile")
+    if kind == "mig":
+        profile = profile or name.removeprefix("mig-")
+        costs = mig_costs(profile, model)
+        if not costs:
+            where = f"model {model}" if model else "any MIG-capable model"
+            have = sorted(p.name for p in GEOMETRIES[model].profiles) if model in GEOMETRIES else []
+            hint = f" ({model} has {', '.join(have)})" if have else ""
+            raise ConfigError(
+                f"{path}.profile", f"{profile!r} is not a MIG profile of {where}{hint}"
+            )
+        if len(set(costs.values())) > 1:
+            raise ConfigError(
+                f"{path}.model",
+                f"{profile!r} takes a different share of the GPU on {', '.join(sorted(costs))}; "
+                "set 'model' to one of them",
+            )
+        profile = next(GEOMETRIES[m].resolve(profile) for m in costs).name  # type: ignore[union-attr]
+    elif profile is not None:
+        raise ConfigError(f"{path}.profile", "only 'mig' offers take a profile")
+    return Offer(name, kind, str(spec.get("description", "")), model, max_count, nvlink, profile)
+
+
+def parse_offers(offers: Any) -> dict[str, Offer]:
+    offers = _mapping("GPUPool.offers", offers, '{"cpu": {}, "mig-3g.40gb": {}}')
+    return {name: parse_offer(name, spec) for name, spec in offers.items()}
+
+
+def parse_team(name: str, spec: Any, path: str | None = None) -> Team:
+    """One team from ``{"guarantee": 2, "borrow_limit": 1, "user_cap": 1, "offers": [...]}``."""
+    path = path or f"GPUPool.teams[{name!r}]"
+    spec = _mapping(path, spec, '{"guarantee": 2, "borrow_limit": 1, "offers": ["mig-3g.40gb"]}')
+    _unknown_keys(path, spec, _TEAM_KEYS)
+    offers = spec.get("offers")
+    if offers is not None and (
+        not isinstance(offers, list | tuple | set) or not all(isinstance(o, str) for o in offers)
+    ):
+        raise ConfigError(f"{path}.offers", f"must be a list of offer names, got {offers!r}")
+    cap = spec.get("user_cap")
+    return Team(
+        name,
+        _gpu_eq(f"{path}.guarantee", spec.get("guarantee", 0)),
+        _gpu_eq(f"{path}.borrow_limit", spec.get("borrow_limit", 0)),
+        None if cap is None else _gpu_eq(f"{path}.user_cap", cap, positive=True),
+        None if offers is None else frozenset(offers),
+    )
+
+
+def parse_teams(teams: Any) -> dict[str, Team]:
+    teams = _mapping("GPUPool.teams", teams, '{"vision": {"guarantee": 2}}')
+    if EVERYONE in teams:
+        raise ConfigError(
+            f"GPUPool.teams[{EVERYONE!r}]", "is reserved; configure it as GPUPool.everyone"
+        )
+    return {name: parse_team(name, spec) for name, spec in teams.items()}
+
+
+def parse_settings(offers: Any, teams: Any, everyone: Any) -> Settings:
+    """All of it, with the cross-checks: every offer a team names must be defined."""
+    parsed_offers = parse_offers(offers)
+    parsed_teams = parse_teams(teams)
+    parsed_everyone = parse_team(EVERYONE, everyone, "GPUPool.everyone")
+    for path, team in [(f"GPUPool.teams[{t.name!r}]", t) for t in parsed_teams.values()] + [
+        ("GPUPool.everyone", parsed_everyone)
+    ]:
+        for offer in sorted(team.offers or ()):
+            if offer not in parsed_offers:
+                raise ConfigError(
+                    f"{path}.offers",
+                    f"offer {offer!r} is not defined in GPUPool.offers "
+                    f"(defined: {', '.join(sorted(parsed_offers)) or 'none'})",
+                )
+    return Settings(parsed_offers, parsed_teams, parsed_everyone)

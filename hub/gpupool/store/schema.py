@@ -1,0 +1,40 @@
+"""The allocation tables (SQLAlchemy Core). Alembic migrations create them; this module is the
+model that ``tests/adapters/test_store.py`` compares the migrated database against.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Column, Float, ForeignKey, Integer, MetaData, String, Table
+
+metadata = MetaData()
+
+allocations = Table(
+    "gpupool_allocations",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("user", String(255), nullable=False, index=True),
+    Column("team", String(255), nullable=False, index=True),
+    Column("offer", String(255), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("ref", String(255), nullable=False, server_default=""),
+    Column("count", Integer, nullable=False),
+    Column("cost_milli", Integer, nullable=False),
+    Column("node", String(255), nullable=True),
+    Column("created", Float, nullable=False),
+)
+
+devices = Table(
+    "gpupool_allocation_devices",
+    metadata,
+    Column(
+        "allocation_id",
+        String(64),
+        ForeignKey("gpupool_allocations.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("position", Integer, primary_key=True),
+    Column("gpu", String(128), nullable=False),
+    Column("profile", String(64), nullable=True),
+    Column("start", Integer, nullable=True),
+    Column("instance", String(128), nullable=True),
+)
