@@ -48,16 +48,12 @@ class Offer:
 
     @property
     def label(self) -> str:
-        """Short text for pages and messages: ``H100-80GB ×2``, ``MIG 3g.40gb``, ``CPU only``."""
+        """Short text for pages and messages: ``H100-80GB``, ``MIG 3g.40gb``, ``CPU only``."""
         if self.kind == "cpu":
             return "CPU only"
         if self.kind == "mig":
             return f"MIG {self.profile}"
-        return (
-            f"{self.model or 'GPU'} ×{self.max_count}"
-            if self.max_count > 1
-            else (self.model or "GPU")
-        )
+        return self.model or "GPU"
 
 
 def mig_costs(profile: str, model: str | None = None) -> dict[str, int]:

@@ -1,0 +1,319 @@
+"""A simulated NVML: the ``pynvml`` calls gpupool makes, answered for GPUs that are not there.
+
+Vocabulary
+- *machine*: one simulated node with its GPUs and MIG instances (:mod:`.machine`).
+- *view*: a :class:`SimulatedNVML` bound to one machine, as ``pynvml`` is bound to one host;
+  :meth:`SimulatedNVML.for_node` gives the view of another machine of the same spec.
+- *handle*: an opaque object standing in for ``c_nvmlDevice_t`` (a GPU or a MIG device) or
+  ``c_nvmlGpuInstance_t``.
+
+Contract: each method has pynvml's name, arguments and result shape (pynvml's own ctypes
+structures where it returns one) and raises pynvml's own error classes where real NVML fails:
+``NVMLError_Uninitialized`` before ``nvmlInit``, ``NVMLError_InvalidArgument`` for a foreign handle
+or an index out of range, ``NVMLError_NotFound`` for a missing MIG device or GPU instance,
+``NVMLError_NotSupported`` for utilisation of a MIG device (or of a GPU in MIG mode), and
+``NVMLError_NoPermission`` for GPU-instance queries when built with ``privileged=False``
+(NVML reserves them for root). One MIG device per GPU instance (one full compute instance).
+Deliberate simplifications: GPU-instance IDs are numbered from 1 in placement order; NVLink P2P
+is reported from the spec's islands whatever the MIG mode; there is no PCIe P2P; instance
+creation and destruction are not simulated.
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pynvml
+
+from gpupool.core.inventory import Inventory
+from gpupool.core.mig import GEOMETRIES, Geometry, Profile
+
+from .machine import (
+    P2P_INDEXES,
+    Device,
+    Gpu,
+    GpuInstanceHandle,
+    GpuInstanceInfo,
+    Instance,
+    Machine,
+    build,
+    error,
+    profile_index,
+)
+from .spec import NodeSpec, parse_spec
+
+
+class SimulatedNVML:
+    """The ``pynvml`` module for the machines of a spec, bound to one of them (see module doc)."""
+
+    simulated = True
+
+    def __init__(
+        self,
+        spec: str | Sequence[NodeSpec],
+        *,
+        node: str | None = None,
+        driver_version: str = "550.127.05",
+        privileged: bool = True,
+    ) -> None:
+        specs = parse_spec(spec) if isinstance(spec, str) else tuple(spec)
+        self._machines = {s.name: build(s) for s in specs}
+        self._names: dict[str, str] = {}  # profile name -> name the "driver" shows
+        self.driver_version = driver_version
+        self.privileged = privileged
+        self.node_name = node or specs[0].name
+        if self.node_name not in self._machines:
+            raise KeyError(f"no simulated node {self.node_name!r}")
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        return tuple(self._machines)
+
+    def for_node(self, name: str) -> SimulatedNVML:
+        """The view of machine ``name``; it shares state with this one."""
+        if name not in self._machines:
+            raise KeyError(f"no simulated node {name!r} (nodes: {', '.join(self._machines)})")
+        view = copy.copy(self)
+        view.node_name = name
+        return view
+
+    # -- test hooks (no NVML counterpart) ------------------------------------------------------
+
+    def set_utilisation(self, uuid: str, gpu: int, memory: int = 0) -> None:
+        """What ``nvmlDeviceGetUtilizationRates`` reports for a GPU from now on."""
+        self._owner(uuid).utilisation[uuid] = (gpu, memory)
+
+    def set_processes(self, uuid: str, pids: Iterable[int], used_mib: int = 1024) -> None:
+        """The compute processes running on a GPU or MIG device (by UUID) from now on."""
+        self._owner(uuid).processes[uuid] = [(pid, used_mib << 20) for pid in pids]
+
+    def rename_profile(self, profile: str, shown_as: str) -> None:
+        """Make the "driver" name a profile differently (``3g.40gb`` as ``3g.39gb``)."""
+        self._names[profile] = shown_as
+
+    def _owner(self, uuid: str) -> Machine:
+        for m in self._machines.values():
+            if any(uuid in (g.uuid, *(i.uuid for i in g.instances.values())) for g in m.gpus):
+                return m
+        raise KeyError(f"no simulated GPU or MIG device {uuid!r}")
+
+    # -- lookups shared by the NVML calls ------------------------------------------------------
+
+    def _machine(self) -> Machine:
+        m = self._machines[self.node_name]
+        if m.refs == 0:
+            raise error(pynvml.NVML_ERROR_UNINITIALIZED)
+        return m
+
+    def _resolve(self, handle: object) -> tuple[Gpu, Instance | None]:
+        m = self._machine()
+        if not isinstance(handle, Device) or handle.node != self.node_name:
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if not 0 <= handle.index < len(m.gpus):
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = m.gpus[handle.index]
+        if handle.gi is None:
+            return gpu, None
+        if handle.gi not in gpu.instances:
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # a destroyed instance's handle
+        return gpu, gpu.instances[handle.gi]
+
+    def _gpu(self, handle: object) -> Gpu:
+        """A whole-GPU handle's GPU; MIG device handles do not support the call."""
+        gpu, inst = self._resolve(handle)
+        if inst is not None:
+            raise error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu
+
+    def _mig_on(self, handle: object) -> tuple[Gpu, Geometry]:
+        """A whole GPU in MIG mode, and its geometry; others do not support the call."""
+        gpu = self._gpu(handle)
+        if gpu.geometry is None or not gpu.mig:
+            raise error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu, gpu.geometry
+
+    def _shown(self, profile: Profile) -> str:
+        return self._names.get(profile.name, profile.name)
+
+    # -- system and devices --------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self._machines[self.node_name].refs += 1
+
+    def nvmlShutdown(self) -> None:
+        self._machine().refs -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._machine()
+        return self.driver_version
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self._machine().gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Device:
+        if not 0 <= index < len(self._machine().gpus):
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return Device(self.node_name, index)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Device:
+        for gpu in self._machine().gpus:
+            if gpu.uuid == uuid:
+                return Device(self.node_name, gpu.index)
+            for inst in gpu.instances.values():
+                if inst.uuid == uuid:
+                    return Device(self.node_name, gpu.index, inst.gi)
+        raise error(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetIndex(self, handle: object) -> int:
+        return self._gpu(handle).index
+
+    def nvmlDeviceGetUUID(self, handle: object) -> str:
+        gpu, inst = self._resolve(handle)
+        return inst.uuid if inst else gpu.uuid
+
+    def nvmlDeviceGetName(self, handle: object) -> str:
+        gpu, inst = self._resolve(handle)
+        name = gpu.spec.product_name
+        return f"{name} MIG {self._shown(inst.profile)}" if inst else name
+
+    def nvmlDeviceGetMemoryInfo(self, handle: object, version: int | None = None) -> Any:
+        gpu, inst = self._resolve(handle)
+        total = gpu.spec.memory_mib << 20
+        if inst is not None:
+            total = total * inst.profile.memory_slots // GEOMETRIES[gpu.spec.model].memory_slots
+        used = sum(p.usedGpuMemory for p in self.nvmlDeviceGetComputeRunningProcesses(handle))
+        return pynvml.c_nvmlMemory_t(total=total, free=max(total - used, 0), used=used)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: object) -> Any:
+        gpu = self._gpu(handle)  # MIG devices: NotSupported
+        if gpu.mig:
+            raise error(pynvml.NVML_ERROR_NOT_SUPPORTED)  # nvidia-smi shows N/A in MIG mode
+        rates = self._machine().utilisation.get(gpu.uuid, (0, 0))
+        return pynvml.c_nvmlUtilization_t(gpu=rates[0], memory=rates[1])
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list[Any]:
+        gpu, inst = self._resolve(handle)
+        owners: list[tuple[str, int | None]] = (
+            [(inst.uuid, inst.gi)] if inst else [(gpu.uuid, None)]
+        )
+        if inst is None:
+            owners += [(i.uuid, i.gi) for i in gpu.instances.values()]
+        na = pynvml.NVML_VALUE_NOT_AVAILABLE_uint.value
+        procs = self._machine().processes
+        return [
+            pynvml.nvmlFriendlyObject(
+                {
+                    "pid": pid,
+                    "usedGpuMemory": used,
+                    "gpuInstanceId": na if gi is None else gi,
+                    "computeInstanceId": na if gi is None else 0,
+                }
+            )
+            for uuid, gi in owners
+            for pid, used in procs.get(uuid, [])
+        ]
+
+    def nvmlDeviceGetP2PStatus(self, device1: object, device2: object, p2pIndex: int) -> int:
+        a, b = self._gpu(device1), self._gpu(device2)
+        if p2pIndex not in P2P_INDEXES:
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        island = a.spec.island
+        if a is not b and island(a.index) is not None and island(a.index) == island(b.index):
+            return int(pynvml.NVML_P2P_STATUS_OK)
+        return int(pynvml.NVML_P2P_STATUS_NOT_SUPPORTED)
+
+    # -- MIG -----------------------------------------------------------------------------------
+
+    def nvmlDeviceGetMigMode(self, handle: object) -> list[int]:
+        gpu = self._gpu(handle)
+        if gpu.geometry is None:
+            raise error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return [gpu.mig, gpu.mig]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: object) -> int:
+        gpu = self._gpu(handle)
+        return gpu.geometry.compute_slices if gpu.geometry and gpu.mig else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: object, index: int) -> Device:
+        gpu, geometry = self._mig_on(device)
+        if not 0 <= index < geometry.compute_slices:
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gis = sorted(gpu.instances)
+        if index >= len(gis):
+            raise error(pynvml.NVML_ERROR_NOT_FOUND)
+        return Device(self.node_name, gpu.index, gis[index])
+
+    def nvmlDeviceIsMigDeviceHandle(self, device: object) -> ctypes.c_uint:
+        return ctypes.c_uint(self._resolve(device)[1] is not None)  # pynvml returns the c_uint
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: object) -> Device:
+        gpu, inst = self._resolve(migDevice)
+        if inst is None:
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return Device(self.node_name, gpu.index)
+
+    def nvmlDeviceGetGpuInstanceId(self, device: object) -> int:
+        inst = self._resolve(device)[1]
+        if inst is None:
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return inst.gi
+
+    def nvmlDeviceGetGpuInstanceById(self, device: object, gpuInstanceId: int) -> GpuInstanceHandle:
+        gpu, _ = self._mig_on(device)
+        if not self.privileged:
+            raise error(pynvml.NVML_ERROR_NO_PERMISSION)
+        if gpuInstanceId not in gpu.instances:
+            raise error(pynvml.NVML_ERROR_NOT_FOUND)
+        return GpuInstanceHandle(self.node_name, gpu.index, gpuInstanceId)
+
+    def nvmlGpuInstanceGetInfo(self, gpuInstance: object) -> GpuInstanceInfo:
+        m = self._machine()
+        gi = gpuInstance
+        if not isinstance(gi, GpuInstanceHandle) or gi.node != self.node_name:
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        inst = m.gpus[gi.index].instances.get(gi.gi)
+        if inst is None:
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        placement = pynvml.c_nvmlGpuInstancePlacement_t(inst.start, inst.profile.memory_slots)
+        device = Device(self.node_name, gi.index)
+        return GpuInstanceInfo(device, inst.gi, inst.profile.profile_id, placement)
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(
+        self, device: object, profile: int, version: int = 2
+    ) -> Any:
+        gpu, geometry = self._mig_on(device)
+        if not 0 <= profile < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        found = [p for p in geometry.profiles if profile_index(p) == profile]
+        if not found:
+            raise error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if version not in (1, 2):
+            raise error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)  # as pynvml itself does
+        p = found[0]
+        info = (
+            pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+            if version == 2
+            else pynvml.c_nvmlGpuInstanceProfileInfo_t()
+        )
+        info.id, info.sliceCount, info.instanceCount = p.profile_id, p.compute_slices, p.max_count
+        info.memorySizeMB = gpu.spec.memory_mib * p.memory_slots // geometry.memory_slots
+        if version == 2:
+            info.name = f"MIG {self._shown(p)}".encode()
+        return info
+
+
+def simulated_inventory(spec: str, log: Any = None) -> Inventory:
+    """The inventory of a simulated spec, found by :func:`discover` one node at a time."""
+    from .nvml import discover
+
+    sim = SimulatedNVML(spec.removeprefix("simulated:"))
+    found = [discover(sim.for_node(n), node_name=n, log=log) for n in sim.node_names]
+    return Inventory(
+        nodes=tuple(node for inv in found for node in inv.nodes),
+        source="simulated",
+        simulated=True,
+        notes=tuple(note for inv in found for note in inv.notes),
+    )

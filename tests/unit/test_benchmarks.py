@@ -1,0 +1,199 @@
+"""The trace replay's pure pod mapping, and tiny replays whose outcome is worked out by hand."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from benchmarks.replay import (
+    Shape,
+    TracePod,
+    fill_length,
+    gpu_shapes,
+    mig_profile_for,
+    order_pods,
+    read_nodes,
+    read_pods,
+    run_policy,
+    shape_of,
+)
+from benchmarks.stats import percentile
+
+POD_HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time\n"
+
+
+def write_pods(path: Path, rows: list[tuple[str, int, int, int | str]]) -> Path:
+    body = "".join(f"{n},1000,1024,{g},{m},,LS,Running,{t}\n" for n, g, m, t in rows)
+    path.write_text(POD_HEADER + body)
+    return path
+
+
+def write_nodes(path: Path, nodes: list[tuple[str, int]]) -> Path:
+    body = "".join(f"{n},64000,262144,{g},G2\n" for n, g in nodes)
+    path.write_text("sn,cpu_milli,memory_mib,gpu,model\n" + body)
+    return path
+
+
+# -- mapping --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("gpu_milli", "profile"),
+    [
+        (1, "1g.10gb"),
+        (142, "1g.10gb"),  # 142/1000 <= 1/7 = 0.142857
+        (143, "2g.20gb"),
+        (285, "2g.20gb"),  # <= 2/7 = 0.285714
+        (286, "3g.40gb"),
+        (428, "3g.40gb"),  # <= 3/7 = 0.428571
+        (429, "4g.40gb"),
+        (571, "4g.40gb"),  # <= 4/7 = 0.571428
+        (572, "7g.80gb"),  # no 5g or 6g profile
+        (999, "7g.80gb"),
+        (1000, "7g.80gb"),
+    ],
+)
+def test_smallest_profile_whose_compute_covers_the_share(gpu_milli: int, profile: str) -> None:
+    assert mig_profile_for(gpu_milli) == profile
+
+
+@pytest.mark.parametrize("gpu_milli", [0, -5, 1001])
+def test_a_share_outside_one_gpu_has_no_profile(gpu_milli: int) -> None:
+    with pytest.raises(ValueError):
+        mig_profile_for(gpu_milli)
+
+
+def test_shapes_of_whole_fractional_and_gpu_less_pods() -> None:
+    assert shape_of(TracePod("w", 4, 1000)) == Shape("w", "gpu", 4, 4000)
+    assert shape_of(TracePod("one", 1, 1000)) == Shape("one", "gpu", 1, 1000)
+    assert shape_of(TracePod("f", 1, 460)) == Shape("f", "mig-4g.40gb", 1, 460)
+    assert shape_of(TracePod("f", 1, 810)) == Shape("f", "mig-7g.80gb", 1, 810)
+    assert shape_of(TracePod("cpu", 0, 0)) is None
+
+
+@pytest.mark.parametrize(("num_gpu", "gpu_milli"), [(2, 500), (9, 1000), (1, 1500)])
+def test_pods_outside_the_model_are_rejected(num_gpu: int, gpu_milli: int) -> None:
+    with pytest.raises(ValueError):
+        shape_of(TracePod("x", num_gpu, gpu_milli))
+
+
+def test_order_is_by_creation_time_with_ties_in_file_order() -> None:
+    pods = [
+        TracePod("c", 1, 1000, 5),
+        TracePod("a", 1, 1000, 1),
+        TracePod("z", 1, 1000, 3),
+        TracePod("b", 1, 1000, 1),
+        TracePod("y", 1, 1000, 3),
+    ]
+    assert [p.name for p in order_pods(pods)] == ["a", "b", "z", "y", "c"]
+
+
+def test_order_is_file_order_without_times() -> None:
+    pods = [TracePod("c", 1, 1000), TracePod("a", 1, 1000, 1), TracePod("b", 1, 1000)]
+    assert [p.name for p in order_pods(pods)] == ["c", "a", "b"]
+
+
+def test_read_pods_without_a_time_column_keeps_file_order(tmp_path: Path) -> None:
+    path = tmp_path / "pods.csv"
+    path.write_text("name,num_gpu,gpu_milli\np1,1,1000\np0,0,0\np2,1,300\n")
+    pods = read_pods(path)
+    assert [p.creation_time for p in pods] == [None, None, None]
+    assert gpu_shapes(pods) == [Shape("p1", "gpu", 1, 1000), Shape("p2", "mig-3g.40gb", 1, 300)]
+
+
+def test_gpu_less_pods_are_skipped_and_the_rest_ordered(tmp_path: Path) -> None:
+    path = write_pods(
+        tmp_path / "pods.csv",
+        [("late", 1, 1000, 9), ("cpu", 0, 0, 0), ("early", 1, 110, 2), ("tie", 2, 1000, 2)],
+    )
+    assert [(s.name, s.offer, s.count) for s in gpu_shapes(read_pods(path))] == [
+        ("early", "mig-1g.10gb", 1),
+        ("tie", "gpu", 2),
+        ("late", "gpu", 1),
+    ]
+
+
+def test_fill_stops_with_the_pod_whose_demand_reaches_capacity() -> None:
+    shapes = [Shape(f"p{i}", "gpu", 1, d) for i, d in enumerate([400, 500, 100, 700])]
+    assert fill_length(shapes, 900) == 2  # 400 + 500 reaches 900 exactly
+    assert fill_length(shapes, 901) == 3  # 1000 after the third pod
+    assert fill_length(shapes, 1700) == 4
+    assert fill_length(shapes, 1701) == 5  # the trace is a cycle
+    assert fill_length(shapes, 0) == 0
+    assert fill_length([], 1000) == 0
+
+
+def test_fill_wraps_around_a_trace_shorter_than_the_capacity() -> None:
+    shapes = [Shape("a", "gpu", 1, 1000), Shape("b", "mig-1g.10gb", 1, 100)]
+    assert fill_length(shapes, 2200) == 4  # a b a b = 2200
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = list(range(1, 101))
+    assert percentile(values, 0.99) == 99
+    assert percentile(values, 0.5) == 50
+    assert percentile([7], 0.99) == 7
+    assert percentile([], 0.99) == 0.0
+
+
+# -- tiny replays ---------------------------------------------------------------------------
+def test_first_fit_replay_by_hand(tmp_path: Path) -> None:
+    pods = write_pods(
+        tmp_path / "pods.csv",
+        [
+            ("cpu", 0, 0, 0),  # skipped
+            ("w2", 2, 1000, 5),
+            ("m4", 1, 470, 1),  # 4g.40gb
+            ("m3", 1, 320, 1),  # 3g.40gb; same time as m4, so after it
+            ("w1", 1, 1000, 7),
+            ("late", 1, 1000, 9),  # never offered: demand reached capacity before
+        ],
+    )
+    nodes = write_nodes(tmp_path / "nodes.csv", [("a", 1), ("b", 2)])
+    result = run_policy("first-fit", gpu_shapes(read_pods(pods)), read_nodes(nodes))
+    # m4 -> a/0 slots 0-3; m3 -> a/0 slots 4-7; w2 -> node b (a has no whole-free GPU);
+    # w1 -> refused (a/0 carries MIG, b is full); demand 470+320+2000+1000 >= 3000: stop.
+    assert (result.offered, result.placed, result.refused) == (4, 3, 1)
+    assert result.placed_demand_ratio == pytest.approx(2790 / 3000)
+    assert result.blocked_ratio == pytest.approx(1.0)
+    assert result.offered_demand_ratio == pytest.approx(3790 / 3000)
+
+
+def test_best_fit_takes_the_fullest_node_where_first_fit_takes_the_first(tmp_path: Path) -> None:
+    pods = write_pods(
+        tmp_path / "pods.csv", [("one", 1, 1000, 0), ("four", 4, 1000, 1), ("two", 1, 1000, 2)]
+    )
+    nodes = write_nodes(tmp_path / "nodes.csv", [("big", 4), ("small", 2)])
+    shapes, pool = gpu_shapes(read_pods(pods)), read_nodes(nodes)
+    first = run_policy("first-fit", shapes, pool)
+    best = run_policy("best-fit", shapes, pool)
+    # first-fit puts "one" on big, so "four" no longer fits anywhere, and "two" on big;
+    # best-fit puts "one" and "two" on small (fewest free slots left) and "four" on big
+    assert (first.offered, first.placed, first.refused) == (3, 2, 1)
+    assert (best.offered, best.placed, best.refused) == (3, 3, 0)
+
+
+def test_churn_offers_pods_again_after_the_end_of_the_trace(tmp_path: Path) -> None:
+    pods = write_pods(tmp_path / "pods.csv", [("only", 1, 1000, 0)])
+    nodes = write_nodes(tmp_path / "nodes.csv", [("a", 1)])
+    result = run_policy("first-fit", gpu_shapes(read_pods(pods)), read_nodes(nodes), 3, seed=7)
+    assert (result.placed, result.refused) == (1, 0)
+    assert result.churn_refused_share == 0.0
+    assert result.churn_mean_placed_demand == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_churn_releases_the_pod_the_seeded_rng_picks(tmp_path: Path, seed: int) -> None:
+    pods = write_pods(
+        tmp_path / "pods.csv", [("m4", 1, 470, 0), ("m1", 1, 110, 1), ("w", 1, 1000, 2)]
+    )
+    nodes = write_nodes(tmp_path / "nodes.csv", [("a", 1)])
+    result = run_policy("first-fit", gpu_shapes(read_pods(pods)), read_nodes(nodes), 1, seed)
+    # fill: m4 -> slots 0-3, m1 -> slot 4, w refused (the GPU carries MIG)
+    assert (result.placed, result.refused) == (2, 1)
+    assert result.blocked_ratio == pytest.approx(0.625)
+    # churn: release placed[randrange(2)], then offer m4 again (the trace wrapped around);
+    # it fits only where m4 was (4g.40gb starts at slot 0 alone)
+    released_m4 = random.Random(seed).randrange(2) == 0
+    assert result.churn_refused_share == (0.0 if released_m4 else 1.0)
+    assert result.churn_mean_placed_demand == pytest.approx(0.58 if released_m4 else 0.47)

@@ -1,0 +1,191 @@
+"""Hypothesis stateful tests: random allocate / release / restart across teams, offers, policies.
+
+``LedgerMachine`` drives the pure ledger hard (many steps, a roomy team so placement, not quota,
+is what gets exercised); ``PoolMachine`` drives the real Pool (ledger + SQLite store) with fewer
+steps. After every step the ledger's invariants hold; a refused request changes nothing; a
+restart rebuilds exactly the same ledger (from the database, for the pool).
+"""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+from pathlib import Path
+from typing import ClassVar
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from gpupool.core import Inventory, Ledger, Node, PoolError, Request, Team
+from gpupool.core.placement import POLICIES
+from gpupool.pool import Pool
+from gpupool.store import Store
+from tests.factories import OFFERS, TEAMS, gpu, mixed_inventory
+
+USERS = ["ana", "bob", "cy", "dee", "eve"]
+GROUPS = [[], ["vision"], ["nlp"], ["ops"], ["vision", "ops"]]
+
+
+class PoolMachine(RuleBasedStateMachine):
+    allocations = Bundle("allocations")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = tempfile.TemporaryDirectory()
+        self.url = f"sqlite:///{Path(self.tmp.name) / 'pool.sqlite'}"
+        self.ids = (f"a{i}" for i in itertools.count())
+
+    def teardown(self) -> None:
+        self.pool.store.close()
+        self.tmp.cleanup()
+
+    def _new_pool(self) -> Pool:
+        ledger = Ledger(mixed_inventory(), OFFERS, TEAMS, policy=self.policy)
+        return Pool(ledger, Store(self.url), new_id=lambda: next(self.ids))
+
+    @initialize(policy=st.sampled_from(sorted(POLICIES)))
+    def start(self, policy: str) -> None:
+        self.policy = policy
+        self.pool = self._new_pool()
+
+    def _state(self) -> tuple[object, ...]:
+        ledger = self.pool.ledger
+        return (dict(ledger.allocations), list(ledger.occ.mask), +ledger.team_used)
+
+    @rule(
+        target=allocations,
+        user=st.sampled_from(USERS),
+        groups=st.sampled_from(GROUPS),
+        team=st.sampled_from([None, "vision", "nlp", "ops", "everyone"]),
+        offer=st.sampled_from(sorted(OFFERS)),
+        count=st.integers(1, 4),
+    )
+    def allocate(
+        self, user: str, groups: list[str], team: str | None, offer: str, count: int
+    ) -> str:
+        before = self._state()
+        try:
+            a = self.pool.allocate(user, groups, offer, count, team=team)
+        except PoolError as e:
+            assert e.message and e.message.endswith(".")
+            assert self._state() == before, "a refused request changed the ledger"
+            return ""
+        assert a.team in groups or (a.team == "everyone" and not set(groups) & set(TEAMS))
+        return a.id
+
+    @rule(alloc_id=consumes(allocations))
+    def release(self, alloc_id: str) -> None:
+        if alloc_id:
+            self.pool.release(alloc_id)
+
+    @rule()
+    def restart(self) -> None:
+        before = self.pool.ledger.allocations
+        self.pool.store.close()
+        self.pool = self._new_pool()
+        lost = self.pool.restore()
+        assert lost == []
+        assert self.pool.ledger.allocations == before
+
+    @invariant()
+    def invariants_hold(self) -> None:
+        if hasattr(self, "pool"):
+            self.pool.ledger.check_invariants()
+            persisted = {a.id: a for a in self.pool.store.load()}
+            assert persisted == self.pool.ledger.allocations
+
+
+def small_inventory() -> Inventory:
+    """Few devices, so that requests collide often: an NVLink pair, one dynamic and one fixed
+    MIG H100, a whole and a flex A100-40GB."""
+    return Inventory(
+        (
+            Node(
+                "a",
+                (
+                    gpu("a", 0, peers=(1,)),
+                    gpu("a", 1, peers=(0,)),
+                    gpu("a", 2, mode="dynamic"),
+                    gpu("a", 3, mode="fixed", instances=(("3g.40gb", 0), ("2g.20gb", 4))),
+                ),
+            ),
+            Node("b", (gpu("b", 0, "A100-40GB"), gpu("b", 1, "A100-40GB", "flex"))),
+        ),
+        source="test",
+    )
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    teams: ClassVar[dict[str, Team]] = {**TEAMS, "roomy": Team("roomy", guarantee_milli=100_000)}
+
+    @initialize(policy=st.sampled_from(sorted(POLICIES)))
+    def start(self, policy: str) -> None:
+        self.policy = policy
+        self.ledger = Ledger(small_inventory(), OFFERS, self.teams, policy=policy)
+        self.ids = (f"a{i}" for i in itertools.count())
+
+    @rule(
+        user=st.sampled_from(USERS),
+        team=st.sampled_from(["roomy", "roomy", "roomy", "vision", "nlp", "ops", "everyone"]),
+        offer=st.sampled_from(sorted(OFFERS)),
+        count=st.integers(1, 3),
+    )
+    def allocate(self, user: str, team: str, offer: str, count: int) -> None:
+        ledger = self.ledger
+        before = (dict(ledger.allocations), list(ledger.occ.mask), +ledger.team_used)
+        try:
+            ledger.allocate(Request(user, team, offer, count), next(self.ids))
+        except PoolError:
+            after = (dict(ledger.allocations), list(ledger.occ.mask), +ledger.team_used)
+            assert after == before, "a refused request changed the ledger"
+
+    @rule(
+        steps=st.lists(
+            st.tuples(st.sampled_from(sorted(OFFERS)), st.integers(1, 2), st.integers(0, 9)),
+            min_size=1,
+            max_size=30,
+        )
+    )
+    def burst(self, steps: list[tuple[str, int, int]]) -> None:
+        """Many operations in one step (short rule sequences alone rarely reach deep states):
+        allocate ``offer`` for the roomy team, then release allocation number ``pick`` if any."""
+        for offer, count, pick in steps:
+            self.allocate("ana", "roomy", offer, count)
+            held = sorted(self.ledger.allocations)
+            if held and pick < len(held) and pick % 2:
+                self.ledger.release(held[pick])
+            self.ledger.check_invariants()
+
+    @precondition(lambda self: bool(self.ledger.allocations))
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        self.ledger.release(data.draw(st.sampled_from(sorted(self.ledger.allocations))))
+
+    @rule()
+    def restart(self) -> None:
+        fresh = Ledger(small_inventory(), OFFERS, self.teams, policy=self.policy)
+        _restored, lost = fresh.restore(self.ledger.allocations.values())
+        assert lost == [] and fresh.allocations == self.ledger.allocations
+        assert fresh.occ.mask == self.ledger.occ.mask
+        self.ledger = fresh
+
+    @invariant()
+    def invariants_hold(self) -> None:
+        if hasattr(self, "ledger"):
+            self.ledger.check_invariants()
+
+
+_settings = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+LedgerMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=50, **_settings)
+PoolMachine.TestCase.settings = settings(max_examples=30, stateful_step_count=30, **_settings)
+TestLedger = LedgerMachine.TestCase
+TestPool = PoolMachine.TestCase
