@@ -74,6 +74,17 @@ class GPUPool(LoggingConfigurable):
         """,
     )
 
+    simulated_fallback = Unicode(
+        "",
+        config=True,
+        help="""A simulated spec to use when ``inventory`` is ``nvml`` and NVML finds no GPU (no
+        driver, or no GPU): for demos and laptops; the pool then says "simulated" everywhere.
+        Empty (the default) means no fallback. Example::
+
+            c.GPUPool.simulated_fallback = "local: 4x H100-80GB, mig=2"
+        """,
+    )
+
     policy = Unicode(
         "gpupool",
         config=True,
@@ -131,6 +142,18 @@ class GPUPool(LoggingConfigurable):
             "example: 'simulated:node1: 4x H100-80GB, mig=2'",
         )
 
+    @validate("simulated_fallback")
+    def _valid_fallback(self, proposal: dict[str, Any]) -> str:
+        value = str(proposal["value"]).strip()
+        if value:
+            from .discovery import parse_spec
+
+            try:
+                parse_spec(value)
+            except ValueError as e:
+                raise ConfigError("GPUPool.simulated_fallback", str(e)) from None
+        return value
+
     @validate("db_url")
     def _valid_db_url(self, proposal: dict[str, Any]) -> str:
         from sqlalchemy.engine import make_url
@@ -148,5 +171,12 @@ class GPUPool(LoggingConfigurable):
         return value
 
     def settings(self) -> Settings:
-        """The validated offers, teams and ``everyone``, checked across parts."""
-        return parse_settings(self.offers, self.teams, self.everyone)
+        """The validated offers, teams and ``everyone``, checked across parts.
+
+        The default ``everyone`` (CPU only) follows the offers: where no ``cpu`` offer is
+        defined, users in no team get nothing rather than an error.
+        """
+        everyone = self.everyone
+        if "everyone" not in self.config.get("GPUPool", {}):
+            everyone = {**everyone, "offers": [o for o in everyone["offers"] if o in self.offers]}
+        return parse_settings(self.offers, self.teams, everyone)

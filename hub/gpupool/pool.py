@@ -31,15 +31,21 @@ from .store import Store
 log = logging.getLogger("gpupool")
 
 
-def load_inventory(source: str, logger: logging.Logger = log) -> Inventory:
-    """The inventory named by ``GPUPool.inventory``: ``nvml`` or ``simulated:<spec>``."""
+def load_inventory(source: str, fallback: str = "", logger: logging.Logger = log) -> Inventory:
+    """The inventory named by ``GPUPool.inventory`` (``nvml`` or ``simulated:<spec>``); when
+    NVML finds no GPU and a ``fallback`` spec is set, that simulated inventory instead."""
     from .discovery import discover, simulated_inventory
 
-    if source.startswith("simulated:"):
-        inventory = simulated_inventory(source.removeprefix("simulated:"))
-        logger.warning("gpupool: SIMULATED inventory, no real GPUs: %s", inventory.label)
-        return inventory
-    return discover(log=logger)
+    spec = source.removeprefix("simulated:") if source.startswith("simulated:") else ""
+    if not spec:
+        found = discover(log=logger)
+        if found.gpus or not fallback:
+            return found
+        logger.warning("gpupool: NVML found no GPU; using the simulated fallback %r", fallback)
+        spec = fallback
+    inventory = simulated_inventory(spec)
+    logger.warning("gpupool: SIMULATED inventory, no real GPUs: %s", inventory.label)
+    return inventory
 
 
 class Pool:
@@ -63,7 +69,7 @@ class Pool:
     def from_config(cls, config: GPUPool, logger: logging.Logger = log) -> Pool:
         """Validate the config, discover the inventory, open the store and restore the ledger."""
         settings = config.settings()
-        inventory = load_inventory(config.inventory, logger)
+        inventory = load_inventory(config.inventory, config.simulated_fallback, logger)
         ledger = Ledger(
             inventory, settings.offers, settings.teams, settings.everyone, config.policy
         )
