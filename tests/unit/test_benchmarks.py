@@ -118,14 +118,14 @@ def test_fill_stops_with_the_pod_whose_demand_reaches_capacity() -> None:
     assert fill_length(shapes, 900) == 2  # 400 + 500 reaches 900 exactly
     assert fill_length(shapes, 901) == 3  # 1000 after the third pod
     assert fill_length(shapes, 1700) == 4
-    assert fill_length(shapes, 1701) == 5  # the trace is a cycle
+    assert fill_length(shapes, 1701) == 4  # the trace ends first
     assert fill_length(shapes, 0) == 0
     assert fill_length([], 1000) == 0
 
 
-def test_fill_wraps_around_a_trace_shorter_than_the_capacity() -> None:
+def test_fill_ends_with_a_trace_shorter_than_the_capacity() -> None:
     shapes = [Shape("a", "gpu", 1, 1000), Shape("b", "mig-1g.10gb", 1, 100)]
-    assert fill_length(shapes, 2200) == 4  # a b a b = 2200
+    assert fill_length(shapes, 2200) == 2  # only the churn wraps around
 
 
 def test_percentile_is_nearest_rank() -> None:

@@ -6,15 +6,18 @@ import pytest
 
 from gpupool.core import (
     InvalidRequest,
+    Inventory,
     Ledger,
     NoCapacity,
+    Node,
+    Offer,
     OfferNotAllowed,
     QuotaExceeded,
     Request,
     Team,
 )
 from gpupool.core.quota import EVERYONE
-from tests.factories import OFFERS, TEAMS, mixed_inventory
+from tests.factories import OFFERS, TEAMS, gpu, mixed_inventory
 
 
 @pytest.fixture
@@ -149,3 +152,16 @@ def test_restore_rebuilds_and_reports_what_vanished() -> None:
     assert {a.id for a in restored} == {"keep", "mig"} and [a.id for a in lost] == ["gone"]
     assert second.allocations["keep"] == kept and second.allocations["mig"] == mig
     second.check_invariants()
+
+
+def test_quota_is_charged_for_what_the_placement_blocks() -> None:
+    # "1g.10gb" is a 1-slot profile on H100-80GB but a 2-slot one on A100-40GB
+    offers = {"m": Offer("m", "mig", profile="1g.10gb")}
+    ledger = Ledger(mixed_inventory(), offers, {"t": Team("t", 125)}, policy="first-fit")
+    a = ledger.allocate(Request("u", "t", "m"), "a")
+    assert a.cost_milli == 125 and a.devices[0].gpu == "GPU-a-5"  # the fixed 1g.10gb instance
+    a100_only = Inventory((Node("b", (gpu("b", 0, "A100-40GB", "flex"),)),))
+    small = Ledger(a100_only, offers, {"t": Team("t", 125)})
+    with pytest.raises(QuotaExceeded, match=r"needs 0\.25 GPU-eq"):
+        small.allocate(Request("u", "t", "m"), "c")
+    assert small.allocations == {} and small.occ.mask == [0]

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 
 from .errors import InvalidRequest, NoCapacity, UnknownAllocation
 from .inventory import Inventory
+from .mig import GEOMETRIES
 from .occupancy import Occupancy
 from .offers import Offer, Request
 from .placement import Demand, Pick, PlacementPolicy, make_policy
@@ -117,11 +118,11 @@ class Ledger:
             p = geo.resolve(offer.profile) if geo else None
             if geo and p:
                 total += len(bucket) * geo.max_fit[p][mask]
-        for g in occ.fixed:
-            geo = occ.geometry[g]
+        for (model, name, _mask), bucket in occ.fixed_buckets.items():
+            geo = GEOMETRIES.get(model) if offer.model in (None, model) else None
             p = geo.resolve(offer.profile) if geo else None
-            if geo and p and offer.model in (None, occ.gpus[g].model):
-                total += len(occ.free_instances(g, p))
+            if p is not None and p.name == name:
+                total += len(bucket)
         return total
 
     def free_now(self, team: Team) -> str:
@@ -144,13 +145,8 @@ class Ledger:
         team = self.team(request.team)
         offer = check_offer(team, self.offers, request.offer, request.count)
         what = f"{request.count}× {offer.label}" if offer.kind == "gpu" else offer.label
-        check_quota(
-            team,
-            self.team_used[team.name],
-            self.user_used[team.name, request.user],
-            offer.cost_milli(request.count),
-            what,
-        )
+        used = (self.team_used[team.name], self.user_used[team.name, request.user])
+        check_quota(team, *used, offer.cost_milli(request.count), what)
         picks: list[Pick] = []
         if offer.kind != "cpu":
             demand = Demand(offer.kind, request.count, offer.model, offer.nvlink, offer.profile)
@@ -159,6 +155,9 @@ class Ledger:
             if found is None:
                 raise NoCapacity(self._no_capacity(team, offer, request.count))
             picks = found
+            # what the placement really blocks (a profile name may mean other sizes on other
+            # models; the settings forbid that, a hand-built offer might not)
+            check_quota(team, *used, sum(self._pick_cost(p) for p in picks), what)
         template = Allocation(
             alloc_id,
             request.user,
@@ -241,6 +240,10 @@ class Ledger:
         self.team_used[allocation.team] += allocation.cost_milli
         self.user_used[allocation.team, allocation.user] += allocation.cost_milli
         return allocation
+
+    def _pick_cost(self, pick: Pick) -> int:
+        geo = self.occ.geometry[pick.gpu]
+        return geo.cost_milli(pick.profile) if geo and pick.profile else 1000
 
     def _device_cost(self, d: Device) -> int:
         g = self.occ.ordinal[d.gpu]

@@ -9,6 +9,8 @@ Vocabulary
   held whole) with the same model, mode and mask. Placement looks at buckets, not GPUs, so a
   decision costs O(distinct masks), not O(GPUs).
 - *node bucket*: nodes with the same model, whole-free count and free slots (in eighths of a GPU).
+- *fixed bucket*: the free pre-created instances of one model and profile on GPUs with the same
+  mask, each as ``ordinal * 16 + start`` (so the minimum is the first GPU, then the lowest start).
 
 Contract: no I/O, no policy. Callers (the ledger) check that slots are free before taking them;
 taking a taken slot raises ``ValueError``, which is a bug, never a user error.
@@ -27,6 +29,9 @@ WHOLE_SLOTS = 8
 
 MigKey = tuple[str, str, int]
 NodeKey = tuple[str, int, int]
+FixedKey = tuple[str, str, int]
+FIXED_CODE = 16
+"""Fixed instances are coded ``ordinal * FIXED_CODE + start`` (start slots are below 16)."""
 
 
 class MinSet:
@@ -77,11 +82,15 @@ class Occupancy:
         self.slots: list[int] = [geo.memory_slots if geo else WHOLE_SLOTS for geo in self.geometry]
         self.mask: list[int] = [0] * len(self.gpus)
         self.whole: list[bool] = [False] * len(self.gpus)
-        self.fixed: list[int] = [i for i, g in enumerate(self.gpus) if g.mig_mode == "fixed"]
+        self.fixed_instances: dict[int, list[tuple[Profile, MigInstance]]] = {
+            i: self._resolve_instances(i) for i, g in enumerate(self.gpus) if g.mig_mode == "fixed"
+        }
         self.mig_buckets: dict[MigKey, MinSet] = {}
         self.node_buckets: dict[NodeKey, MinSet] = {}
+        self.fixed_buckets: dict[FixedKey, MinSet] = {}
         self._gpu_key: list[MigKey | None] = [None] * len(self.gpus)
         self._node_keys: list[list[NodeKey]] = [[] for _ in self.node_gpus]
+        self._fixed_keys: dict[int, list[tuple[FixedKey, int]]] = {}
         for g in range(len(self.gpus)):
             self._reindex_gpu(g)
         for n in range(len(self.node_gpus)):
@@ -110,12 +119,20 @@ class Occupancy:
 
     def free_instances(self, g: int, profile: Profile) -> list[MigInstance]:
         """Pre-created instances of ``profile`` on fixed-mode GPU ``g`` whose slots are free."""
+        mask = self.mask[g]
+        return [
+            inst
+            for p, inst in self.fixed_instances.get(g, ())
+            if p == profile and not mask & p.mask_at(inst.start)
+        ]
+
+    def _resolve_instances(self, g: int) -> list[tuple[Profile, MigInstance]]:
         geo = self.geometry[g]
         out = []
         for inst in self.gpus[g].instances:
             p = geo.resolve(inst.profile) if geo else None
-            if p == profile and not self.mask[g] & p.mask_at(inst.start):
-                out.append(inst)
+            if p is not None:
+                out.append((p, inst))
         return out
 
     # -- changes ---------------------------------------------------------------------------
@@ -148,6 +165,9 @@ class Occupancy:
         self._reindex_node(self.node_of[g])
 
     def _reindex_gpu(self, g: int) -> None:
+        if g in self.fixed_instances:
+            self._reindex_fixed(g)
+            return
         gpu = self.gpus[g]
         key: MigKey | None = None
         if gpu.mig_mode in ("dynamic", "flex") and not self.whole[g] and self.geometry[g]:
@@ -173,3 +193,16 @@ class Occupancy:
         for key in keys:
             self.node_buckets.setdefault(key, MinSet()).add(n)
         self._node_keys[n] = keys
+
+    def _reindex_fixed(self, g: int) -> None:
+        for key, code in self._fixed_keys.get(g, ()):
+            self.fixed_buckets[key].discard(code)
+        model, mask = self.gpus[g].model, self.mask[g]
+        keys = [
+            ((model, p.name, mask), g * FIXED_CODE + inst.start)
+            for p, inst in self.fixed_instances[g]
+            if not mask & p.mask_at(inst.start)
+        ]
+        for key, code in keys:
+            self.fixed_buckets.setdefault(key, MinSet()).add(code)
+        self._fixed_keys[g] = keys

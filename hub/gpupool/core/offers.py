@@ -40,8 +40,10 @@ class Offer:
             return 0
         if self.kind == "gpu":
             return GPU_MILLI
+        # the cheapest model that has the profile: a lower bound the ledger checks first; it
+        # checks again with the cost of the placed instance
         costs = mig_costs(self.profile or "", self.model)
-        return max(costs.values(), default=0)
+        return min(costs.values(), default=0)
 
     def cost_milli(self, count: int) -> int:
         return self.unit_cost_milli() * count

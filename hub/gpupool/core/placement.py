@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from .mig import Geometry, Profile
-from .occupancy import WHOLE_SLOTS, Occupancy
+from .occupancy import FIXED_CODE, WHOLE_SLOTS, Occupancy
 
 
 @dataclass(frozen=True)
@@ -114,19 +114,24 @@ class PlacementPolicy:
 
     def _pick_fixed(self, occ: Occupancy, d: Demand) -> Pick | None:
         best: tuple[Key, int, int] | None = None
-        best_pick: Pick | None = None
-        for g in occ.fixed:
+        best_profile: Profile | None = None
+        for (model, _name, mask), bucket in occ.fixed_buckets.items():
+            code = bucket.min() if d.model in (None, model) else None
+            if code is None:
+                continue
+            g, s = divmod(code, FIXED_CODE)
             geo = occ.geometry[g]
-            if geo is None or (d.model is not None and occ.gpus[g].model != d.model):
+            p = geo.resolve(d.profile) if geo else None
+            if geo is None or p is None or p.name != _name:
                 continue
-            p = geo.resolve(d.profile)
-            if p is None:
-                continue
-            for inst in occ.free_instances(g, p):
-                cand = (self.mig_key(occ, g, geo, occ.mask[g], p, inst.start), g, inst.start)
-                if best is None or cand < best:
-                    best, best_pick = cand, Pick(g, p, inst.start, inst.uuid)
-        return best_pick
+            cand = (self.mig_key(occ, g, geo, mask, p, s), g, s)
+            if best is None or cand < best:
+                best, best_profile = cand, p
+        if best is None or best_profile is None:
+            return None
+        g, s = best[1], best[2]
+        uuid = next(i.uuid for p, i in occ.fixed_instances[g] if p == best_profile and i.start == s)
+        return Pick(g, best_profile, s, uuid)
 
 
 def _first_whole_free_per_node_kind(occ: Occupancy, model: str) -> list[int]:
