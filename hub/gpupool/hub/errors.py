@@ -1,0 +1,34 @@
+"""Pool errors to HTTP, in one place.
+
+``http_error`` turns a :class:`gpupool.core.errors.PoolError` into a ``tornado.web.HTTPError``
+whose status follows :data:`STATUS` and whose message is the pool's sentence, word for word. The
+sentence also rides on ``jupyterhub_message``, which JupyterHub's spawn page shows above the form.
+"""
+
+from __future__ import annotations
+
+from tornado import web
+
+from ..core import errors
+
+STATUS: dict[type[errors.PoolError], int] = {
+    errors.UnknownAllocation: 404,
+    errors.InvalidRequest: 400,
+    errors.NotATeamMember: 403,
+    errors.OfferNotAllowed: 403,
+    errors.QuotaExceeded: 403,
+    errors.NoCapacity: 409,
+}
+
+
+def status_of(error: errors.PoolError) -> int:
+    for cls in type(error).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]  # type: ignore[index]
+    return 400
+
+
+def http_error(error: errors.PoolError) -> web.HTTPError:
+    e = web.HTTPError(status_of(error), error.message, reason=error.code.replace("_", " "))
+    e.jupyterhub_message = error.message  # type: ignore[attr-defined]
+    return e

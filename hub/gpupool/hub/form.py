@@ -1,0 +1,62 @@
+"""The spawn page's HTML: a plain form (radio buttons, no JavaScript needed), escaped throughout.
+
+Contract: ``render(menus, inventory_label, simulated)`` returns the HTML JupyterHub puts inside its
+spawn form; the chosen radio button posts ``gpupool_choice=team|offer|count``.
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+from ..core.units import fmt
+from .menu import TeamMenu
+
+FIELD = "gpupool_choice"
+
+
+def render(menus: list[TeamMenu], inventory_label: str, simulated: bool) -> str:
+    parts = ['<div class="gpupool-form">']
+    if simulated:
+        parts.append(
+            '<div class="alert alert-warning gpupool-simulated" role="note">'
+            f"<strong>Simulated pool</strong>: no real GPUs ({escape(inventory_label)}). "
+            "Devices and UUIDs below are simulated.</div>"
+        )
+    checked = False
+    for m in menus:
+        t = m.team
+        quota = (
+            f"uses {fmt(m.used_milli)} of {fmt(t.limit_milli)} GPU-eq "
+            f"(guarantee {fmt(t.guarantee_milli)}, borrow limit {fmt(t.borrow_limit_milli)}); "
+            f"{fmt(m.left_milli)} left"
+        )
+        if t.user_cap_milli is not None:
+            quota += f"; you hold {fmt(m.user_used_milli)} of your {fmt(t.user_cap_milli)} cap"
+        parts.append(
+            f'<fieldset class="gpupool-team" data-team="{escape(t.name)}">'
+            f"<legend>Team {escape(t.name)}</legend>"
+            f'<p class="gpupool-quota">Team {escape(t.name)} {escape(quota)}.</p>'
+        )
+        for c in m.choices:
+            attrs = ""
+            if c.enabled and not checked:
+                attrs, checked = " checked", True
+            if not c.enabled:
+                attrs += " disabled"
+            free = "" if c.offer == "cpu" or c.cost_milli == 0 else f" · {c.free} free now"
+            cost = f" · {fmt(c.cost_milli)} GPU-eq" if c.cost_milli else ""
+            why = f' <span class="gpupool-why">({escape(c.reason)})</span>' if c.reason else ""
+            desc = (
+                f' <span class="text-muted">{escape(c.description)}</span>' if c.description else ""
+            )
+            parts.append(
+                '<div class="radio"><label>'
+                f'<input type="radio" name="{FIELD}" value="{escape(c.value)}"{attrs}> '
+                f"<strong>{escape(c.label)}</strong>{escape(cost)}{escape(free)}{desc}{why}"
+                "</label></div>"
+            )
+        parts.append("</fieldset>")
+    if not checked:
+        parts.append('<p class="gpupool-nothing">Nothing can be granted right now.</p>')
+    parts.append("</div>")
+    return "\n".join(parts)

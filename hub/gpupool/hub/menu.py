@@ -1,0 +1,105 @@
+"""The spawn menu: what a user may pick now, per team, with free counts and quota left.
+
+Vocabulary
+- *choice*: one pickable line of the spawn page: a team, an offer and a count (whole-GPU offers
+  get one line per count), whether it can be granted right now and, if not, why.
+- *team menu*: a team's choices plus its quota figures (used, guarantee, borrow limit, left) and
+  the user's own usage and cap.
+
+Contract: pure reads of the ledger; the hub still decides at spawn time (a stale page cannot
+grant anything).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.ledger import Ledger
+from ..core.offers import Offer
+from ..core.quota import Team
+from ..core.units import fmt
+
+
+@dataclass(frozen=True)
+class Choice:
+    team: str
+    offer: str
+    count: int
+    label: str
+    description: str
+    cost_milli: int
+    free: int
+    reason: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return not self.reason
+
+    @property
+    def value(self) -> str:
+        """The form value that names this choice: ``team|offer|count``."""
+        return f"{self.team}|{self.offer}|{self.count}"
+
+
+@dataclass(frozen=True)
+class TeamMenu:
+    team: Team
+    used_milli: int
+    user_used_milli: int
+    choices: tuple[Choice, ...]
+
+    @property
+    def left_milli(self) -> int:
+        return max(0, self.team.limit_milli - self.used_milli)
+
+
+def team_menu(ledger: Ledger, team: Team, user: str) -> TeamMenu:
+    used = ledger.team_used[team.name]
+    mine = ledger.user_used[team.name, user]
+    choices = []
+    for name, offer in sorted(ledger.offers.items(), key=lambda kv: _order(kv[1])):
+        if not team.allows(name):
+            continue
+        free = ledger.placeable(offer)
+        counts = range(1, offer.max_count + 1) if offer.kind == "gpu" else [1]
+        for count in counts:
+            cost = offer.cost_milli(count)
+            label = offer.label if offer.kind != "gpu" else f"{offer.label} ×{count}"
+            choices.append(
+                Choice(
+                    team.name,
+                    name,
+                    count,
+                    label,
+                    offer.description,
+                    cost,
+                    free,
+                    _why_not(team, offer, count, cost, free, used, mine),
+                )
+            )
+    return TeamMenu(team, used, mine, tuple(choices))
+
+
+def menu(ledger: Ledger, user: str, groups: list[str]) -> list[TeamMenu]:
+    """One team menu per team of the user (``everyone`` when in none)."""
+    teams = [ledger.teams[g] for g in sorted(set(groups)) if g in ledger.teams]
+    return [team_menu(ledger, t, user) for t in teams or [ledger.everyone]]
+
+
+def _order(offer: Offer) -> tuple[int, int, str]:
+    kind = {"cpu": 0, "mig": 1, "gpu": 2}[offer.kind]
+    return (kind, offer.unit_cost_milli(), offer.name)
+
+
+def _why_not(
+    team: Team, offer: Offer, count: int, cost: int, free: int, used: int, mine: int
+) -> str:
+    if cost and used + cost > team.limit_milli:
+        return f"needs {fmt(cost)} GPU-eq; team {team.name} has {fmt(team.limit_milli - used)} left"
+    if cost and team.user_cap_milli is not None and mine + cost > team.user_cap_milli:
+        return (
+            f"needs {fmt(cost)} GPU-eq; you have {fmt(team.user_cap_milli - mine)} of your cap left"
+        )
+    if offer.kind != "cpu" and free < count:
+        return "none free right now" if free == 0 else f"only {free} free on one node"
+    return ""

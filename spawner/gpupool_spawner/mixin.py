@@ -1,0 +1,174 @@
+"""The GPU logic every gpupool spawner shares: choose, check and hold devices around a server.
+
+Vocabulary
+- *user options*: ``{"offer": "h100", "count": 2, "team": "vision"}``, from the spawn form or
+  from ``user_options`` of the REST API; ``team`` may be left out by a user in one team, and
+  ``offer`` defaults to ``cpu``. Both doors are checked by the same code, on the hub.
+- *allocation*: what the pool granted this server (see :class:`gpupool.core.ledger.Allocation`);
+  its id is in the spawner's state, so a hub restart re-attaches the running server to it.
+- *ref*: ``user/server-name``, what the allocation is for.
+
+Contract: an allocation is taken before the server starts and released when it stops, when a
+start fails, and when ``poll`` finds the server gone. Refusals become 4xx HTTP errors carrying
+the pool's sentence (see :mod:`gpupool.hub.errors`); nothing waits out ``start_timeout``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from tornado import web
+from traitlets import Unicode, default
+
+from gpupool.core.errors import InvalidRequest, PoolError, UnknownAllocation
+from gpupool.core.ledger import Allocation
+from gpupool.core.offers import Offer
+from gpupool.hub import get_pool
+from gpupool.hub.errors import http_error
+from gpupool.hub.form import FIELD, render
+from gpupool.hub.menu import menu
+from gpupool.pool import Pool
+
+STATE_KEY = "gpupool_allocation"
+
+
+def parse_user_options(options: dict[str, Any]) -> tuple[str, int, str | None]:
+    """``(offer, count, team)`` from user options, or :class:`InvalidRequest` saying why not."""
+    offer = options.get("offer", "cpu")
+    count = options.get("count", 1)
+    team = options.get("team") or None
+    if not isinstance(offer, str) or not offer:
+        raise InvalidRequest(f"user_options.offer must be an offer name, got {offer!r}.")
+    if isinstance(count, str) and count.isdigit():
+        count = int(count)
+    if not isinstance(count, int) or isinstance(count, bool):
+        raise InvalidRequest(f"user_options.count must be a whole number, got {count!r}.")
+    if team is not None and not isinstance(team, str):
+        raise InvalidRequest(f"user_options.team must be a team name, got {team!r}.")
+    unknown = sorted(set(options) - {"offer", "count", "team"})
+    if unknown:
+        raise InvalidRequest(
+            f"Unknown user_options {', '.join(unknown)}; use offer, count and team."
+        )
+    return offer, count, team
+
+
+class GPUSpawnerMixin:
+    """Mix in before a JupyterHub spawner: ``class X(GPUSpawnerMixin, LocalProcessSpawner)``."""
+
+    gpupool_allocation_id = Unicode("", help="The pool allocation this server holds (state).")
+
+    # -- the pool and this server's allocation ----------------------------------------------
+    @property
+    def gpupool(self) -> Pool:
+        return get_pool(self.config)  # type: ignore[attr-defined]
+
+    @property
+    def gpupool_ref(self) -> str:
+        return f"{self.user.name}/{self.name}"  # type: ignore[attr-defined]
+
+    @property
+    def gpupool_allocation(self) -> Allocation | None:
+        if not self.gpupool_allocation_id:
+            return None
+        return self.gpupool.ledger.allocations.get(self.gpupool_allocation_id)
+
+    @property
+    def gpupool_offer(self) -> Offer | None:
+        allocation = self.gpupool_allocation
+        return self.gpupool.ledger.offers.get(allocation.offer) if allocation else None
+
+    def gpupool_groups(self) -> list[str]:
+        return [g.name for g in self.user.groups]  # type: ignore[attr-defined]
+
+    def gpupool_release(self) -> None:
+        """Give this server's devices back (idempotent)."""
+        alloc_id, self.gpupool_allocation_id = self.gpupool_allocation_id, ""
+        if alloc_id:
+            with contextlib.suppress(UnknownAllocation):
+                self.gpupool.release(alloc_id)
+
+    # -- the spawn page ----------------------------------------------------------------------
+    @default("options_form")
+    def _gpupool_options_form(self) -> Any:
+        return self._render_gpupool_form
+
+    def _render_gpupool_form(self, spawner: Any = None) -> str:
+        pool = self.gpupool
+        menus = menu(pool.ledger, self.user.name, self.gpupool_groups())  # type: ignore[attr-defined]
+        return render(menus, pool.inventory.label, pool.inventory.simulated)
+
+    def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
+        raw = (formdata.get(FIELD) or [""])[0]
+        parts = raw.split("|")
+        if len(parts) != 3 or not parts[2].isdigit():
+            raise http_error(InvalidRequest("Choose one of the offers on the form."))
+        team, offer, count = parts
+        return {"team": team or None, "offer": offer, "count": int(count)}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> Any:
+        pool = self.gpupool
+        try:
+            offer, count, team = parse_user_options(dict(self.user_options or {}))  # type: ignore[attr-defined]
+            stale = [a.id for a in pool.ledger.allocations.values() if a.ref == self.gpupool_ref]
+            for alloc_id in stale:  # left by a start the hub did not finish (e.g. a crash)
+                pool.release(alloc_id)
+            allocation = pool.allocate(
+                self.user.name,  # type: ignore[attr-defined]
+                self.gpupool_groups(),
+                offer,
+                count,
+                team=team,
+                kind="notebook",
+                ref=self.gpupool_ref,
+            )
+        except PoolError as e:
+            self.log.info("gpupool: refused %s: %s", self.gpupool_ref, e.message)  # type: ignore[attr-defined]
+            raise http_error(e) from None
+        self.gpupool_allocation_id = allocation.id
+        try:
+            self.gpupool_check_allocation(allocation)
+            return await super().start()  # type: ignore[misc]
+        except BaseException:
+            self.gpupool_release()
+            raise
+
+    def gpupool_check_allocation(self, allocation: Allocation) -> None:
+        """Hook: refuse an allocation this spawner cannot honour (raise ``web.HTTPError``)."""
+
+    async def stop(self, now: bool = False) -> Any:
+        try:
+            return await super().stop(now=now)  # type: ignore[misc]
+        finally:
+            self.gpupool_release()
+
+    async def poll(self) -> int | None:
+        status: int | None = await super().poll()  # type: ignore[misc]
+        if status is not None and self.gpupool_allocation_id:
+            self.log.info("gpupool: %s is gone; releasing its devices", self.gpupool_ref)  # type: ignore[attr-defined]
+            self.gpupool_release()
+        return status
+
+    # -- state across hub restarts -----------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().get_state()  # type: ignore[misc]
+        if self.gpupool_allocation_id:
+            state[STATE_KEY] = self.gpupool_allocation_id
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)  # type: ignore[misc]
+        self.gpupool_allocation_id = state.get(STATE_KEY, "")
+
+    def clear_state(self) -> None:
+        super().clear_state()  # type: ignore[misc]
+        self.gpupool_allocation_id = ""
+
+
+def refuse(status: int, message: str) -> web.HTTPError:
+    """A refusal with a sentence JupyterHub shows on the spawn page."""
+    e = web.HTTPError(status, message)
+    e.jupyterhub_message = message  # type: ignore[attr-defined]
+    return e
