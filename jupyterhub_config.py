@@ -1,32 +1,98 @@
-# gpupool: the runnable LOCAL/DEV default. `make run` uses this file.
+# gpupool: the runnable LOCAL / DEV default. `make run` starts JupyterHub with this file.
 #
-# It declares the GPU pool: offers (what users may pick), teams (JupyterHub groups) with quotas in
-# GPU-equivalents (a whole GPU = 1; a MIG instance = its memory slots / 8, so 3g.40gb = 0.5 and
-# 1g.10gb = 0.125), and where the GPUs come from. The JupyterHub part (spawner, proxy, users)
-# arrives with the spawner issue; until then `make run` shows the pool this file describes.
+# It is a complete hub for one machine: JupyterHub + configurable-http-proxy on
+# http://127.0.0.1:8000, JupyterLab servers as local processes (run as the hub's own user), demo
+# users with one shared password, and the GPU pool: offers (what users may pick), teams
+# (JupyterHub groups) with quotas in GPU-equivalents, and where the GPUs come from. Not for
+# production: every demo user shares one password and servers are not isolated from each other.
+#
+# Environment knobs (for tests and demos): GPUPOOL_STATE_DIR (databases, secrets; default ./.run),
+# GPUPOOL_PORT (8000), GPUPOOL_HUB_PORT (8081), GPUPOOL_PROXY_API_PORT (8001),
+# GPUPOOL_INVENTORY (default "nvml"), GPUPOOL_DEMO_PASSWORD (default: generated, kept in the
+# state dir).
+import logging
+import os
+import secrets
+import sys
+from pathlib import Path
+
+from gpupool.hub import setup
+
 c = get_config()  # noqa: F821  (injected by JupyterHub / traitlets)
 
-# -- where the GPUs come from --------------------------------------------------------------------
-# "nvml" reads this machine's GPUs through the NVIDIA driver. Without a driver (a laptop, CI) the
-# pool falls back to a SIMULATED pool of 4x H100-80GB, the last two MIG-enabled; every page and
-# log line says "simulated" then. Spec grammar: "NODE: COUNTx MODEL[, mig=N[:P+P…]][, nvlink=K]".
-c.GPUPool.inventory = "nvml"
-c.GPUPool.simulated_fallback = "local: 4x H100-80GB, mig=2, nvlink=2"
+ROOT = Path(__file__).resolve().parent
+STATE = Path(os.environ.get("GPUPOOL_STATE_DIR", ROOT / ".run")).resolve()
+STATE.mkdir(parents=True, exist_ok=True)
 
-# -- offers: what users may pick -----------------------------------------------------------------
-# kind "gpu": whole GPUs (max_count per request, optional model, nvlink=True for one NVLink island);
-# kind "mig": one MIG instance; a name like "mig-3g.40gb" implies the kind and the profile.
+
+def _secret(name: str, env: str, size: int) -> str:
+    """A demo secret from the environment, or generated once and kept in the state dir."""
+    if os.environ.get(env):
+        return os.environ[env]
+    path = STATE / name
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(size))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+# -- JupyterHub: where it listens, where it keeps its state -----------------------------------
+c.JupyterHub.bind_url = f"http://127.0.0.1:{os.environ.get('GPUPOOL_PORT', '8000')}"
+c.JupyterHub.hub_port = int(os.environ.get("GPUPOOL_HUB_PORT", "8081"))
+c.ConfigurableHTTPProxy.api_url = (
+    f"http://127.0.0.1:{os.environ.get('GPUPOOL_PROXY_API_PORT', '8001')}"
+)
+c.ConfigurableHTTPProxy.command = [str(ROOT / "node_modules" / ".bin" / "configurable-http-proxy")]
+c.JupyterHub.db_url = f"sqlite:///{STATE / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
+c.JupyterHub.pid_file = str(STATE / "jupyterhub.pid")
+
+# -- who can log in: demo users with one shared password --------------------------------------
+TEAMS = {"vision": ["ada", "ben", "cal"], "nlp": ["dee", "eli"]}
+c.JupyterHub.authenticator_class = "shared-password"
+c.SharedPasswordAuthenticator.user_password = _secret("demo-password", "GPUPOOL_DEMO_PASSWORD", 9)
+c.SharedPasswordAuthenticator.admin_password = _secret(
+    "admin-password", "GPUPOOL_ADMIN_PASSWORD", 33
+)
+c.Authenticator.allowed_users = {u for users in TEAMS.values() for u in users} | {"eve"}
+c.Authenticator.admin_users = {"admin"}
+# Teams are JupyterHub groups: a group named like a team below belongs to that team.
+c.JupyterHub.load_groups = {team: {"users": users} for team, users in TEAMS.items()}
+
+# -- notebook servers: local processes that see only their GPUs -------------------------------
+c.JupyterHub.spawner_class = "gpupool-local"
+c.Spawner.cmd = [str(Path(sys.executable).parent / "jupyterhub-singleuser")]
+c.Spawner.default_url = "/lab"
+c.LocalGPUSpawner.home_dir_template = str(STATE / "home" / "{username}")
+if os.geteuid() == 0:  # servers run as the hub's own user; as root Jupyter needs to be told
+    c.Spawner.args = ["--ServerApp.allow_root=True"]
+c.Spawner.start_timeout = 120
+c.Spawner.http_timeout = 90
+
+# -- the GPU pool ---------------------------------------------------------------------------------
+# Where the GPUs come from: "nvml" reads this machine's GPUs through the NVIDIA driver. Without a
+# driver (a laptop, CI) the pool falls back to a SIMULATED pool of 4x H100-80GB whose last two
+# GPUs have MIG on with instances 3g.40gb + 2g.20gb + 1g.10gb; the spawn page and the logs say
+# "simulated" then. Spec grammar: "NODE: COUNTx MODEL[, mig=N[:P+P…]][, nvlink=K]".
+c.GPUPool.inventory = os.environ.get("GPUPOOL_INVENTORY", "nvml")
+c.GPUPool.simulated_fallback = "local: 4x H100-80GB, mig=2:3g.40gb+2g.20gb+1g.10gb, nvlink=2"
+
+# Offers: what users may pick. kind "gpu": whole GPUs (max_count per server, optional model,
+# nvlink=True for one NVLink island); kind "mig": one MIG instance (a name like "mig-3g.40gb"
+# implies the kind and the profile).
 c.GPUPool.offers = {
     "cpu": {"description": "CPU only"},
     "h100": {"model": "H100-80GB", "max_count": 2, "description": "Whole H100 80GB"},
-    "mig-3g.40gb": {"model": "H100-80GB", "description": "Half an H100 (MIG 3g.40gb)"},
-    "mig-1g.10gb": {"model": "H100-80GB", "description": "An eighth of an H100 (MIG 1g.10gb)"},
+    "mig-3g.40gb": {"model": "H100-80GB", "description": "Half an H100"},
+    "mig-2g.20gb": {"model": "H100-80GB", "description": "A quarter of an H100"},
+    "mig-1g.10gb": {"model": "H100-80GB", "description": "An eighth of an H100"},
 }
 
-# -- teams: JupyterHub groups with quotas ----------------------------------------------------------
-# guarantee: GPU-eq the team can always use while the pool has it; borrow_limit: how much more it
-# may use while other teams leave theirs idle; user_cap: the most one member may hold; offers:
-# what the team may request (default: all). Small on purpose, so a refusal is easy to see.
+# Teams, by JupyterHub group. guarantee: GPU-equivalents (a whole GPU = 1, a MIG instance = its
+# memory slots / 8: 3g.40gb = 0.5, 1g.10gb = 0.125) the team can always use while the pool has
+# them; borrow_limit: how much more it may use while other teams leave theirs idle; user_cap: the
+# most one member may hold; offers: what the team may request (default: all). Small on purpose,
+# so a refusal is easy to see.
 c.GPUPool.teams = {
     "vision": {
         "guarantee": 1.5,
@@ -34,12 +100,27 @@ c.GPUPool.teams = {
         "user_cap": 1,
         "offers": ["cpu", "h100", "mig-3g.40gb"],
     },
-    "nlp": {"guarantee": 1, "user_cap": 0.5, "offers": ["cpu", "mig-3g.40gb", "mig-1g.10gb"]},
+    "nlp": {
+        "guarantee": 1,
+        "user_cap": 0.5,
+        "offers": ["cpu", "mig-3g.40gb", "mig-2g.20gb", "mig-1g.10gb"],
+    },
 }
-# Users in no team get only this (default: CPU only).
+# Users in no team (eve) get only this: CPU only.
 c.GPUPool.everyone = {"offers": ["cpu"]}
 
 # Placement: "gpupool" (fragmentation-aware), "best-fit" or "first-fit".
 c.GPUPool.policy = "gpupool"
-# Allocations persist here and survive restarts (any SQLAlchemy URL).
-c.GPUPool.db_url = "sqlite:///gpupool.sqlite"
+# Allocations persist here and survive hub restarts (any SQLAlchemy URL).
+c.GPUPool.db_url = f"sqlite:///{STATE / 'gpupool.sqlite'}"
+
+# Validate all of the above now and build the pool: a bad key stops the hub here, named.
+pool = setup(c, logging.getLogger("JupyterHub").getChild("gpupool"))
+teams = "; ".join(f"{team}: {', '.join(users)}" for team, users in TEAMS.items())
+print(
+    f"\ngpupool demo hub on {c.JupyterHub.bind_url} with {pool.inventory.label}\n"
+    f"  users: {', '.join(sorted(c.Authenticator.allowed_users))} ({teams}; eve: no team)\n"
+    f"  shared demo password: {c.SharedPasswordAuthenticator.user_password}\n"
+    f"  admin: user 'admin', password in {STATE / 'admin-password'}\n",
+    flush=True,
+)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from traitlets.config import PyFileConfigLoader
 
-from .config import GPUPool
 from .core.units import fmt
+from .hub import get_pool
 from .pool import Pool
 from .settings import ConfigError
 
@@ -51,9 +51,9 @@ def render(pool: Pool) -> str:
 def main(argv: list[str]) -> int:
     path = Path(argv[0] if argv else "jupyterhub_config.py").resolve()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    config = PyFileConfigLoader(path.name, str(path.parent)).load_config()
     try:
-        pool = Pool.from_config(GPUPool(config=config))
+        config = PyFileConfigLoader(path.name, str(path.parent)).load_config()
+        pool = get_pool(config)
     except ConfigError as e:
         print(f"{path.name}: {e}", file=sys.stderr)
         return 2

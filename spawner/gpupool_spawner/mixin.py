@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from jupyterhub.spawner import Spawner
 from tornado import web
 from traitlets import Unicode, default
 
@@ -54,7 +55,7 @@ def parse_user_options(options: dict[str, Any]) -> tuple[str, int, str | None]:
     return offer, count, team
 
 
-class GPUSpawnerMixin:
+class GPUSpawnerMixin(Spawner):
     """Mix in before a JupyterHub spawner: ``class X(GPUSpawnerMixin, LocalProcessSpawner)``."""
 
     gpupool_allocation_id = Unicode("", help="The pool allocation this server holds (state).")

@@ -63,7 +63,7 @@ def test_quota_refusal_names_the_quota(ledger: Ledger) -> None:
         ledger.allocate(Request("bob", "nlp", "mig-3g.40gb"), "n2")
     assert err.value.message == (
         "MIG 3g.40gb needs 0.5 GPU-eq but team nlp uses 1 of 1 GPU-eq "
-        "(guarantee 1, borrow limit 0); 0 GPU-eq left."
+        "(guarantee 1, borrow limit 0); 0 GPU-eq left. Free now: nothing within your quota."
     )
 
 
@@ -82,10 +82,10 @@ def test_no_capacity_says_what_is_free(ledger: Ledger) -> None:
     ledger.allocate(Request("w", "nlp", "mig-3g.40gb"), "m3")
     with pytest.raises(NoCapacity) as err:
         ledger.allocate(Request("x", "nlp", "mig-3g.40gb"), "m4")
-    # nlp holds 0.5 of 1; free: 2 whole H100s on node a, 3 A100s on b; the dynamic MIG GPU is
-    # full and the fixed one has only its 1g.10gb (and 2g.20gb) instance left
+    # nlp holds 0.5 of 1, so a whole GPU (1 GPU-eq) is not listed; the dynamic MIG GPU is full
+    # and the fixed one has only its 1g.10gb (and 2g.20gb, not allowed for nlp) instance left
     assert err.value.message == (
-        "No 3g.40gb free (team nlp uses 0.5 of 1 GPU-eq). Free now: 3× gpu, 1× 1g.10gb."
+        "No 3g.40gb free (team nlp uses 0.5 of 1 GPU-eq). Free now: 1× 1g.10gb."
     )
 
 

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from .errors import InvalidRequest, NoCapacity, UnknownAllocation
+from .errors import InvalidRequest, NoCapacity, QuotaExceeded, UnknownAllocation
 from .inventory import Inventory
 from .mig import GEOMETRIES
 from .occupancy import Occupancy
@@ -125,17 +125,21 @@ class Ledger:
                 total += len(bucket)
         return total
 
-    def free_now(self, team: Team) -> str:
-        """``"2× 1g.10gb, 1× h100"``: what this team could still get, for refusal messages."""
+    def free_now(self, team: Team, user: str) -> str:
+        """``"2× 1g.10gb, 1× h100"``: what ``user`` could still get in ``team`` right now, within
+        the team's quota and the user's cap; for refusal messages."""
+        left = team.limit_milli - self.team_used[team.name]
+        if team.user_cap_milli is not None:
+            left = min(left, team.user_cap_milli - self.user_used[team.name, user])
         parts = []
         for name, offer in sorted(self.offers.items()):
-            if offer.kind == "cpu" or not team.allows(name):
+            if offer.kind == "cpu" or not team.allows(name) or offer.unit_cost_milli() > left:
                 continue
             n = self.placeable(offer)
             if n:
                 what = offer.profile if offer.kind == "mig" else name
                 parts.append(f"{n}× {what}")
-        return ", ".join(parts) or "nothing"
+        return ", ".join(parts) or "nothing within your quota"
 
     # -- operations ------------------------------------------------------------------------
     def allocate(self, request: Request, alloc_id: str, created: float = 0.0) -> Allocation:
@@ -146,14 +150,18 @@ class Ledger:
         offer = check_offer(team, self.offers, request.offer, request.count)
         what = f"{request.count}× {offer.label}" if offer.kind == "gpu" else offer.label
         used = (self.team_used[team.name], self.user_used[team.name, request.user])
-        check_quota(team, *used, offer.cost_milli(request.count), what)
+        try:
+            check_quota(team, *used, offer.cost_milli(request.count), what)
+        except QuotaExceeded as e:
+            free = self.free_now(team, request.user)
+            raise QuotaExceeded(f"{e.message} Free now: {free}.") from None
         picks: list[Pick] = []
         if offer.kind != "cpu":
             demand = Demand(offer.kind, request.count, offer.model, offer.nvlink, offer.profile)
             self.policy.observe(demand)
             found = self.policy.place(self.occ, demand)
             if found is None:
-                raise NoCapacity(self._no_capacity(team, offer, request.count))
+                raise NoCapacity(self._no_capacity(team, request.user, offer, request.count))
             picks = found
             # what the placement really blocks (a profile name may mean other sizes on other
             # models; the settings forbid that, a hand-built offer might not)
@@ -289,13 +297,13 @@ class Ledger:
             picks.append(Pick(g, p, d.start, instance))
         return picks
 
-    def _no_capacity(self, team: Team, offer: Offer, count: int) -> str:
+    def _no_capacity(self, team: Team, user: str, offer: Offer, count: int) -> str:
         what = (
             f"{count}× {offer.model or 'GPU'} on one node" if offer.kind == "gpu" else offer.profile
         )
         return (
             f"No {what} free (team {team.name} uses {fmt(self.team_used[team.name])} of "
-            f"{fmt(team.limit_milli)} GPU-eq). Free now: {self.free_now(team)}."
+            f"{fmt(team.limit_milli)} GPU-eq). Free now: {self.free_now(team, user)}."
         )
 
     # -- invariants ------------------------------------------------------------------------

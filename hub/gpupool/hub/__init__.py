@@ -24,11 +24,11 @@ log = logging.getLogger("gpupool")
 _pool: Pool | None = None
 
 
-def get_pool(config: Config | None = None) -> Pool:
+def get_pool(config: Config | None = None, logger: logging.Logger = log) -> Pool:
     """The hub's pool, built from ``config`` (the hub's config) the first time."""
     global _pool
     if _pool is None:
-        _pool = Pool.from_config(GPUPool(config=config or Config()), log)
+        _pool = Pool.from_config(GPUPool(config=config or Config()), logger)
     return _pool
 
 
@@ -40,6 +40,9 @@ def reset_pool() -> None:
     _pool = None
 
 
-def setup(c: Any) -> Pool:
-    """Validate ``c.GPUPool`` and build the pool now, so bad config stops the hub at start."""
-    return get_pool(c)
+def setup(c: Any, logger: logging.Logger = log) -> Pool:
+    """Validate ``c.GPUPool`` and build the pool now, so bad config stops the hub at start.
+
+    Pass ``logging.getLogger("JupyterHub").getChild("gpupool")`` to log with the hub's handler.
+    """
+    return get_pool(c, logger)
