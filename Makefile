@@ -5,9 +5,11 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip
 
+CHP    := node_modules/.bin/configurable-http-proxy
+
 .PHONY: install run test lint format bench clean
 
-install: $(STAMP)
+install: $(STAMP) $(CHP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,9 +17,12 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install --quiet -c constraints.txt -e '.[hub,lab,test]'
 	touch $(STAMP)
 
+$(CHP):
+	npm install --no-save --no-package-lock --no-audit --no-fund configurable-http-proxy@5.3.0
+
+# The demo hub on http://127.0.0.1:8000 (Ctrl-C stops the hub, its proxy and its servers).
 run: install
-	@echo "make run: the hub arrives with the spawner issue (#3); the pool core is ready:"
-	$(BIN)/python -m gpupool.inspect
+	$(BIN)/jupyterhub -f jupyterhub_config.py
 
 test: install
 	$(BIN)/ruff check .
@@ -40,4 +45,4 @@ bench: install
 	$(BIN)/python -m benchmarks.allocator
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) node_modules .run .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -16,7 +16,7 @@ from traitlets.config import LoggingConfigurable
 from .core.placement import POLICIES
 from .settings import ConfigError, Settings, parse_offers, parse_settings, parse_team, parse_teams
 
-INVENTORY_SOURCES = ("nvml", "simulated:<spec>")
+INVENTORY_SOURCES = ("nvml", "simulated:<spec>", "kubernetes", "kubernetes:<label selector>")
 
 
 class GPUPool(LoggingConfigurable):
@@ -67,10 +67,13 @@ class GPUPool(LoggingConfigurable):
     inventory = Unicode(
         "nvml",
         config=True,
-        help="""Where the GPUs come from: ``nvml`` (this machine, through the NVIDIA driver) or
-        ``simulated:<spec>`` for a machine without GPUs, always labelled as simulated. Example::
+        help="""Where the GPUs come from: ``nvml`` (this machine, through the NVIDIA driver),
+        ``kubernetes`` (the cluster's nodes' allocatable ``nvidia.com/*`` resources, read once at
+        start; ``kubernetes:<label selector>`` for some nodes only) or ``simulated:<spec>`` for
+        a machine without GPUs, always labelled as simulated. Examples::
 
             c.GPUPool.inventory = "simulated:node1: 4x H100-80GB, mig=2"
+            c.GPUPool.inventory = "kubernetes:nvidia.com/gpu.present=true"
         """,
     )
 
@@ -126,7 +129,7 @@ class GPUPool(LoggingConfigurable):
     @validate("inventory")
     def _valid_inventory(self, proposal: dict[str, Any]) -> str:
         value = str(proposal["value"]).strip()
-        if value == "nvml":
+        if value in ("nvml", "kubernetes") or value.startswith("kubernetes:"):
             return value
         if value.startswith("simulated:"):
             from .discovery import parse_spec

@@ -32,10 +32,20 @@ log = logging.getLogger("gpupool")
 
 
 def load_inventory(source: str, fallback: str = "", logger: logging.Logger = log) -> Inventory:
-    """The inventory named by ``GPUPool.inventory`` (``nvml`` or ``simulated:<spec>``); when
-    NVML finds no GPU and a ``fallback`` spec is set, that simulated inventory instead."""
+    """The inventory named by ``GPUPool.inventory`` (``nvml``, ``kubernetes[:<selector>]`` or
+    ``simulated:<spec>``); when NVML finds no GPU and a ``fallback`` spec is set, that simulated
+    inventory instead. Kubernetes nodes are read on a worker thread's own event loop (this may
+    run inside the hub's loop); an unreachable cluster raises ``RuntimeError`` saying so."""
     from .discovery import discover, simulated_inventory
 
+    if source == "kubernetes" or source.startswith("kubernetes:"):
+        from .discovery.kubernetes import load_kubernetes_inventory
+
+        found = load_kubernetes_inventory(source.partition(":")[2].strip() or None)
+        for note in found.notes:
+            logger.warning("gpupool: %s", note)
+        logger.info("gpupool: Kubernetes inventory: %s", found.label)
+        return found
     spec = source.removeprefix("simulated:") if source.startswith("simulated:") else ""
     if not spec:
         found = discover(log=logger)

@@ -63,11 +63,11 @@ class GPUSpawnerMixin(Spawner):
     # -- the pool and this server's allocation ----------------------------------------------
     @property
     def gpupool(self) -> Pool:
-        return get_pool(self.config)  # type: ignore[attr-defined]
+        return get_pool(self.config)
 
     @property
     def gpupool_ref(self) -> str:
-        return f"{self.user.name}/{self.name}"  # type: ignore[attr-defined]
+        return f"{self.user.name}/{self.name}"
 
     @property
     def gpupool_allocation(self) -> Allocation | None:
@@ -81,11 +81,12 @@ class GPUSpawnerMixin(Spawner):
         return self.gpupool.ledger.offers.get(allocation.offer) if allocation else None
 
     def gpupool_groups(self) -> list[str]:
-        return [g.name for g in self.user.groups]  # type: ignore[attr-defined]
+        return [g.name for g in self.user.groups]
 
-    def gpupool_release(self) -> None:
+    def gpupool_release(self, alloc_id: str | None = None) -> None:
         """Give this server's devices back (idempotent)."""
-        alloc_id, self.gpupool_allocation_id = self.gpupool_allocation_id, ""
+        alloc_id = alloc_id or self.gpupool_allocation_id
+        self.gpupool_allocation_id = ""
         if alloc_id:
             with contextlib.suppress(UnknownAllocation):
                 self.gpupool.release(alloc_id)
@@ -97,7 +98,7 @@ class GPUSpawnerMixin(Spawner):
 
     def _render_gpupool_form(self, spawner: Any = None) -> str:
         pool = self.gpupool
-        menus = menu(pool.ledger, self.user.name, self.gpupool_groups())  # type: ignore[attr-defined]
+        menus = menu(pool.ledger, self.user.name, self.gpupool_groups())
         return render(menus, pool.inventory.label, pool.inventory.simulated)
 
     def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
@@ -112,12 +113,12 @@ class GPUSpawnerMixin(Spawner):
     async def start(self) -> Any:
         pool = self.gpupool
         try:
-            offer, count, team = parse_user_options(dict(self.user_options or {}))  # type: ignore[attr-defined]
+            offer, count, team = parse_user_options(dict(self.user_options or {}))
             stale = [a.id for a in pool.ledger.allocations.values() if a.ref == self.gpupool_ref]
             for alloc_id in stale:  # left by a start the hub did not finish (e.g. a crash)
                 pool.release(alloc_id)
             allocation = pool.allocate(
-                self.user.name,  # type: ignore[attr-defined]
+                self.user.name,
                 self.gpupool_groups(),
                 offer,
                 count,
@@ -126,12 +127,12 @@ class GPUSpawnerMixin(Spawner):
                 ref=self.gpupool_ref,
             )
         except PoolError as e:
-            self.log.info("gpupool: refused %s: %s", self.gpupool_ref, e.message)  # type: ignore[attr-defined]
+            self.log.info("gpupool: refused %s: %s", self.gpupool_ref, e.message)
             raise http_error(e) from None
         self.gpupool_allocation_id = allocation.id
         try:
             self.gpupool_check_allocation(allocation)
-            return await super().start()  # type: ignore[misc]
+            return await super().start()
         except BaseException:
             self.gpupool_release()
             raise
@@ -140,36 +141,38 @@ class GPUSpawnerMixin(Spawner):
         """Hook: refuse an allocation this spawner cannot honour (raise ``web.HTTPError``)."""
 
     async def stop(self, now: bool = False) -> Any:
+        held = self.gpupool_allocation_id  # the parent's stop may clear the state
         try:
-            return await super().stop(now=now)  # type: ignore[misc]
+            return await super().stop(now=now)
         finally:
-            self.gpupool_release()
+            self.gpupool_release(held)
 
     async def poll(self) -> int | None:
-        status: int | None = await super().poll()  # type: ignore[misc]
-        if status is not None and self.gpupool_allocation_id:
-            self.log.info("gpupool: %s is gone; releasing its devices", self.gpupool_ref)  # type: ignore[attr-defined]
-            self.gpupool_release()
+        held = self.gpupool_allocation_id  # the parent's poll clears the state of a dead server
+        status: int | None = await super().poll()
+        if status is not None and held:
+            self.log.info("gpupool: %s is gone; releasing its devices", self.gpupool_ref)
+            self.gpupool_release(held)
         return status
 
     # -- state across hub restarts -----------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = super().get_state()  # type: ignore[misc]
+        state: dict[str, Any] = super().get_state()
         if self.gpupool_allocation_id:
             state[STATE_KEY] = self.gpupool_allocation_id
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
-        super().load_state(state)  # type: ignore[misc]
+        super().load_state(state)
         self.gpupool_allocation_id = state.get(STATE_KEY, "")
 
     def clear_state(self) -> None:
-        super().clear_state()  # type: ignore[misc]
+        super().clear_state()
         self.gpupool_allocation_id = ""
 
 
 def refuse(status: int, message: str) -> web.HTTPError:
     """A refusal with a sentence JupyterHub shows on the spawn page."""
     e = web.HTTPError(status, message)
-    e.jupyterhub_message = message  # type: ignore[attr-defined]
+    e.jupyterhub_message = message
     return e

@@ -63,7 +63,8 @@ def test_quota_refusal_names_the_quota(ledger: Ledger) -> None:
         ledger.allocate(Request("bob", "nlp", "mig-3g.40gb"), "n2")
     assert err.value.message == (
         "MIG 3g.40gb needs 0.5 GPU-eq but team nlp uses 1 of 1 GPU-eq "
-        "(guarantee 1, borrow limit 0); 0 GPU-eq left. Free now: nothing within your quota."
+        "(guarantee 1, borrow limit 0); 0 GPU-eq left. Free now: nothing within your quota "
+        "(free in the pool: 3× gpu, 8× 1g.10gb, 3× 3g.40gb)."
     )
 
 

@@ -131,15 +131,17 @@ class Ledger:
         left = team.limit_milli - self.team_used[team.name]
         if team.user_cap_milli is not None:
             left = min(left, team.user_cap_milli - self.user_used[team.name, user])
-        parts = []
+        fits, free = [], []
         for name, offer in sorted(self.offers.items()):
-            if offer.kind == "cpu" or not team.allows(name) or offer.unit_cost_milli() > left:
-                continue
-            n = self.placeable(offer)
+            n = self.placeable(offer) if offer.kind != "cpu" and team.allows(name) else 0
             if n:
-                what = offer.profile if offer.kind == "mig" else name
-                parts.append(f"{n}× {what}")
-        return ", ".join(parts) or "nothing within your quota"
+                what = f"{n}× {offer.profile if offer.kind == 'mig' else name}"
+                (fits if offer.unit_cost_milli() <= left else free).append(what)
+        if fits:
+            return ", ".join(fits)
+        if free:
+            return f"nothing within your quota (free in the pool: {', '.join(free)})"
+        return "nothing"
 
     # -- operations ------------------------------------------------------------------------
     def allocate(self, request: Request, alloc_id: str, created: float = 0.0) -> Allocation:

@@ -1,0 +1,389 @@
+"""GPU discovery on Kubernetes: node capacity (``status.allocatable``) as an Inventory.
+
+Vocabulary
+- *node object*: one Node as the Kubernetes API's JSON has it (``metadata.name``,
+  ``metadata.labels``, ``spec.unschedulable``, ``spec.taints``, ``status.allocatable``), e.g.
+  ``ApiClient().sanitize_for_serialization(node)`` of a ``kubernetes_asyncio`` ``V1Node``.
+- *GFD labels*: what NVIDIA GPU feature discovery puts on GPU nodes: ``nvidia.com/gpu.product``
+  (the NVML product name with dashes, ``NVIDIA-H100-80GB-HBM3``), ``nvidia.com/gpu.count``
+  (physical GPUs), ``nvidia.com/gpu.memory`` (MiB per GPU), ``nvidia.com/mig.strategy``
+  (``none``, ``single`` or ``mixed``) and ``nvidia.com/mig.config`` (the mig-parted layout name).
+- *device-plugin resources*: ``nvidia.com/gpu`` counts whole GPUs; under the ``mixed`` MIG strategy
+  ``nvidia.com/mig-<profile>`` counts the node's MIG instances of one profile (a ``+me`` profile
+  shows as ``.me``: ``nvidia.com/mig-1g.10gb.me``).
+- *packing*: the node says how many instances of each profile it has, not which GPU holds which.
+  :func:`pack_instances` rebuilds one valid layout with :meth:`Geometry.fit`, on ``gpu.count``
+  minus the whole GPUs when the label is there, else on the fewest GPUs that hold them.
+
+Contract: :func:`inventory_from_nodes` is pure: the same node objects give the same inventory,
+with synthetic, stable UUIDs (``k8s-<node>-gpu<i>``, ``k8s-<node>-gpu<i>-mig<start>``) and
+gpupool's own GPU indexes (the device plugin, not gpupool, picks the physical device). Whole GPUs
+have MIG mode ``off``; GPUs holding MIG resources are ``fixed`` with their packed instances.
+Unschedulable (cordoned) nodes and nodes without NVIDIA resources are left out; nodes under the
+``single`` MIG strategy are left out with a note (their ``nvidia.com/gpu`` are MIG devices, which
+gpupool's offers cannot name). Other taints are not judged here, only noted: the spawner's
+tolerations decide. :func:`read_nodes` is the one seam to the API server; it never changes the
+global ``kubernetes_asyncio`` configuration (KubeSpawner owns that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from typing import Any
+
+from gpupool.core.inventory import GPU, Inventory, MigInstance, Node, model_key
+from gpupool.core.mig import GEOMETRIES, Geometry, Profile
+
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+COUNT_LABEL = "nvidia.com/gpu.count"
+MEMORY_LABEL = "nvidia.com/gpu.memory"
+MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+MAX_GPUS_PER_NODE = 64
+READ_TIMEOUT_S = 30.0
+
+Layout = list[tuple[Profile, int]]
+NodeReader = Callable[[str | None], Awaitable[list[dict[str, Any]]]]
+
+
+# -- pure: node objects to an inventory ------------------------------------------------------
+def inventory_from_nodes(nodes: Iterable[Mapping[str, Any]]) -> Inventory:
+    """The pool's inventory from node objects (see the module docstring), nodes by name."""
+    notes: list[str] = []
+    built = [_node(obj, notes) for obj in sorted(nodes, key=_name)]
+    return Inventory(
+        tuple(n for n in built if n is not None),
+        source="kubernetes",
+        simulated=False,
+        notes=tuple(notes),
+    )
+
+
+def mig_profile_name(resource: str) -> str:
+    """The MIG profile a device-plugin resource names: ``nvidia.com/mig-1g.10gb.me`` is
+    ``1g.10gb+me``."""
+    name = resource.removeprefix(MIG_RESOURCE_PREFIX)
+    return name[: -len(".me")] + "+me" if name.endswith(".me") else name
+
+
+def product_model(product: str, memory_mib: int | None) -> tuple[str, int]:
+    """gpupool's model key and the memory (MiB) for a GFD product label.
+
+    ``("NVIDIA-H100-80GB-HBM3", 81559)`` gives ``("H100-80GB", 81559)``. Suffixes GFD adds for
+    sharing (``-SHARED``) or the single MIG strategy (``-MIG-1g.10gb``) are ignored. Without the
+    memory label the size in the product name (``80GB``) stands in.
+    """
+    base = re.sub(r"-(SHARED|MIG-.*)$", "", product)
+    if memory_mib is None:
+        sized = re.search(r"(\d+)GB", base, re.I)
+        memory_mib = int(sized.group(1)) * 1024 if sized else 0
+    return model_key(base, memory_mib), memory_mib
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str(obj.get("metadata", {}).get("name", ""))
+
+
+def _node(obj: Mapping[str, Any], notes: list[str]) -> Node | None:
+    name = _name(obj)
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    labels: Mapping[str, str] = meta.get("labels") or {}
+    allocatable: Mapping[str, Any] = (obj.get("status") or {}).get("allocatable") or {}
+    whole = _count(allocatable.get(GPU_RESOURCE), f"{name}: {GPU_RESOURCE}", notes)
+    mig = _mig_counts(name, allocatable, notes)
+    if not whole and not mig:
+        return None
+    taints = spec.get("taints") or []
+    if spec.get("unschedulable") or any(t.get("key") == UNSCHEDULABLE_TAINT for t in taints):
+        notes.append(f"node {name} is cordoned (unschedulable); its GPUs are left out")
+        return None
+    if labels.get(MIG_STRATEGY_LABEL) == "single" and "-MIG-" in labels.get(PRODUCT_LABEL, ""):
+        notes.append(
+            f"node {name} uses the MIG 'single' strategy ({GPU_RESOURCE} are MIG devices "
+            "there); gpupool needs the 'mixed' strategy; left out"
+        )
+        return None
+    _note_taints(name, taints, notes)
+    product = labels.get(PRODUCT_LABEL, "")
+    if not product:
+        notes.append(
+            f"node {name} has NVIDIA resources but no {PRODUCT_LABEL} label (is GPU feature "
+            "discovery running?); its GPUs have model 'unknown' and no MIG"
+        )
+        gpus = [_whole(name, i, "unknown", 0, None, "") for i in range(whole)]
+        return Node(name, tuple(gpus))
+    memory = _count(labels.get(MEMORY_LABEL), f"{name}: {MEMORY_LABEL}", notes) or None
+    model, memory_mib = product_model(product, memory)
+    geometry = GEOMETRIES.get(model)
+    gpus = [_whole(name, i, model, memory_mib, geometry, product) for i in range(whole)]
+    if mig:
+        gpus += _mig_gpus(name, labels, whole, mig, model, memory_mib, geometry, product, notes)
+    return Node(name, tuple(gpus))
+
+
+def _count(value: Any, what: str, notes: list[str]) -> int:
+    """A whole-number quantity or label (``"8"``); 0 with a note when it is not one."""
+    if value is None:
+        return 0
+    text = str(value).strip()
+    if text.isdigit():
+        return int(text)
+    notes.append(f"{what} is {text!r}, not a whole number; read as 0")
+    return 0
+
+
+def _mig_counts(name: str, allocatable: Mapping[str, Any], notes: list[str]) -> dict[str, int]:
+    counts = {}
+    for resource, value in sorted(allocatable.items()):
+        if resource.startswith(MIG_RESOURCE_PREFIX):
+            n = _count(value, f"{name}: {resource}", notes)
+            if n:
+                counts[mig_profile_name(resource)] = n
+    return counts
+
+
+def _note_taints(name: str, taints: list[Mapping[str, Any]], notes: list[str]) -> None:
+    for t in taints:
+        key, effect = str(t.get("key", "")), t.get("effect")
+        if effect in ("NoSchedule", "NoExecute") and not key.startswith("nvidia.com/"):
+            value = f"={t['value']}" if t.get("value") else ""
+            notes.append(
+                f"node {name} has taint {key}{value}:{effect}; its GPUs are counted, so give "
+                "notebooks a matching toleration (c.KubeGPUSpawner.gpu_tolerations) or select "
+                "nodes with inventory = 'kubernetes:<label selector>'"
+            )
+
+
+def _whole(
+    node: str, index: int, model: str, memory_mib: int, geometry: Geometry | None, product: str
+) -> GPU:
+    return GPU(
+        uuid=f"k8s-{node}-gpu{index}",
+        index=index,
+        model=model,
+        memory_mib=memory_mib,
+        mig_capable=geometry is not None,
+        mig_mode="off",
+        product_name=product,
+    )
+
+
+def _mig_gpus(
+    node: str,
+    labels: Mapping[str, str],
+    whole: int,
+    counts: Mapping[str, int],
+    model: str,
+    memory_mib: int,
+    geometry: Geometry | None,
+    product: str,
+    notes: list[str],
+) -> list[GPU]:
+    shown = ", ".join(f"{n}× {p}" for p, n in counts.items())
+    if geometry is None:
+        notes.append(
+            f"node {node}: MIG resources ({shown}) on {model}, a model without MIG geometry "
+            "in gpupool; left out"
+        )
+        return []
+    wanted: Counter[Profile] = Counter()
+    for name, n in counts.items():
+        profile = geometry.resolve(name)
+        if profile is None:
+            notes.append(f"node {node}: {name} is not a {model} MIG profile; left out")
+        else:
+            wanted[profile] += n
+    total = _count(labels.get(COUNT_LABEL), f"{node}: {COUNT_LABEL}", notes)
+    gpus = total - whole if total > whole else None
+    layouts = pack_instances(geometry, wanted, gpus)
+    if layouts is None:
+        on = f"{gpus} MIG GPU(s)" if gpus else f"up to {MAX_GPUS_PER_NODE} GPUs"
+        config = labels.get(MIG_CONFIG_LABEL, "unknown")
+        notes.append(
+            f"node {node}: MIG resources {shown} (mig.config {config}) do not fit {on} of "
+            f"{model}; its MIG instances are left out"
+        )
+        return []
+    out = []
+    for offset, layout in enumerate(layouts):
+        i = whole + offset
+        uuid = f"k8s-{node}-gpu{i}"
+        instances = tuple(
+            MigInstance(p.name, start, f"{uuid}-mig{start}")
+            for p, start in sorted(layout, key=lambda ps: ps[1])
+        )
+        out.append(GPU(uuid, i, model, memory_mib, True, "fixed", instances, product_name=product))
+    return out
+
+
+# -- pure: rebuilding a layout from per-profile counts --------------------------------------
+def pack_instances(
+    geometry: Geometry, counts: Mapping[Profile, int], gpus: int | None = None
+) -> list[Layout] | None:
+    """One valid layout of ``counts`` instances on ``gpus`` GPUs (``None``: the fewest that
+    hold them), as ``(profile, start)`` lists per GPU, or ``None`` if they do not fit.
+
+    Exhaustive over the layouts one GPU can hold (a few dozen), even shares tried first (as
+    mig-parted's ``all-balanced`` gives every GPU the same), with memoised failures, so an 8-GPU
+    node is instant. With ``gpus`` given, GPUs beyond those needed come back empty.
+    """
+    profiles = tuple(sorted((p for p, n in counts.items() if n), key=_largest_first))
+    need = tuple(counts[p] for p in profiles)
+    if not profiles:
+        return [[] for _ in range(gpus or 0)]
+    singles = _single_gpu_layouts(geometry, profiles, need)
+    if gpus is not None:
+        return _search(geometry, profiles, singles, need, gpus)
+    for k in range(1, MAX_GPUS_PER_NODE + 1):
+        found = _search(geometry, profiles, singles, need, k)
+        if found is not None:
+            return found
+    return None
+
+
+def _largest_first(p: Profile) -> tuple[int, int, str]:
+    return (-p.memory_slots, -p.compute_slices, p.name)
+
+
+def _single_gpu_layouts(
+    geometry: Geometry, profiles: tuple[Profile, ...], need: tuple[int, ...]
+) -> list[tuple[int, ...]]:
+    """Every non-empty count vector (over ``profiles``) one GPU can hold."""
+    found: list[tuple[int, ...]] = []
+
+    def grow(i: int, vector: list[int], slots: int, compute: int) -> None:
+        if i == len(profiles):
+            if any(vector) and geometry.fit(_expand(profiles, vector)) is not None:
+                found.append(tuple(vector))
+            return
+        p = profiles[i]
+        for n in range(min(need[i], p.max_count) + 1):
+            s, c = slots + n * p.memory_slots, compute + n * p.compute_slices
+            if s > geometry.memory_slots or c > geometry.compute_slices:
+                break
+            grow(i + 1, [*vector, n], s, c)
+
+    grow(0, [], 0, 0)
+    return found
+
+
+def _expand(profiles: tuple[Profile, ...], vector: Iterable[int]) -> list[Profile]:
+    return [p for p, n in zip(profiles, vector, strict=True) for _ in range(n)]
+
+
+def _search(
+    geometry: Geometry,
+    profiles: tuple[Profile, ...],
+    singles: list[tuple[int, ...]],
+    need: tuple[int, ...],
+    gpus: int,
+) -> list[Layout] | None:
+    slots = sum(n * p.memory_slots for n, p in zip(need, profiles, strict=True))
+    if slots > gpus * geometry.memory_slots:
+        return None
+
+    # the even share first: mig-parted layouts give every GPU the same instances
+    share = [n / gpus for n in need]
+    weight = [p.memory_slots for p in profiles]
+    singles = sorted(
+        singles,
+        key=lambda v: (
+            sum(abs(a - b) for a, b in zip(v, share, strict=True)),
+            -sum(a * w for a, w in zip(v, weight, strict=True)),
+            v,
+        ),
+    )
+
+    @cache
+    def go(left: tuple[int, ...], k: int, first: int) -> tuple[tuple[int, ...], ...] | None:
+        if not any(left):
+            return ()
+        if k == 0:
+            return None
+        for j in range(first, len(singles)):
+            v = singles[j]
+            if all(a <= b for a, b in zip(v, left, strict=True)):
+                rest = go(tuple(b - a for a, b in zip(v, left, strict=True)), k - 1, j)
+                if rest is not None:
+                    return (v, *rest)
+        return None
+
+    chosen = go(need, gpus, 0)
+    if chosen is None:
+        return None
+    layouts = [geometry.fit(_expand(profiles, v)) or [] for v in chosen]
+    return layouts + [[] for _ in range(gpus - len(layouts))]
+
+
+# -- I/O: the API server --------------------------------------------------------------------
+async def read_nodes(label_selector: str | None = None) -> list[dict[str, Any]]:
+    """Every node (matching ``label_selector``) as API JSON, through ``kubernetes_asyncio``.
+
+    In-cluster credentials first, then the kubeconfig (``KUBECONFIG`` or ``~/.kube/config``),
+    loaded into a private configuration so KubeSpawner's global one is left alone.
+    """
+    from kubernetes_asyncio import client, config
+
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        await config.load_kube_config(
+            config_file=os.environ.get("KUBECONFIG") or None,  # now, not at import time
+            client_configuration=configuration,
+            persist_config=False,
+        )
+    async with client.ApiClient(configuration) as api:
+        core = client.CoreV1Api(api)
+        nodes: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": 500, "_request_timeout": READ_TIMEOUT_S}
+            if label_selector:
+                kwargs["label_selector"] = label_selector
+            if token:
+                kwargs["_continue"] = token
+            page = await core.list_node(**kwargs)
+            nodes += [api.sanitize_for_serialization(n) for n in page.items]
+            token = page.metadata._continue if page.metadata else None
+            if not token:
+                return nodes
+
+
+async def kubernetes_inventory(
+    label_selector: str | None = None, reader: NodeReader = read_nodes
+) -> Inventory:
+    """The inventory of the cluster's GPU nodes (``reader`` is the seam tests replace)."""
+    return inventory_from_nodes(await reader(label_selector))
+
+
+def load_kubernetes_inventory(
+    label_selector: str | None = None,
+    timeout: float = 2 * READ_TIMEOUT_S,
+    reader: NodeReader = read_nodes,
+) -> Inventory:
+    """:func:`kubernetes_inventory` from synchronous code, even inside a running event loop
+    (the hub's): it runs on its own loop in a worker thread. Raises ``RuntimeError`` saying
+    what to fix when no cluster can be reached."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="gpupool-k8s")
+    try:
+        future = pool.submit(asyncio.run, kubernetes_inventory(label_selector, reader))
+        return future.result(timeout=timeout)
+    except Exception as e:
+        where = f" (nodes matching {label_selector!r})" if label_selector else ""
+        raise RuntimeError(
+            f"GPUPool.inventory = 'kubernetes'{where}: could not read the cluster's nodes: "
+            f"{type(e).__name__}: {e or 'timed out'}. Run the hub in the cluster with a "
+            "service account that may list nodes, or point KUBECONFIG at a cluster."
+        ) from e
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # a hung read must not hold the hub

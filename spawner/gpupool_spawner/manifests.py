@@ -1,0 +1,320 @@
+"""Pod manifests for gpupool allocations: pure functions over KubeSpawner's ``V1Pod``.
+
+Vocabulary
+- *GPU resource*: the extended resource the NVIDIA device plugin offers: ``nvidia.com/gpu``
+  (whole GPUs) or, under the ``mixed`` MIG strategy, ``nvidia.com/mig-<profile>`` (one MIG
+  instance; a ``+me`` profile is spelt ``.me``, as resource names allow no ``+``).
+- *product label*: the node label ``nvidia.com/gpu.product`` that GPU feature discovery sets
+  from NVML's product name with dashes (``NVIDIA-H100-80GB-HBM3``). An offer's model key
+  (``H100-80GB``) becomes a required node affinity ``nvidia.com/gpu.product In [values]``
+  through a mapping from model keys to label values (:data:`DEFAULT_PRODUCT_LABELS`).
+- *GPU tolerations*: tolerations only GPU pods get, for taints that keep other pods off GPU
+  nodes (by default ``nvidia.com/gpu`` ``Exists`` ``NoSchedule``).
+- *gpupool labels*: ``gpupool.io/team``, ``gpupool.io/offer``, ``gpupool.io/allocation`` on every
+  pod, and on GPU pods the Kueue label ``kueue.x-k8s.io/queue-name`` when a queue template (such
+  as ``"{team}"``) is configured, so a Kueue ``LocalQueue`` can take over the team's quota.
+
+Contract: no I/O and no spawner: :func:`apply_allocation` returns a deep copy of the pod
+KubeSpawner built, never touching its input, and gpupool owns everything GPU-specific in it.
+Whatever the spawner's traits hold (a ``kubespawner_override`` left behind by an earlier, failed
+GPU spawn is the known pitfall), the notebook container ends up with exactly the allocation's GPU
+resources, as equal limits and requests, and nothing else under ``nvidia.com/``; the
+``nvidia.com/gpu.product`` constraint, GPU tolerations, gpupool labels and the Kueue label are
+the allocation's too. A CPU-only pod (no allocation, a ``cpu`` offer, or no devices) gets none of
+these, plus ``NVIDIA_VISIBLE_DEVICES=void`` so that an image built for CUDA sees no GPU even on a
+GPU node whose default runtime is NVIDIA's. GPU pods keep the device plugin's choice of device:
+the spawner's ``NVIDIA_VISIBLE_DEVICES``/``CUDA_VISIBLE_DEVICES`` are dropped.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kubernetes_asyncio.client import (
+    V1Affinity,
+    V1Container,
+    V1EnvVar,
+    V1NodeAffinity,
+    V1NodeSelector,
+    V1NodeSelectorRequirement,
+    V1NodeSelectorTerm,
+    V1Pod,
+    V1ResourceRequirements,
+    V1Toleration,
+)
+from kubespawner.slugs import is_valid_label, safe_slug
+from kubespawner.utils import get_k8s_model
+
+from gpupool.core.ledger import Allocation
+from gpupool.core.offers import Offer
+
+NVIDIA_PREFIX = "nvidia.com/"
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+TEAM_LABEL = "gpupool.io/team"
+OFFER_LABEL = "gpupool.io/offer"
+ALLOCATION_LABEL = "gpupool.io/allocation"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+GPUPOOL_LABEL_PREFIX = "gpupool.io/"
+NOTEBOOK_CONTAINER = "notebook"
+VISIBILITY_ENV = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+QUEUE_FIELDS = ("team", "offer", "user")
+
+DEFAULT_GPU_TOLERATIONS: tuple[dict[str, str], ...] = (
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+)
+"""Tolerations GPU pods get unless configured otherwise (the GPU operator's usual taint)."""
+
+
+def _products(*names: str) -> tuple[str, ...]:
+    """Each NVML product name as GFD labels it: dashes, with and without the ``NVIDIA-`` prefix
+    older drivers left out."""
+    out: list[str] = []
+    for name in names:
+        label = name.replace(" ", "-")
+        out += [label, label.removeprefix("NVIDIA-")] if label.startswith("NVIDIA-") else [label]
+    return tuple(dict.fromkeys(out))
+
+
+DEFAULT_PRODUCT_LABELS: dict[str, tuple[str, ...]] = {
+    "A100-40GB": _products("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB"),
+    "A100-80GB": _products("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"),
+    "H100-80GB": _products("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"),
+    "H100-94GB": _products("NVIDIA H100 NVL"),
+    "H200-141GB": _products("NVIDIA H200", "NVIDIA H200 NVL"),
+    "A30-24GB": _products("NVIDIA A30"),
+    "A10-24GB": _products("NVIDIA A10"),
+    "A40-48GB": _products("NVIDIA A40"),
+    "L4-24GB": _products("NVIDIA L4"),
+    "L40-48GB": _products("NVIDIA L40"),
+    "L40S-48GB": _products("NVIDIA L40S"),
+    "T4-16GB": _products("Tesla T4"),
+    "V100-16GB": _products("Tesla V100-SXM2-16GB", "Tesla V100-PCIE-16GB"),
+    "V100-32GB": _products("Tesla V100-SXM2-32GB", "Tesla V100-PCIE-32GB"),
+}
+"""``nvidia.com/gpu.product`` values by gpupool model key, for the usual SXM and PCIe boards."""
+
+
+# -- resources ----------------------------------------------------------------------------------
+def mig_resource(profile: str) -> str:
+    """The device plugin's resource for a MIG profile: ``3g.40gb`` is ``nvidia.com/mig-3g.40gb``,
+    ``1g.10gb+me`` is ``nvidia.com/mig-1g.10gb.me``."""
+    name = profile.strip().lower().removeprefix("mig-")
+    return MIG_RESOURCE_PREFIX + name.replace("+", ".")
+
+
+def gpu_resources(offer: Offer | None, count: int = 1) -> dict[str, str]:
+    """The extended resources ``count`` of ``offer`` need: ``{"nvidia.com/gpu": "2"}``,
+    ``{"nvidia.com/mig-3g.40gb": "1"}``, or ``{}`` for a ``cpu`` offer (or none)."""
+    if offer is None or offer.kind == "cpu" or count < 1:
+        return {}
+    if offer.kind == "gpu":
+        return {GPU_RESOURCE: str(count)}
+    if not offer.profile:
+        raise ValueError(f"MIG offer {offer.name!r} names no profile")
+    return {mig_resource(offer.profile): str(count)}
+
+
+def allocation_resources(allocation: Allocation | None) -> dict[str, str]:
+    """The extended resources that an allocation's devices are: what the pod must request."""
+    counts: Counter[str] = Counter()
+    for device in allocation.devices if allocation else ():
+        counts[GPU_RESOURCE if device.profile is None else mig_resource(device.profile)] += 1
+    return {name: str(n) for name, n in sorted(counts.items())}
+
+
+def with_resources(
+    resources: V1ResourceRequirements | None, gpu: Mapping[str, str]
+) -> V1ResourceRequirements:
+    """A copy of ``resources`` whose ``nvidia.com/*`` limits and requests are exactly ``gpu``
+    (extended resources may not be overcommitted: requests equal limits)."""
+    limits = _without_nvidia((resources.limits if resources else None) or {})
+    requests = _without_nvidia((resources.requests if resources else None) or {})
+    limits.update(gpu)
+    requests.update(gpu)
+    return V1ResourceRequirements(
+        limits=limits or None,
+        requests=requests or None,
+        claims=copy.deepcopy(resources.claims) if resources else None,
+    )
+
+
+def _without_nvidia(quantities: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in quantities.items() if not k.startswith(NVIDIA_PREFIX)}
+
+
+# -- node affinity ------------------------------------------------------------------------------
+def product_values(model: str, product_labels: Mapping[str, Sequence[str]]) -> list[str]:
+    """The ``nvidia.com/gpu.product`` values of a model key; ``ValueError`` naming the setting
+    to fix when the mapping has none."""
+    values = list(dict.fromkeys(product_labels.get(model, ())))
+    if not values:
+        raise ValueError(
+            f"no {PRODUCT_LABEL} values known for GPU model {model!r}; set "
+            f"c.KubeGPUSpawner.gpu_product_labels = {{{model!r}: ['NVIDIA-…']}} "
+            "(see `kubectl get nodes -L nvidia.com/gpu.product`)"
+        )
+    return values
+
+
+def product_requirement(
+    model: str, product_labels: Mapping[str, Sequence[str]]
+) -> V1NodeSelectorRequirement:
+    """``nvidia.com/gpu.product In [values]`` for a model key."""
+    return V1NodeSelectorRequirement(
+        key=PRODUCT_LABEL, operator="In", values=product_values(model, product_labels)
+    )
+
+
+def product_affinity(
+    model: str | None,
+    product_labels: Mapping[str, Sequence[str]] = DEFAULT_PRODUCT_LABELS,
+    base: V1Affinity | None = None,
+) -> V1Affinity | None:
+    """``base`` (copied) with its required node terms constrained to ``model``'s GPU products.
+
+    Any ``nvidia.com/gpu.product`` expression already in ``base`` is dropped first (gpupool owns
+    that label); the model's requirement is then ANDed into every required term (or becomes the
+    one term). ``model=None`` only drops. Returns ``None`` when nothing is left.
+    """
+    affinity = copy.deepcopy(base) or V1Affinity()
+    node = affinity.node_affinity or V1NodeAffinity()
+    terms = _terms_without_product(node.required_during_scheduling_ignored_during_execution)
+    if model is not None:
+        requirement = product_requirement(model, product_labels)
+        terms = [
+            V1NodeSelectorTerm(
+                match_expressions=[*(t.match_expressions or []), requirement],
+                match_fields=t.match_fields,
+            )
+            for t in terms or [V1NodeSelectorTerm()]
+        ]
+    node.required_during_scheduling_ignored_during_execution = (
+        V1NodeSelector(node_selector_terms=terms) if terms else None
+    )
+    has_node = node.required_during_scheduling_ignored_during_execution or (
+        node.preferred_during_scheduling_ignored_during_execution
+    )
+    affinity.node_affinity = node if has_node else None
+    if not (affinity.node_affinity or affinity.pod_affinity or affinity.pod_anti_affinity):
+        return None
+    return affinity
+
+
+def _terms_without_product(selector: V1NodeSelector | None) -> list[V1NodeSelectorTerm]:
+    """The selector's terms without product expressions; terms left empty are dropped (a term
+    made of a product constraint alone was gpupool's, or an earlier spawn's)."""
+    out = []
+    for term in selector.node_selector_terms if selector else []:
+        kept = [e for e in term.match_expressions or [] if e.key != PRODUCT_LABEL]
+        if kept or term.match_fields:
+            out.append(
+                V1NodeSelectorTerm(match_expressions=kept or None, match_fields=term.match_fields)
+            )
+    return out
+
+
+# -- labels and tolerations ---------------------------------------------------------------------
+def label_value(text: str) -> str:
+    """``text`` if it is a valid label value, else KubeSpawner's safe slug of it."""
+    return text if is_valid_label(text) else safe_slug(text, is_valid=is_valid_label)
+
+
+def queue_name(template: str, allocation: Allocation) -> str:
+    """The Kueue ``LocalQueue`` name for an allocation: ``template`` with ``{team}``,
+    ``{offer}`` and ``{user}`` filled in, made a valid label value."""
+    return label_value(
+        template.format(team=allocation.team, offer=allocation.offer, user=allocation.user)
+    )
+
+
+def gpu_labels(allocation: Allocation | None, kueue_queue_template: str = "") -> dict[str, str]:
+    """gpupool's labels for an allocation's pod; the Kueue queue label only on GPU pods and only
+    with a template (a CPU pod waiting on a GPU team's queue would be a spawn that hangs)."""
+    if allocation is None:
+        return {}
+    labels = {
+        TEAM_LABEL: label_value(allocation.team),
+        OFFER_LABEL: label_value(allocation.offer),
+        ALLOCATION_LABEL: label_value(allocation.id),
+    }
+    if kueue_queue_template and allocation.devices:
+        labels[KUEUE_QUEUE_LABEL] = queue_name(kueue_queue_template, allocation)
+    return labels
+
+
+def tolerations_for(
+    base: Sequence[V1Toleration] | None,
+    gpu_tolerations: Sequence[Mapping[str, Any] | V1Toleration],
+    gpu: bool,
+) -> list[V1Toleration] | None:
+    """``base`` without any toleration for a GPU toleration's key, plus (on GPU pods) the GPU
+    tolerations themselves."""
+    wanted = [get_k8s_model(V1Toleration, t) for t in gpu_tolerations]
+    keys = {t.key for t in wanted}
+    kept = [copy.deepcopy(t) for t in base or [] if t.key not in keys]
+    result = kept + (wanted if gpu else [])
+    return result or None
+
+
+# -- the pod ------------------------------------------------------------------------------------
+def notebook_container(pod: V1Pod) -> V1Container:
+    """The container JupyterLab runs in (KubeSpawner names it ``notebook``)."""
+    containers = pod.spec.containers if pod.spec else None
+    if not containers:
+        raise ValueError("the pod has no containers")
+    return next((c for c in containers if c.name == NOTEBOOK_CONTAINER), containers[0])
+
+
+def apply_allocation(
+    pod: V1Pod,
+    allocation: Allocation | None,
+    offer: Offer | None,
+    *,
+    tolerations: Sequence[Mapping[str, Any] | V1Toleration] = DEFAULT_GPU_TOLERATIONS,
+    priority_class_name: str = "",
+    scheduler_name: str = "",
+    product_labels: Mapping[str, Sequence[str]] = DEFAULT_PRODUCT_LABELS,
+    kueue_queue_template: str = "",
+) -> V1Pod:
+    """A copy of ``pod`` made to carry ``allocation`` (see the module's contract).
+
+    The GPU resources come from the allocation's devices (what the pool accounted), the model
+    constraint from the offer's ``model``; priority class and scheduler name are set on GPU pods
+    when given, and otherwise left as KubeSpawner made them.
+    """
+    out = copy.deepcopy(pod)
+    resources = allocation_resources(allocation)
+    gpu = bool(resources)
+    container = notebook_container(out)
+    container.resources = with_resources(container.resources, resources)
+    container.env = _visibility_env(container.env, gpu)
+    spec, meta = out.spec, out.metadata
+    model = offer.model if gpu and offer is not None else None
+    spec.affinity = product_affinity(model, product_labels, spec.affinity)
+    if spec.node_selector:
+        spec.node_selector = {k: v for k, v in spec.node_selector.items() if k != PRODUCT_LABEL}
+    spec.tolerations = tolerations_for(spec.tolerations, tolerations, gpu)
+    if gpu and priority_class_name:
+        spec.priority_class_name = priority_class_name
+    if gpu and scheduler_name:
+        spec.scheduler_name = scheduler_name
+    stale = (GPUPOOL_LABEL_PREFIX, KUEUE_QUEUE_LABEL)
+    labels = {k: v for k, v in (meta.labels or {}).items() if not k.startswith(stale)}
+    labels.update(gpu_labels(allocation, kueue_queue_template))
+    meta.labels = labels
+    return out
+
+
+def _visibility_env(env: Sequence[V1EnvVar] | None, gpu: bool) -> list[V1EnvVar] | None:
+    kept = [e for e in env or [] if e.name not in VISIBILITY_ENV]
+    if not gpu:
+        kept += [
+            V1EnvVar(name="NVIDIA_VISIBLE_DEVICES", value="void"),
+            V1EnvVar(name="CUDA_VISIBLE_DEVICES", value=""),
+        ]
+    return kept or None

@@ -1,0 +1,204 @@
+"""A real JupyterHub (with configurable-http-proxy and real JupyterLab servers) for the hub tests.
+
+The hub runs the repository's own ``jupyterhub_config.py`` as a subprocess, on free ports, with
+its state in a temporary directory; a small extra config adds a test service with the admin role
+(to read server state and drive the REST API) and a short poll interval. Waiting is always for a
+condition with a deadline, never a bare sleep.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import requests
+
+from gpupool.core.ledger import Allocation
+from gpupool.store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+PASSWORD = "demo-pass-for-tests"
+TOKEN = "gpupool-test-service-token-0123456789"
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(condition: Callable[[], T], timeout: float = 60, what: str = "condition") -> T:
+    """Poll ``condition`` until it returns something truthy, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.1)
+
+
+class Hub:
+    """One hub process and the helpers tests use against it."""
+
+    def __init__(self, state: Path) -> None:
+        self.state = state
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "GPUPOOL_STATE_DIR": str(state),
+            "GPUPOOL_PORT": str(self.port),
+            "GPUPOOL_HUB_PORT": str(free_port()),
+            "GPUPOOL_PROXY_API_PORT": str(free_port()),
+            "GPUPOOL_DEMO_PASSWORD": PASSWORD,
+            "GPUPOOL_INVENTORY": "nvml",  # no driver here: the simulated fallback
+        }
+        self.config = state / "test_config.py"
+        self.config.write_text(
+            f"load_subconfig({str(ROOT / 'jupyterhub_config.py')!r})\n"
+            f"c.JupyterHub.services = [{{'name': 'tester', 'api_token': {TOKEN!r}}}]\n"
+            "c.JupyterHub.load_roles = [{'name': 'admin', 'services': ['tester']}]\n"
+            "c.JupyterHub.cleanup_servers = False\n"
+            "c.Spawner.poll_interval = 1\n"
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = state / "hub.log"
+
+    # -- process -----------------------------------------------------------------------------
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "jupyterhub", "-f", str(self.config)],
+                cwd=self.state,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        wait_for(self._up, 90, "the hub to answer")
+
+    def _up(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"hub exited {self.proc.returncode}:\n{self.log_tail()}")
+        try:
+            return requests.get(f"{self.url}/hub/api", timeout=2).ok
+        except requests.ConnectionError:
+            return False
+
+    def stop_hub(self) -> None:
+        """Stop the hub (and its proxy); single-user servers keep running (cleanup_servers off)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=60)
+
+    def log_tail(self, n: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+    # -- REST API as the admin service -----------------------------------------------------------
+    def api(self, method: str, path: str, **kw: Any) -> requests.Response:
+        headers = {"Authorization": f"token {TOKEN}"}
+        return requests.request(
+            method, f"{self.url}/hub/api{path}", headers=headers, timeout=30, **kw
+        )
+
+    def server(self, user: str) -> dict[str, Any] | None:
+        model = self.api("GET", f"/users/{user}").json()
+        server: dict[str, Any] | None = model.get("servers", {}).get("")
+        return server
+
+    def wait_ready(self, user: str, timeout: float = 120) -> dict[str, Any]:
+        def ready() -> dict[str, Any] | None:
+            s = self.server(user)
+            return s if s and s.get("ready") else None
+
+        return wait_for(ready, timeout, f"{user}'s server to be ready")
+
+    def wait_stopped(self, user: str, timeout: float = 60) -> None:
+        wait_for(lambda: self.server(user) is None, timeout, f"{user}'s server to be gone")
+
+    def stop_server(self, user: str) -> None:
+        r = self.api("DELETE", f"/users/{user}/server")
+        assert r.status_code in (202, 204), r.text
+        self.wait_stopped(user)
+
+    def pid(self, user: str) -> int:
+        server = self.server(user)
+        assert server, f"{user} has no server"
+        return int(server["state"]["pid"])
+
+    # -- the browser's path: log in, post the spawn form ----------------------------------------
+    def login(self, user: str) -> requests.Session:
+        s = requests.Session()
+        s.get(f"{self.url}/hub/login", timeout=30)
+        r = s.post(
+            f"{self.url}/hub/login",
+            data={"username": user, "password": PASSWORD, "_xsrf": s.cookies.get("_xsrf")},
+            timeout=30,
+            allow_redirects=False,
+        )
+        assert r.status_code == 302, f"login of {user} failed: {r.status_code}"
+        return s
+
+    def spawn_form(self, user: str, choice: str) -> requests.Response:
+        s = self.login(user)
+        s.get(f"{self.url}/hub/spawn", timeout=30)
+        return s.post(
+            f"{self.url}/hub/spawn",
+            data={"gpupool_choice": choice, "_xsrf": s.cookies.get("_xsrf")},
+            timeout=60,
+            allow_redirects=False,
+        )
+
+    # -- the pool's own record -------------------------------------------------------------------
+    def allocations(self) -> dict[str, Allocation]:
+        """The persisted ledger, read from the pool's database (what a restart would restore)."""
+        store = Store(f"sqlite:///{self.state / 'gpupool.sqlite'}", upgrade=False)
+        try:
+            return {a.ref: a for a in store.load()}
+        finally:
+            store.close()
+
+
+def refusal(response: requests.Response) -> str:
+    """The message JupyterHub shows above the spawn form."""
+    text = response.content.decode("utf-8")
+    m = re.search(r'class="spawn-error-msg[^"]*">\s*Error: (.*?)\s*</p>', text, re.S)
+    assert m, f"no error message on the page (status {response.status_code})"
+    return html.unescape(re.sub(r"\s+", " ", m.group(1)))
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+    h = Hub(tmp_path_factory.mktemp("hub"))
+    h.start()
+    try:
+        yield h
+    finally:
+        h.stop_hub()
+        kill_servers(h)
+
+
+def kill_servers(hub: Hub) -> None:
+    """End every single-user server this hub's state directory started."""
+    out = subprocess.run(["pgrep", "-f", "jupyterhub-singleuser"], capture_output=True, text=True)
+    for pid in out.stdout.split():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if f"HOME={hub.state}".encode() in environ:
+            os.kill(int(pid), signal.SIGKILL)

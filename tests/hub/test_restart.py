@@ -1,0 +1,35 @@
+"""A hub restart with servers running: allocations re-attach, nothing doubles, nothing leaks."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from tests.hub.conftest import Hub
+from tests.hub.test_local_spawner import spawn, stop_all
+
+
+def test_restart_reattaches_running_servers_and_releases_vanished_ones(hub: Hub) -> None:
+    spawn(hub, "ada", "vision|h100|1")
+    spawn(hub, "dee", "nlp|mig-3g.40gb|1")
+    spawn(hub, "eve", "everyone|cpu|1")
+    before = hub.allocations()
+    dee_pid = hub.pid("dee")
+
+    hub.stop_hub()  # servers keep running (cleanup_servers is off)
+    os.kill(dee_pid, signal.SIGKILL)  # one of them dies while the hub is down
+    hub.start()
+
+    assert hub.wait_ready("ada") and hub.wait_ready("eve")
+    assert hub.server("dee") is None
+    after = hub.allocations()
+    assert set(after) == {"ada/", "eve/"}
+    assert after["ada/"] == before["ada/"] and after["eve/"] == before["eve/"]
+
+    # nothing double-allocated: ben's GPU is the other whole GPU; dee's 3g slice is free again
+    spawn(hub, "ben", "vision|h100|1")
+    spawn(hub, "eli", "nlp|mig-3g.40gb|1")
+    held = hub.allocations()
+    assert held["ben/"].devices[0].gpu != held["ada/"].devices[0].gpu
+    stop_all(hub, "ada", "ben", "eli", "eve")
+    assert hub.allocations() == {}
