@@ -156,12 +156,3 @@ class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner):
             product_labels=self.gpupool_product_labels(),
             kueue_queue_template=self.kueue_queue_template,
         )
-
-    def get_env(self) -> dict[str, str]:
-        env: dict[str, str] = super().get_env()
-        allocation = self.gpupool_allocation
-        env["GPUPOOL_ALLOCATION"] = allocation.id if allocation else ""
-        env["GPUPOOL_OFFER"] = allocation.offer if allocation else ""
-        env["GPUPOOL_TEAM"] = allocation.team if allocation else ""
-        env["GPUPOOL_SIMULATED"] = "1" if self.gpupool.inventory.simulated else "0"
-        return env

@@ -64,10 +64,6 @@ class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         env: dict[str, str] = super().get_env()
         allocation = self.gpupool_allocation
         env["CUDA_VISIBLE_DEVICES"] = allocation.visible_devices if allocation else ""
-        env["GPUPOOL_ALLOCATION"] = allocation.id if allocation else ""
-        env["GPUPOOL_OFFER"] = allocation.offer if allocation else ""
-        env["GPUPOOL_TEAM"] = allocation.team if allocation else ""
-        env["GPUPOOL_SIMULATED"] = "1" if self.gpupool.inventory.simulated else "0"
         return env
 
     # -- running as the hub's user (SimpleLocalProcessSpawner's behaviour) --------------------

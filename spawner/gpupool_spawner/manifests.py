@@ -210,7 +210,12 @@ def _terms_without_product(selector: V1NodeSelector | None) -> list[V1NodeSelect
     made of a product constraint alone was gpupool's, or an earlier spawn's)."""
     out = []
     for term in selector.node_selector_terms if selector else []:
-        kept = [e for e in term.match_expressions or [] if e.key != PRODUCT_LABEL]
+        # KubeSpawner converts only the outer objects of its config: nested ones may be dicts
+        term = get_k8s_model(V1NodeSelectorTerm, term)
+        expressions = [
+            get_k8s_model(V1NodeSelectorRequirement, e) for e in term.match_expressions or []
+        ]
+        kept = [e for e in expressions if e.key != PRODUCT_LABEL]
         if kept or term.match_fields:
             out.append(
                 V1NodeSelectorTerm(match_expressions=kept or None, match_fields=term.match_fields)
@@ -256,7 +261,8 @@ def tolerations_for(
     tolerations themselves."""
     wanted = [get_k8s_model(V1Toleration, t) for t in gpu_tolerations]
     keys = {t.key for t in wanted}
-    kept = [copy.deepcopy(t) for t in base or [] if t.key not in keys]
+    base_models = [get_k8s_model(V1Toleration, t) for t in base or []]
+    kept = [copy.deepcopy(t) for t in base_models if t.key not in keys]
     result = kept + (wanted if gpu else [])
     return result or None
 

@@ -155,6 +155,18 @@ class GPUSpawnerMixin(Spawner):
             self.gpupool_release(held)
         return status
 
+    def get_env(self) -> dict[str, str]:
+        """The parent's environment plus ``GPUPOOL_ALLOCATION``, ``GPUPOOL_OFFER``,
+        ``GPUPOOL_TEAM`` and ``GPUPOOL_SIMULATED`` (the local spawner adds
+        ``CUDA_VISIBLE_DEVICES``; on Kubernetes the device plugin sets it)."""
+        env: dict[str, str] = super().get_env()
+        allocation = self.gpupool_allocation
+        env["GPUPOOL_ALLOCATION"] = allocation.id if allocation else ""
+        env["GPUPOOL_OFFER"] = allocation.offer if allocation else ""
+        env["GPUPOOL_TEAM"] = allocation.team if allocation else ""
+        env["GPUPOOL_SIMULATED"] = "1" if self.gpupool.inventory.simulated else "0"
+        return env
+
     # -- state across hub restarts -----------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
         state: dict[str, Any] = super().get_state()

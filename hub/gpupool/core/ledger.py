@@ -131,7 +131,8 @@ class Ledger:
         left = team.limit_milli - self.team_used[team.name]
         if team.user_cap_milli is not None:
             left = min(left, team.user_cap_milli - self.user_used[team.name, user])
-        fits, free = [], []
+        fits: list[str] = []
+        free: list[str] = []
         for name, offer in sorted(self.offers.items()):
             n = self.placeable(offer) if offer.kind != "cpu" and team.allows(name) else 0
             if n:

@@ -103,14 +103,9 @@ def _node(obj: Mapping[str, Any], notes: list[str]) -> Node | None:
     if not whole and not mig:
         return None
     taints = spec.get("taints") or []
-    if spec.get("unschedulable") or any(t.get("key") == UNSCHEDULABLE_TAINT for t in taints):
-        notes.append(f"node {name} is cordoned (unschedulable); its GPUs are left out")
-        return None
-    if labels.get(MIG_STRATEGY_LABEL) == "single" and "-MIG-" in labels.get(PRODUCT_LABEL, ""):
-        notes.append(
-            f"node {name} uses the MIG 'single' strategy ({GPU_RESOURCE} are MIG devices "
-            "there); gpupool needs the 'mixed' strategy; left out"
-        )
+    skip = _skip_reason(spec, taints, labels)
+    if skip:
+        notes.append(f"node {name} {skip}; left out")
         return None
     _note_taints(name, taints, notes)
     product = labels.get(PRODUCT_LABEL, "")
@@ -128,6 +123,20 @@ def _node(obj: Mapping[str, Any], notes: list[str]) -> Node | None:
     if mig:
         gpus += _mig_gpus(name, labels, whole, mig, model, memory_mib, geometry, product, notes)
     return Node(name, tuple(gpus))
+
+
+def _skip_reason(
+    spec: Mapping[str, Any], taints: list[Mapping[str, Any]], labels: Mapping[str, str]
+) -> str | None:
+    """Why a GPU node's GPUs cannot be counted, or ``None``."""
+    if spec.get("unschedulable") or any(t.get("key") == UNSCHEDULABLE_TAINT for t in taints):
+        return "is cordoned (unschedulable)"
+    if labels.get(MIG_STRATEGY_LABEL) == "single" and "-MIG-" in labels.get(PRODUCT_LABEL, ""):
+        return (
+            f"uses the MIG 'single' strategy ({GPU_RESOURCE} are MIG devices there); gpupool "
+            "needs the 'mixed' strategy"
+        )
+    return None
 
 
 def _count(value: Any, what: str, notes: list[str]) -> int:
