@@ -29,9 +29,8 @@ from gpupool.hub import get_pool
 from gpupool.hub.errors import http_error
 from gpupool.hub.form import FIELD, render
 from gpupool.hub.menu import menu
+from gpupool.hub.reconcile import STATE_KEY
 from gpupool.pool import Pool
-
-STATE_KEY = "gpupool_allocation"
 
 
 def parse_user_options(options: dict[str, Any]) -> tuple[str, int, str | None]:

@@ -1,12 +1,18 @@
-"""A hub restart with servers running: allocations re-attach, nothing doubles, nothing leaks."""
+"""A hub restart with servers running: allocations re-attach, nothing doubles, nothing leaks
+(a server that died while the hub was down and an allocation no server holds are released)."""
 
 from __future__ import annotations
 
 import os
 import signal
 
+from gpupool.core.ledger import Allocation, Device
+from gpupool.discovery import simulated_inventory
+from gpupool.store import Store
 from tests.hub.conftest import Hub
 from tests.hub.test_local_spawner import spawn, stop_all
+
+SIMULATED = "local: 4x H100-80GB, mig=2:3g.40gb+2g.20gb+1g.10gb, nvlink=2"  # the demo fallback
 
 
 def test_restart_reattaches_running_servers_and_releases_vanished_ones(hub: Hub) -> None:
@@ -15,9 +21,19 @@ def test_restart_reattaches_running_servers_and_releases_vanished_ones(hub: Hub)
     spawn(hub, "eve", "everyone|cpu|1")
     before = hub.allocations()
     dee_pid = hub.pid("dee")
+    ada_gpu = before["ada/"].devices[0].gpu
 
     hub.stop_hub()  # servers keep running (cleanup_servers is off)
     os.kill(dee_pid, signal.SIGKILL)  # one of them dies while the hub is down
+    # a hub that died in the middle of a start leaves an allocation no server holds
+    inventory = simulated_inventory(SIMULATED)
+    other = next(g.uuid for g in inventory.gpus if g.mig_mode == "off" and g.uuid != ada_gpu)
+    orphan = Allocation(
+        "orphan", "cal", "vision", "h100", "notebook", "cal/", 1, 1000, "local", (Device(other),)
+    )
+    store = Store(f"sqlite:///{hub.state / 'gpupool.sqlite'}", upgrade=False)
+    store.insert(orphan)
+    store.close()
     hub.start()
 
     assert hub.wait_ready("ada") and hub.wait_ready("eve")

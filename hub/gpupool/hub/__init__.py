@@ -19,6 +19,7 @@ from traitlets.config import Config
 
 from ..config import GPUPool
 from ..pool import Pool
+from .reconcile import release_orphans
 
 log = logging.getLogger("gpupool")
 _pool: Pool | None = None
@@ -41,8 +42,11 @@ def reset_pool() -> None:
 
 
 def setup(c: Any, logger: logging.Logger = log) -> Pool:
-    """Validate ``c.GPUPool`` and build the pool now, so bad config stops the hub at start.
+    """Validate ``c.GPUPool`` and build the pool now, so bad config stops the hub at start; then
+    release notebook allocations no running server holds (see :mod:`gpupool.hub.reconcile`).
 
     Pass ``logging.getLogger("JupyterHub").getChild("gpupool")`` to log with the hub's handler.
     """
-    return get_pool(c, logger)
+    pool = get_pool(c, logger)
+    release_orphans(pool, c.JupyterHub.get("db_url", "sqlite:///jupyterhub.sqlite"))
+    return pool
