@@ -5,8 +5,8 @@ Vocabulary
   hub answers once the server is up, because a spawn here is faster than ``slow_spawn_timeout``).
 - *gpupool*: a ``LocalGPUSpawner`` spawn of one whole GPU (``{"offer": "h100"}``) on the demo
   config's pool; *plain*: JupyterHub's ``SimpleLocalProcessSpawner`` in the same hub (see
-  :mod:`benchmarks.spawn_hub`). Spawns alternate between the two; each server is stopped before
-  the next spawn.
+  :mod:`benchmarks.spawn_hub`). Spawns alternate between the two in ABBA order (so neither
+  always runs right after the other's stop); each server is stopped before the next spawn.
 
 Contract: starts its own hub (the repository's ``jupyterhub_config.py`` on free ports, state in a
 temporary directory), prints the medians and their ratio, and stops everything it started.
@@ -58,10 +58,15 @@ def main(argv: list[str]) -> int:
         try:
             timed_spawn(hub, "ada", {"offer": "h100"})  # warm both paths once, not counted
             timed_spawn(hub, "plain", {})
-            gpupool, plain = [], []
-            for _ in range(args.spawns):
-                gpupool.append(timed_spawn(hub, "ada", {"offer": "h100"}))
-                plain.append(timed_spawn(hub, "plain", {}))
+            gpupool: list[float] = []
+            plain: list[float] = []
+            for i in range(args.spawns):  # ABBA order: neither kind always follows the other
+                pair = [
+                    lambda: gpupool.append(timed_spawn(hub, "ada", {"offer": "h100"})),
+                    lambda: plain.append(timed_spawn(hub, "plain", {})),
+                ]
+                for run in pair if i % 2 == 0 else reversed(pair):
+                    run()
         finally:
             hub.stop_hub()
             kill_servers(hub)
