@@ -84,6 +84,12 @@ class Ledger:
         self.team_used: Counter[str] = Counter()
         self.user_used: Counter[tuple[str, str]] = Counter()
 
+    def clone(self) -> Ledger:
+        """An independent copy with the same allocations (for what-if planning)."""
+        twin = Ledger(self.inventory, self.offers, self.teams, self.everyone, type(self.policy)())
+        twin.restore(self.allocations.values())
+        return twin
+
     # -- questions -------------------------------------------------------------------------
     def team(self, name: str) -> Team:
         if name == self.everyone.name:

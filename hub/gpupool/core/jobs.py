@@ -1,0 +1,94 @@
+"""Batch jobs: what a user submits, and the states a job goes through.
+
+Vocabulary
+- *spec*: what the user asked for: the script (code produced from a notebook, or a ``.py`` file),
+  where and how to run it (working directory, arguments, environment), the shape (an offer,
+  ``gpus`` per node, ``nodes``), a time limit, how often it may be restarted, a priority.
+- *job*: a spec with an owner, the team charged, a state, timestamps, per-rank exit codes, the
+  allocations it holds while active, and the backend's *handle* (a JSON text: pid and start time
+  locally, object names on Kubernetes).
+- *states*: ``queued`` → ``starting`` → ``running`` → ``succeeded`` | ``failed`` | ``cancelled`` |
+  ``lost``. A queued job holds nothing. ``starting``/``running`` jobs may go back to ``queued``
+  when preempted. ``lost``: the job's processes vanished without a word (e.g. while the hub was
+  down, or a node went away). Every transition records its reason in words.
+
+Contract: pure and frozen; :func:`transition` refuses a move the state machine does not allow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+JobState = Literal["queued", "starting", "running", "succeeded", "failed", "cancelled", "lost"]
+ACTIVE: frozenset[str] = frozenset({"starting", "running"})
+FINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "lost"})
+ALLOWED: dict[str, frozenset[str]] = {
+    "queued": frozenset({"starting", "cancelled", "failed"}),
+    "starting": frozenset({"running", "queued", "succeeded", "failed", "cancelled", "lost"}),
+    "running": frozenset({"queued", "succeeded", "failed", "cancelled", "lost"}),
+}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    script: str
+    offer: str = "cpu"
+    gpus: int = 1
+    nodes: int = 1
+    team: str | None = None
+    name: str = ""
+    filename: str = "script.py"
+    workdir: str = ""
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    time_limit: int = 3600
+    max_restarts: int = 0
+    priority: int = 0
+
+    @property
+    def ranks(self) -> int:
+        return self.gpus * self.nodes
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    owner: str
+    team: str
+    spec: JobSpec
+    state: JobState = "queued"
+    reason: str = "waiting for GPUs"
+    created: float = 0.0
+    started: float | None = None
+    finished: float | None = None
+    exit_codes: tuple[tuple[int, int], ...] = ()
+    restarts: int = 0
+    allocations: tuple[str, ...] = ()
+    handle: str = field(default="", repr=False)
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL
+
+    def ends_at(self) -> float:
+        """When the time limit ends an active job (``inf`` for one that has not started)."""
+        return (self.started or float("inf")) + self.spec.time_limit
+
+
+def transition(job: Job, state: JobState, reason: str, now: float, **changes: object) -> Job:
+    """``job`` moved to ``state`` for ``reason`` at ``now``; ``ValueError`` if not allowed."""
+    if state not in ALLOWED.get(job.state, frozenset()):
+        raise ValueError(f"job {job.id} cannot go from {job.state} to {state}")
+    stamps: dict[str, object] = {}
+    if state == "starting":
+        stamps["started"] = now
+    if state in FINAL:
+        stamps["finished"] = now
+    if state == "queued":
+        stamps.update(started=None, allocations=(), handle="", exit_codes=())
+    return replace(job, state=state, reason=reason, **{**stamps, **changes})  # type: ignore[arg-type]

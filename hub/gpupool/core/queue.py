@@ -1,0 +1,177 @@
+"""The job queue's decisions: which queued jobs start now and which running jobs yield.
+
+Vocabulary
+- *gang*: a job's ``nodes`` requests of ``gpus`` each are granted all together or not at all; a
+  queued job holds nothing.
+- *order*: priority (higher first), then team fair share (the team furthest below its guarantee
+  first: the smallest used / guarantee), then submission time.
+- *head*: the first job in order that cannot start. Its *shadow time* is the earliest moment it
+  could start if the running jobs end at their time limits (never, if notebooks or quotas keep it
+  out).
+- *backfill*: a later job may start ahead of the head only if it cannot delay it: it ends (by its
+  time limit) before the shadow time, or the head still fits at the shadow time with it running.
+- *preemption*: a head whose team is within its guarantee may take back capacity from running
+  jobs of teams above their guarantee (borrowing), newest first, as few as it needs. Notebooks
+  are never preempted.
+
+Contract: pure. :func:`schedule` plans on a clone of the ledger and returns what to do; the caller
+does it (allocations for real, in the returned order) and may re-plan at any time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from .errors import PoolError
+from .ledger import Ledger
+from .offers import Request
+
+
+@dataclass(frozen=True)
+class Queued:
+    id: str
+    user: str
+    team: str
+    offer: str
+    gpus: int
+    nodes: int
+    priority: int
+    created: float
+    time_limit: float
+
+    def requests(self) -> list[Request]:
+        return [Request(self.user, self.team, self.offer, self.gpus, "job", self.id)] * self.nodes
+
+
+@dataclass(frozen=True)
+class Running:
+    id: str
+    team: str
+    allocations: tuple[str, ...]
+    ends_at: float
+    started: float
+
+
+@dataclass
+class Plan:
+    start: list[str] = field(default_factory=list)
+    preempt: list[str] = field(default_factory=list)
+    head: str | None = None
+    shadow: float = float("inf")
+    waiting: dict[str, str] = field(default_factory=dict)
+    """Why each job that stays queued waits, in words."""
+
+
+def fair_share(ledger: Ledger, team: str) -> float:
+    """Used over guarantee: smaller means further below its guarantee (served first)."""
+    guarantee = ledger.team(team).guarantee_milli
+    return ledger.team_used[team] / guarantee if guarantee else float("inf")
+
+
+def order(ledger: Ledger, queued: Iterable[Queued]) -> list[Queued]:
+    return sorted(queued, key=lambda q: (-q.priority, fair_share(ledger, q.team), q.created, q.id))
+
+
+def try_gang(ledger: Ledger, job: Queued, tag: str = "") -> str:
+    """Allocate every request of ``job`` on ``ledger`` or none; '' on success, else the reason."""
+    taken: list[str] = []
+    for i, request in enumerate(job.requests()):
+        try:
+            taken.append(ledger.allocate(request, f"{tag}{job.id}#{i}").id)
+        except PoolError as e:
+            for alloc_id in taken:
+                ledger.release(alloc_id)
+            return e.message
+    return ""
+
+
+def release_job(ledger: Ledger, job_id: str, tag: str = "") -> None:
+    for alloc_id in [a for a in ledger.allocations if a.startswith(f"{tag}{job_id}#")]:
+        ledger.release(alloc_id)
+
+
+def shadow_time(ledger: Ledger, head: Queued, running: Sequence[Running], now: float) -> float:
+    """Earliest time ``head`` fits if running jobs end at their limits (``inf``: not by that)."""
+    trial = ledger.clone()
+    if not try_gang(trial, head, "?"):
+        return now
+    for job in sorted(running, key=lambda r: r.ends_at):
+        for alloc_id in job.allocations:
+            if alloc_id in trial.allocations:
+                trial.release(alloc_id)
+        if not try_gang(trial, head, "?"):
+            return job.ends_at
+    return float("inf")
+
+
+def victims(ledger: Ledger, head: Queued, running: Sequence[Running]) -> list[str] | None:
+    """The fewest newest borrowing jobs whose release lets ``head`` start, or ``None``."""
+    team = ledger.team(head.team)
+    need = sum(ledger.offers[r.offer].cost_milli(r.count) for r in head.requests())
+    if ledger.team_used[head.team] + need > team.guarantee_milli:
+        return None  # the head itself would borrow: it waits like everyone else
+    trial = ledger.clone()
+    chosen: list[str] = []
+    for job in sorted(running, key=lambda r: -r.started):
+        lender = ledger.team(job.team)
+        if job.team == head.team or trial.team_used[job.team] <= lender.guarantee_milli:
+            continue
+        for alloc_id in job.allocations:
+            if alloc_id in trial.allocations:
+                trial.release(alloc_id)
+        chosen.append(job.id)
+        if not try_gang(trial, head, "?"):
+            return chosen
+    return None
+
+
+def schedule(
+    ledger: Ledger, queued: Iterable[Queued], running: Sequence[Running], now: float
+) -> Plan:
+    plan = Plan()
+    work = ledger.clone()
+    live = list(running)
+    head: Queued | None = None
+    for job in order(ledger, queued):
+        if head is None:
+            why = try_gang(work, job)
+            if not why:
+                plan.start.append(job.id)
+                continue
+            chosen = victims(work, job, live)
+            if chosen:
+                trial = work.clone()
+                for r in live:
+                    if r.id in chosen:
+                        for alloc_id in r.allocations:
+                            trial.release(alloc_id)
+                if not try_gang(trial, job):
+                    work, live = trial, [r for r in live if r.id not in chosen]
+                    plan.preempt += chosen
+                    plan.start.append(job.id)
+                    continue
+            head = job
+            plan.head, plan.shadow = job.id, shadow_time(work, job, live, now)
+            plan.waiting[job.id] = why
+            continue
+        why = try_gang(work, job)
+        if why:
+            plan.waiting[job.id] = why
+            continue
+        if now + job.time_limit <= plan.shadow or _head_still_fits(work, head, live, plan.shadow):
+            plan.start.append(job.id)
+        else:
+            release_job(work, job.id)
+            plan.waiting[job.id] = f"would delay job {head.id}, which is first in the queue"
+    return plan
+
+
+def _head_still_fits(ledger: Ledger, head: Queued, running: Sequence[Running], at: float) -> bool:
+    trial = ledger.clone()
+    for job in running:
+        if job.ends_at <= at:
+            for alloc_id in job.allocations:
+                if alloc_id in trial.allocations:
+                    trial.release(alloc_id)
+    return not try_gang(trial, head, "?")

@@ -1,0 +1,104 @@
+"""The job queue's plan: gang starts, order, backfill behind a reservation, preemption."""
+
+from __future__ import annotations
+
+from gpupool.core import Inventory, Ledger, Node, Offer, Request, Team
+from gpupool.core.queue import Queued, Running, order, schedule
+from tests.factories import gpu
+
+OFFERS = {"gpu": Offer("gpu", "gpu", max_count=3), "cpu": Offer("cpu", "cpu")}
+
+
+def two_gpu_ledger(gpus: int = 2, **teams: Team) -> Ledger:
+    inventory = Inventory((Node("n", tuple(gpu("n", i) for i in range(gpus))),))
+    return Ledger(inventory, OFFERS, teams or {"t": Team("t", 10_000)}, policy="first-fit")
+
+
+def q(job_id: str, gpus: int = 1, team: str = "t", **kw: float) -> Queued:
+    fields = {"priority": 0, "created": 0.0, "time_limit": 100.0, **kw}
+    return Queued(
+        job_id,
+        "u",
+        team,
+        "gpu",
+        gpus,
+        1,
+        int(fields["priority"]),
+        fields["created"],
+        fields["time_limit"],
+    )
+
+
+def run(
+    ledger: Ledger,
+    job_id: str,
+    gpus: int,
+    team: str = "t",
+    ends_at: float = 100.0,
+    started: float = 0.0,
+) -> Running:
+    a = ledger.allocate(Request("u", team, "gpu", gpus, "job", job_id), f"{job_id}#0")
+    return Running(job_id, team, (a.id,), ends_at, started)
+
+
+def test_a_gang_starts_whole_or_not_at_all_and_holds_nothing_while_queued() -> None:
+    ledger = two_gpu_ledger()
+    ledger.allocate(Request("nb", "t", "gpu", 1), "notebook")
+    plan = schedule(ledger, [q("big", gpus=2)], [], now=0)
+    assert plan.start == [] and plan.head == "big"
+    assert plan.waiting["big"] == (
+        "No 2× GPU on one node free (team t uses 1 of 10 GPU-eq). Free now: 1× gpu."
+    )
+    assert set(ledger.allocations) == {"notebook"}  # planning changed nothing
+
+
+def test_order_is_priority_then_fair_share_then_submission() -> None:
+    ledger = two_gpu_ledger(a=Team("a", 2000), b=Team("b", 2000))
+    ledger.allocate(Request("x", "a", "gpu", 1), "a-notebook")  # team a uses half its guarantee
+    jobs = [
+        q("a-old", team="a", created=1),
+        q("b-new", team="b", created=5),
+        q("a-urgent", team="a", created=9, priority=5),
+    ]
+    assert [j.id for j in order(ledger, jobs)] == ["a-urgent", "b-new", "a-old"]
+
+
+def test_backfill_only_when_it_cannot_delay_the_head() -> None:
+    ledger = two_gpu_ledger(gpus=3)
+    running = [run(ledger, "r", 1, ends_at=100)]
+    queue = [
+        q("head", gpus=3, created=0),
+        q("short", created=1, time_limit=50),
+        q("long", created=2, time_limit=500),
+    ]
+    plan = schedule(ledger, queue, running, now=0)
+    assert plan.head == "head" and plan.shadow == 100
+    assert plan.start == ["short"]
+    assert plan.waiting["long"] == "would delay job head, which is first in the queue"
+
+
+def test_behind_a_head_that_notebooks_block_anything_that_fits_may_start() -> None:
+    ledger = two_gpu_ledger()
+    ledger.allocate(Request("nb", "t", "gpu", 1), "notebook")  # never ends by itself
+    plan = schedule(ledger, [q("head", gpus=2), q("small", created=1, time_limit=10**6)], [], 0)
+    assert plan.shadow == float("inf") and plan.start == ["small"]
+
+
+def test_a_team_within_its_guarantee_preempts_the_newest_borrower() -> None:
+    ledger = two_gpu_ledger(a=Team("a", 1000, 1000), b=Team("b", 1000))
+    running = [run(ledger, "a1", 1, "a", started=1), run(ledger, "a2", 1, "a", started=2)]
+    plan = schedule(ledger, [q("b1", team="b")], running, now=3)
+    assert plan.preempt == ["a2"] and plan.start == ["b1"]
+
+
+def test_no_preemption_for_a_team_that_would_borrow_itself() -> None:
+    ledger = two_gpu_ledger(a=Team("a", 1000, 1000), b=Team("b", 1000, 1000))
+    running = [run(ledger, "a1", 1, "a"), run(ledger, "a2", 1, "a", started=2)]
+    plan = schedule(ledger, [q("b-big", gpus=2, team="b")], running, now=3)
+    assert plan.preempt == [] and plan.start == []
+
+
+def test_a_job_over_its_team_limit_waits_with_the_quota_sentence() -> None:
+    ledger = two_gpu_ledger(a=Team("a", 1000))
+    plan = schedule(ledger, [q("x", gpus=2, team="a")], [], now=0)
+    assert plan.start == [] and "team a uses 0 of 1 GPU-eq" in plan.waiting["x"]
