@@ -73,6 +73,8 @@ class Pool:
         self.log = logger
         self.clock = clock
         self.new_id = new_id
+        self.on_release: list[Callable[[Allocation], None]] = []
+        """Called after every release (the job queue listens, to start what now fits)."""
         self._lock = threading.Lock()
 
     @classmethod
@@ -132,7 +134,9 @@ class Pool:
                 self.store.delete([alloc_id])
             released = self.ledger.release(alloc_id)
             self.log.info("gpupool: released %s (%s)", alloc_id, released.user)
-            return released
+        for listener in self.on_release:
+            listener(released)
+        return released
 
     def restore(self) -> list[Allocation]:
         """Rebuild the ledger from the store; returns (and forgets) the lost allocations."""

@@ -37,9 +37,9 @@ def test_migrations_create_the_schema_on_an_empty_sqlite(tmp_path: Path) -> None
     store = Store(f"sqlite:///{tmp_path / 'empty.sqlite'}")
     with store.engine.connect() as conn:
         names = set(sa.inspect(conn).get_table_names())
-        assert {"gpupool_allocations", "gpupool_allocation_devices"} <= names
+        assert {"gpupool_allocations", "gpupool_allocation_devices", "gpupool_jobs"} <= names
         version = conn.execute(sa.text("select version_num from gpupool_alembic_version"))
-        assert version.scalar_one() == "0001"
+        assert version.scalar_one() == "0002"
         context = MigrationContext.configure(
             conn, opts={"version_table": "gpupool_alembic_version"}
         )
@@ -103,3 +103,35 @@ def test_refusals_are_not_persisted(tmp_path: Path) -> None:
     with pytest.raises(PoolError, match="not in team 'vision'"):
         pool.allocate("cy", ["nlp"], "mig-3g.40gb", team="vision")
     assert pool.store.load() == []
+
+
+def test_jobs_round_trip(tmp_path: Path) -> None:
+    from gpupool.core.jobs import Job, JobSpec, transition
+
+    store = Store(f"sqlite:///{tmp_path / 'jobs.sqlite'}")
+    spec = JobSpec(
+        "print(1)",
+        "h100",
+        2,
+        1,
+        "vision",
+        "train",
+        "train.ipynb",
+        "/home/ada",
+        ("--epochs", "3"),
+        (("SEED", "1"),),
+        600,
+        2,
+        5,
+    )
+    job = Job("j1", "ada", "vision", spec, created=10.0)
+    store.save_job(job)
+    running = transition(
+        job, "starting", "GPUs granted", 11.0, allocations=("a1",), handle='{"pid": 42}'
+    )
+    store.save_job(running)
+    assert store.load_jobs() == [running]
+    done = transition(running, "failed", "rank 1 exited 1", 20.0, exit_codes=((0, 0), (1, 1)))
+    store.save_job(done)
+    assert store.load_jobs() == [done]
+    store.close()

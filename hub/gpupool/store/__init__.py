@@ -11,7 +11,9 @@ Contract: each write is one transaction; a failed write raises and leaves the da
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +22,9 @@ from alembic.config import Config
 from sqlalchemy import create_engine, delete, event, insert, select
 from sqlalchemy.engine import Connection, Engine
 
+from ..core.jobs import Job, JobSpec
 from ..core.ledger import Allocation, Device
-from .schema import allocations, devices
+from .schema import allocations, devices, jobs
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -130,3 +133,55 @@ class Store:
                     for i, d in enumerate(a.devices)
                 ],
             )
+
+    # -- jobs --------------------------------------------------------------------------------
+    def save_job(self, job: Job) -> None:
+        """Insert or replace one job (one transaction)."""
+        row = _job_row(job)
+        with self.engine.begin() as conn:
+            conn.execute(delete(jobs).where(jobs.c.id == job.id))
+            conn.execute(insert(jobs).values(**row))
+
+    def load_jobs(self) -> list[Job]:
+        with self.engine.connect() as conn:
+            return [_row_job(r) for r in conn.execute(select(jobs).order_by(jobs.c.created))]
+
+
+def _job_row(job: Job) -> dict[str, Any]:
+    spec = asdict(job.spec)
+    return {
+        "id": job.id,
+        "owner": job.owner,
+        "team": job.team,
+        "state": job.state,
+        "reason": job.reason,
+        "spec": json.dumps(spec),
+        "created": job.created,
+        "started": job.started,
+        "finished": job.finished,
+        "exit_codes": json.dumps({str(r): c for r, c in job.exit_codes}),
+        "restarts": job.restarts,
+        "allocations": json.dumps(list(job.allocations)),
+        "handle": job.handle,
+    }
+
+
+def _row_job(r: Any) -> Job:
+    spec = json.loads(r.spec)
+    spec["args"] = tuple(spec.get("args", ()))
+    spec["env"] = tuple(tuple(kv) for kv in spec.get("env", ()))
+    return Job(
+        id=r.id,
+        owner=r.owner,
+        team=r.team,
+        spec=JobSpec(**spec),
+        state=r.state,
+        reason=r.reason,
+        created=r.created,
+        started=r.started,
+        finished=r.finished,
+        exit_codes=tuple(sorted((int(k), int(v)) for k, v in json.loads(r.exit_codes).items())),
+        restarts=r.restarts,
+        allocations=tuple(json.loads(r.allocations)),
+        handle=r.handle,
+    )

@@ -4,7 +4,7 @@ model that ``tests/adapters/test_store.py`` compares the migrated database again
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Float, ForeignKey, Integer, MetaData, String, Table
+from sqlalchemy import Column, Float, ForeignKey, Integer, MetaData, String, Table, Text
 
 metadata = MetaData()
 
@@ -37,4 +37,22 @@ devices = Table(
     Column("profile", String(64), nullable=True),
     Column("start", Integer, nullable=True),
     Column("instance", String(128), nullable=True),
+)
+
+jobs = Table(
+    "gpupool_jobs",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("owner", String(255), nullable=False, index=True),
+    Column("team", String(255), nullable=False),
+    Column("state", String(16), nullable=False, index=True),
+    Column("reason", Text, nullable=False, server_default=""),
+    Column("spec", Text, nullable=False),
+    Column("created", Float, nullable=False),
+    Column("started", Float, nullable=True),
+    Column("finished", Float, nullable=True),
+    Column("exit_codes", Text, nullable=False, server_default="{}"),
+    Column("restarts", Integer, nullable=False, server_default="0"),
+    Column("allocations", Text, nullable=False, server_default="[]"),
+    Column("handle", Text, nullable=False, server_default=""),
 )

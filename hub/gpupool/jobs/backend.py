@@ -1,0 +1,66 @@
+"""What a job backend does, whatever runs the processes (local torchrun, Kubernetes Jobs).
+
+Vocabulary
+- *handle*: a JSON text the backend returns from :meth:`JobBackend.start` and gets back later;
+  it is persisted with the job, so a restarted hub can find the job's processes again.
+- *observation*: what the backend sees of a job now (:class:`Observation`): still ``starting``
+  (not every rank is up), ``running``, or ended (``succeeded``, ``failed``, ``lost``) with per-rank
+  exit codes and the reason in words.
+
+Contract: backends never decide quotas or order (the manager does); they start what they are
+given on the devices they are given, report, cancel and serve logs. Everything is keyed by the
+job, so one backend object serves every job. Seams: ``utcnow`` is the manager's; subprocesses are
+started only through the backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from traitlets.config import LoggingConfigurable
+
+from ..core.errors import InvalidRequest
+from ..core.jobs import Job, JobSpec
+from ..core.ledger import Allocation
+
+
+@dataclass(frozen=True)
+class Observation:
+    state: str  # "starting" | "running" | "succeeded" | "failed" | "lost"
+    reason: str = ""
+    exit_codes: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ("succeeded", "failed", "lost")
+
+
+class JobBackend(LoggingConfigurable):
+    """Base class; see :class:`gpupool.jobs.local.LocalJobBackend`."""
+
+    name = "base"
+
+    def validate(self, spec: JobSpec) -> None:
+        """Refuse a spec this backend cannot run (raise :class:`InvalidRequest`)."""
+        if spec.nodes < 1 or spec.gpus < 1:
+            raise InvalidRequest("A job needs at least 1 node and 1 GPU (or process) per node.")
+
+    async def start(self, job: Job, allocations: list[Allocation]) -> str:
+        """Start ``job`` on ``allocations`` (one per node); return its handle."""
+        raise NotImplementedError
+
+    async def observe(self, job: Job) -> Observation:
+        """What the job's processes are doing now (also right after a hub restart)."""
+        raise NotImplementedError
+
+    async def wait(self, job: Job, timeout: float) -> None:
+        """Return when the job may have changed state, or after ``timeout`` seconds."""
+        raise NotImplementedError
+
+    async def cancel(self, job: Job) -> None:
+        """Stop every process of the job (politely, then for sure)."""
+        raise NotImplementedError
+
+    def read_log(self, job: Job, rank: int, offset: int) -> tuple[bytes, int]:
+        """Bytes of ``rank``'s log from ``offset``, and the log's size now."""
+        raise NotImplementedError

@@ -1,0 +1,359 @@
+"""The job manager: accepts jobs, runs the queue against the one pool, watches running jobs.
+
+Vocabulary
+- *submit*: check a spec on the hub (team membership, offer allowed, counts, limits, what the
+  backend can run) and persist it as ``queued``; nothing is allocated yet.
+- *pass*: one scheduling round (:func:`gpupool.core.queue.schedule` on the pool's ledger): preempt
+  what the plan says (requeued, or failed past ``max_restarts``), then allocate each job to start
+  for real, all its nodes or none, and hand it to the backend. A pass runs after every submit,
+  every job end, every release of a notebook's devices, and every ``schedule_interval`` seconds.
+- *watch*: one task per active job, asking the backend what its processes do; it ends the job
+  (and frees its devices at once) when they end, and enforces the time limit.
+
+Contract: every state change is persisted before anyone is told. Jobs and notebooks share the
+pool (``kind="job"`` allocations), so quotas hold across both doors. Time comes from ``clock``
+(default :func:`gpupool.clock.utcnow`), the one time seam.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from traitlets import Float, Int, Type
+from traitlets.config import LoggingConfigurable
+
+from ..clock import utcnow
+from ..core.errors import InvalidRequest, PoolError, QuotaExceeded, UnknownAllocation
+from ..core.jobs import Job, JobSpec, transition
+from ..core.queue import Queued, Running, order, schedule
+from ..core.quota import check_offer, resolve_team
+from ..core.units import fmt
+from ..pool import Pool
+from .backend import JobBackend
+from .local import LocalJobBackend
+
+MAX_SCRIPT_BYTES = 1 << 20
+
+
+class JobManager(LoggingConfigurable):
+    backend_class = Type(
+        LocalJobBackend,
+        klass=JobBackend,
+        config=True,
+        help="""What runs jobs: ``gpupool.jobs.local.LocalJobBackend`` (torchrun on this
+        machine) or ``gpupool.jobs.kube.KubeJobBackend`` (Kubernetes Indexed Jobs). Example:
+        ``c.JobManager.backend_class = "gpupool.jobs.kube.KubeJobBackend"``""",
+    )
+    schedule_interval = Float(
+        5.0, config=True, help="Seconds between scheduling passes when nothing else triggers one."
+    )
+    watch_interval = Float(
+        2.0, config=True, help="Seconds between looks at a running job's processes. Example: 1"
+    )
+    default_time_limit = Int(
+        4 * 3600, config=True, help="Time limit of a job that names none, in seconds. Example: 3600"
+    )
+    max_time_limit = Int(
+        7 * 24 * 3600, config=True, help="The longest time limit a job may ask for, in seconds."
+    )
+    max_restarts_limit = Int(
+        5, config=True, help="The most restarts (after preemption) a job may ask for. Example: 3"
+    )
+
+    def __init__(self, pool: Pool, clock: Callable[[], datetime] = utcnow, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pool = pool
+        self.clock = clock
+        self.backend: JobBackend = self.backend_class(parent=self, log=self.log)
+        self.jobs: dict[str, Job] = {j.id: j for j in pool.store.load_jobs()}
+        self._watchers: dict[str, asyncio.Task[None]] = {}
+        self._pass_lock = asyncio.Lock()
+        self._kick: asyncio.Event | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+
+    def now(self) -> float:
+        return self.clock().timestamp()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Re-attach active jobs, release job allocations nobody holds, start the loop."""
+        held = {a for j in self.jobs.values() if j.active for a in j.allocations}
+        for a in list(self.pool.ledger.allocations.values()):
+            if a.kind == "job" and a.id not in held:
+                self.log.warning("gpupool: releasing %s of finished job %s", a.id, a.ref)
+                self.pool.release(a.id)
+        for job in list(self.jobs.values()):
+            if job.active:
+                self.log.info("gpupool: re-attaching job %s (%s)", job.id, job.state)
+                self._watch(job)
+        self.pool.on_release.append(lambda _a: self.kick())
+        self._kick = asyncio.Event()
+        self._loop_task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        for task in [self._loop_task, *self._watchers.values()]:
+            if task:
+                task.cancel()
+
+    def kick(self) -> None:
+        """Ask for a scheduling pass soon."""
+        if self._kick is not None:
+            self._kick.set()
+
+    async def _loop(self) -> None:
+        assert self._kick is not None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), self.schedule_interval)
+            self._kick.clear()
+            try:
+                await self.schedule_pass()
+            except Exception:
+                self.log.exception("gpupool: scheduling pass failed")
+
+    # -- the user's side ---------------------------------------------------------------------
+    def submit(self, owner: str, groups: Iterable[str], fields: dict[str, Any]) -> Job:
+        spec = self._spec(fields)
+        ledger = self.pool.ledger
+        team = resolve_team(ledger.teams, ledger.everyone, groups, spec.team)
+        offer = check_offer(team, ledger.offers, spec.offer, 1 if _cpu(ledger, spec) else spec.gpus)
+        self.backend.validate(spec)
+        need = offer.cost_milli(1 if offer.kind == "cpu" else spec.gpus) * spec.nodes
+        if need > team.limit_milli:
+            raise QuotaExceeded(
+                f"The job needs {fmt(need)} GPU-eq but team {team.name} may hold at most "
+                f"{fmt(team.limit_milli)} GPU-eq; it could never start."
+            )
+        job = Job(uuid.uuid4().hex[:12], owner, team.name, spec, created=self.now())
+        self._save(job)
+        self.log.info("gpupool: job %s submitted by %s (team %s)", job.id, owner, team.name)
+        self.kick()
+        return job
+
+    def _spec(self, f: dict[str, Any]) -> JobSpec:
+        def whole(key: str, default: int, low: int, high: int) -> int:
+            value = f.get(key, default)
+            if value is None:
+                value = default
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise InvalidRequest(f"{key} must be a whole number from {low} to {high}.")
+            return value
+
+        unknown = sorted(set(f) - _FIELDS)
+        if unknown:
+            raise InvalidRequest(f"Unknown job fields: {', '.join(unknown)}.")
+        script = f.get("script")
+        if not isinstance(script, str) or not script.strip():
+            raise InvalidRequest("script must be the job's Python code (a non-empty string).")
+        if len(script.encode()) > MAX_SCRIPT_BYTES:
+            raise InvalidRequest(f"script is larger than {MAX_SCRIPT_BYTES} bytes.")
+        args, env = f.get("args") or [], f.get("env") or {}
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise InvalidRequest("args must be a list of strings.")
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise InvalidRequest("env must map strings to strings.")
+        texts = {k: f.get(k) or "" for k in ("name", "filename", "workdir", "offer", "team")}
+        if not all(isinstance(v, str) for v in texts.values()):
+            raise InvalidRequest("name, filename, workdir, offer and team must be strings.")
+        return JobSpec(
+            script=script,
+            offer=texts["offer"] or "cpu",
+            gpus=whole("gpus", 1, 1, 64),
+            nodes=whole("nodes", 1, 1, 64),
+            team=texts["team"] or None,
+            name=texts["name"][:200] or texts["filename"][:200] or "job",
+            filename=texts["filename"][:200] or "script.py",
+            workdir=texts["workdir"],
+            args=tuple(args),
+            env=tuple(sorted(env.items())),
+            time_limit=whole("time_limit", self.default_time_limit, 1, self.max_time_limit),
+            max_restarts=whole("max_restarts", 0, 0, self.max_restarts_limit),
+            priority=whole("priority", 0, -100, 100),
+        )
+
+    def visible(self, user: str, admin: bool) -> list[Job]:
+        jobs = sorted(self.jobs.values(), key=lambda j: j.created, reverse=True)
+        return [j for j in jobs if admin or j.owner == user]
+
+    def get(self, job_id: str, user: str, admin: bool) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None or not (admin or job.owner == user):
+            raise UnknownAllocation(f"No job {job_id}.")  # 404, whether it exists or not
+        return job
+
+    async def cancel(self, job_id: str, user: str, admin: bool) -> Job:
+        job = self.get(job_id, user, admin)
+        if job.final:
+            return job
+        if job.active:
+            await self._stop_processes(job)
+        job = self._end(job, "cancelled", f"cancelled by {user}")
+        self.kick()
+        return job
+
+    def queue_position(self, job: Job) -> int | None:
+        """1 for the job the queue serves first (the queue's own order), None if not queued."""
+        if job.state != "queued":
+            return None
+        queued = [self._queued(j) for j in self.jobs.values() if j.state == "queued"]
+        return [q.id for q in order(self.pool.ledger, queued)].index(job.id) + 1
+
+    # -- scheduling --------------------------------------------------------------------------
+    async def schedule_pass(self) -> None:
+        async with self._pass_lock:
+            now = self.now()
+            queued = [self._queued(j) for j in self.jobs.values() if j.state == "queued"]
+            if not queued:
+                return
+            running = [
+                Running(j.id, j.team, j.allocations, j.ends_at(), j.started or now)
+                for j in self.jobs.values()
+                if j.active
+            ]
+            plan = schedule(self.pool.ledger, queued, running, now)
+            for job_id in plan.preempt:
+                await self._preempt(self.jobs[job_id])
+            for job_id in plan.start:
+                await self._launch(self.jobs[job_id])
+            for job_id, why in plan.waiting.items():
+                job = self.jobs[job_id]
+                if job.state == "queued" and job.reason != why:
+                    self._save(replace(job, reason=why))
+
+    def _queued(self, job: Job) -> Queued:
+        cpu = _cpu(self.pool.ledger, job.spec)
+        return Queued(
+            job.id, job.owner, job.team, job.spec.offer, 1 if cpu else job.spec.gpus,
+            job.spec.nodes, job.spec.priority, job.created, job.spec.time_limit,
+        )  # fmt: skip
+
+    async def _launch(self, job: Job) -> None:
+        q = self._queued(job)
+        taken: list[str] = []
+        try:
+            for _ in range(q.nodes):
+                a = self.pool.allocate(
+                    job.owner, [job.team], q.offer, q.gpus, team=job.team, kind="job", ref=job.id
+                )
+                taken.append(a.id)
+        except PoolError as e:
+            for alloc_id in taken:
+                self.pool.release(alloc_id)
+            self._save(replace(job, reason=e.message))
+            return
+        allocations = [self.pool.ledger.allocations[a] for a in taken]
+        job = self._save(
+            transition(
+                job, "starting", "GPUs granted; starting", self.now(), allocations=tuple(taken)
+            )
+        )
+        try:
+            handle = await self.backend.start(job, allocations)
+        except Exception as e:
+            self.log.exception("gpupool: job %s failed to start", job.id)
+            self._end(job, "failed", f"could not start: {e}")
+            return
+        job = self._save(replace(job, handle=handle))
+        self._watch(job)
+
+    async def _stop_processes(self, job: Job) -> None:
+        """Cancel ``job``'s processes and wait (bounded) until they are gone, so its devices
+        are free when they are released."""
+        await self.backend.cancel(job)
+        deadline = time.monotonic() + getattr(self.backend, "kill_grace", 10.0) + 5
+        while time.monotonic() < deadline and not (await self.backend.observe(job)).ended:
+            await self.backend.wait(job, 0.5)
+
+    async def _preempt(self, job: Job) -> None:
+        self._stop_watching(job.id)
+        await self._stop_processes(job)
+        self._release(job)
+        if job.restarts >= job.spec.max_restarts:
+            self._end(job, "failed", "preempted (its team borrowed GPUs the lender needed back) "
+                      f"and out of restarts ({job.spec.max_restarts})")  # fmt: skip
+            return
+        requeued = transition(
+            job, "queued", "preempted: the lending team needed its guarantee back; requeued",
+            self.now(), restarts=job.restarts + 1,
+        )  # fmt: skip
+        self._save(requeued)
+
+    # -- watching ----------------------------------------------------------------------------
+    def _watch(self, job: Job) -> None:
+        if job.id not in self._watchers:
+            self._watchers[job.id] = asyncio.create_task(self._watch_loop(job.id))
+
+    def _stop_watching(self, job_id: str) -> None:
+        task = self._watchers.pop(job_id, None)
+        if task and task is not asyncio.current_task():
+            task.cancel()
+
+    async def _watch_loop(self, job_id: str) -> None:
+        try:
+            while True:
+                job = self.jobs[job_id]
+                if not job.active:
+                    return
+                seen = await self.backend.observe(job)
+                job = self.jobs[job_id]
+                if not job.active:
+                    return
+                if seen.ended:
+                    self._end(job, seen.state, seen.reason, seen.exit_codes)  # type: ignore[arg-type]
+                    self.kick()
+                    return
+                if seen.state == "running" and job.state == "starting":
+                    job = self._save(transition(job, "running", "all ranks running", self.now()))
+                if self.now() > job.ends_at():
+                    await self._stop_processes(job)
+                    self._end(job, "failed", f"time limit of {job.spec.time_limit} s reached")
+                    self.kick()
+                    return
+                await self.backend.wait(job, self.watch_interval)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.log.exception("gpupool: watching job %s failed", job_id)
+        finally:
+            if self._watchers.get(job_id) is asyncio.current_task():
+                self._watchers.pop(job_id, None)
+
+    # -- state -------------------------------------------------------------------------------
+    def _end(
+        self, job: Job, state: Any, reason: str, exit_codes: tuple[tuple[int, int], ...] = ()
+    ) -> Job:
+        self._release(job)
+        ended = transition(job, state, reason, self.now(), exit_codes=exit_codes or job.exit_codes)
+        self._stop_watching(job.id)
+        self.log.info("gpupool: job %s %s: %s", job.id, state, reason)
+        return self._save(ended)
+
+    def _release(self, job: Job) -> None:
+        for alloc_id in job.allocations:
+            with contextlib.suppress(UnknownAllocation):
+                self.pool.release(alloc_id)
+
+    def _save(self, job: Job) -> Job:
+        self.pool.store.save_job(job)
+        self.jobs[job.id] = job
+        return job
+
+
+_FIELDS = {
+    "script", "name", "filename", "workdir", "args", "env", "offer", "gpus", "nodes", "team",
+    "time_limit", "max_restarts", "priority",
+}  # fmt: skip
+
+
+def _cpu(ledger: Any, spec: JobSpec) -> bool:
+    offer = ledger.offers.get(spec.offer)
+    return offer is not None and offer.kind == "cpu"
