@@ -64,6 +64,10 @@ c.JupyterHub.spawner_class = "gpupool-local"
 c.Spawner.cmd = [str(Path(sys.executable).parent / "jupyterhub-singleuser")]
 c.Spawner.default_url = "/lab"
 c.LocalGPUSpawner.home_dir_template = str(STATE / "home" / "{username}")
+# Batch jobs ("Run distributed", `gpupool submit`) run as local torchrun process groups, as the
+# hub's user, with their files under the same homes: ~/.gpupool/jobs/<id>/.
+c.JobManager.backend_class = "gpupool.jobs.local.LocalJobBackend"
+c.LocalJobBackend.home_dir_template = c.LocalGPUSpawner.home_dir_template
 if os.geteuid() == 0:  # servers run as the hub's own user; as root Jupyter needs to be told
     c.Spawner.args = ["--ServerApp.allow_root=True"]
 c.Spawner.start_timeout = 120
@@ -97,7 +101,7 @@ c.GPUPool.teams = {
     "vision": {
         "guarantee": 1.5,
         "borrow_limit": 0.5,
-        "user_cap": 1,
+        "user_cap": 2,
         "offers": ["cpu", "h100", "mig-3g.40gb"],
     },
     "nlp": {

@@ -1,28 +1,36 @@
-"""gpupool inside JupyterHub: the pool singleton of the hub process, and ``setup(c)``.
+"""gpupool inside JupyterHub: the pool and job manager of the hub process, and ``setup(c)``.
 
 Vocabulary
 - *the pool*: one :class:`gpupool.pool.Pool` per hub process, built from the hub's config on first
   use (:func:`get_pool`) and shared by every spawner and handler, so both doors (notebooks and
   jobs) meet the same allocator and the same lock.
+- *the job manager*: one :class:`gpupool.jobs.manager.JobManager` over that pool (:func:`get_jobs`).
 - ``setup(c)``: called at the end of ``jupyterhub_config.py``; it validates ``c.GPUPool`` right
-  away (a bad key stops the hub at start, named) and builds the pool.
+  away (a bad key stops the hub at start, named), builds the pool, adds the REST API
+  (``/hub/api/gpupool/...``), its custom scopes and roles, and starts the job manager.
 
 Contract: nothing here blocks on the network; NVML discovery and SQLite are local and quick.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
 from traitlets.config import Config
 
 from ..config import GPUPool
+from ..jobs.manager import JobManager
 from ..pool import Pool
 from .reconcile import release_orphans
 
 log = logging.getLogger("gpupool")
 _pool: Pool | None = None
+_jobs: JobManager | None = None
+JOBS_SCOPE = "custom:gpupool:jobs"
+ADMIN_SCOPE = "custom:gpupool:admin"
+SERVER_SCOPES = ["users:activity!user", "access:servers!server", JOBS_SCOPE]
 
 
 def get_pool(config: Config | None = None, logger: logging.Logger = log) -> Pool:
@@ -33,12 +41,12 @@ def get_pool(config: Config | None = None, logger: logging.Logger = log) -> Pool
     return _pool
 
 
-def reset_pool() -> None:
-    """Forget the pool (tests that build several hubs in one process)."""
-    global _pool
-    if _pool is not None:
-        _pool.store.close()
-    _pool = None
+def get_jobs(config: Config | None = None, logger: logging.Logger = log) -> JobManager:
+    """The hub's job manager over :func:`get_pool`."""
+    global _jobs
+    if _jobs is None:
+        _jobs = JobManager(get_pool(config, logger), config=config or Config(), log=logger)
+    return _jobs
 
 
 def setup(c: Any, logger: logging.Logger = log) -> Pool:
@@ -49,4 +57,35 @@ def setup(c: Any, logger: logging.Logger = log) -> Pool:
     """
     pool = get_pool(c, logger)
     release_orphans(pool, c.JupyterHub.get("db_url", "sqlite:///jupyterhub.sqlite"))
+    _add_api(c)
+    manager = get_jobs(c, logger)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # not inside a running hub (e.g. ``python -m gpupool.inspect``)
+        return pool
+    manager.starting = loop.create_task(manager.start())
     return pool
+
+
+def _add_api(c: Any) -> None:
+    """The REST API's routes, its scopes, and the roles that grant them."""
+    from .handlers import handlers
+
+    c.JupyterHub.extra_handlers = [*c.JupyterHub.get("extra_handlers", []), *handlers()]
+    c.JupyterHub.custom_scopes = {
+        **c.JupyterHub.get("custom_scopes", {}),
+        JOBS_SCOPE: {"description": "Submit, list, read logs of and cancel your own GPU jobs."},
+        ADMIN_SCOPE: {
+            "description": "See and cancel everyone's GPU jobs.",
+            "subscopes": [JOBS_SCOPE],
+        },
+    }
+    roles = list(c.JupyterHub.get("load_roles", []))
+    user_role = next((r for r in roles if r.get("name") == "user"), None)
+    if user_role is None:
+        roles.append({"name": "user", "scopes": ["self", JOBS_SCOPE]})
+    elif JOBS_SCOPE not in user_role.setdefault("scopes", ["self"]):
+        user_role["scopes"].append(JOBS_SCOPE)
+    c.JupyterHub.load_roles = roles
+    if "server_token_scopes" not in c.Spawner:
+        c.Spawner.server_token_scopes = SERVER_SCOPES

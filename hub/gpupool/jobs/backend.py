@@ -3,9 +3,9 @@
 Vocabulary
 - *handle*: a JSON text the backend returns from :meth:`JobBackend.start` and gets back later;
   it is persisted with the job, so a restarted hub can find the job's processes again.
-- *observation*: what the backend sees of a job now (:class:`Observation`): still ``starting``
-  (not every rank is up), ``running``, or ended (``succeeded``, ``failed``, ``lost``) with per-rank
-  exit codes and the reason in words.
+- *observation*: what :meth:`JobBackend.check` sees of a job now (:class:`Observation`): still
+  ``starting`` (not every rank is up), ``running``, or ended (``succeeded``, ``failed``, ``lost``)
+  with per-rank exit codes and the reason in words.
 
 Contract: backends never decide quotas or order (the manager does); they start what they are
 given on the devices they are given, report, cancel and serve logs. Everything is keyed by the
@@ -49,7 +49,7 @@ class JobBackend(LoggingConfigurable):
         """Start ``job`` on ``allocations`` (one per node); return its handle."""
         raise NotImplementedError
 
-    async def observe(self, job: Job) -> Observation:
+    async def check(self, job: Job) -> Observation:
         """What the job's processes are doing now (also right after a hub restart)."""
         raise NotImplementedError
 

@@ -155,7 +155,7 @@ class LocalJobBackend(JobBackend):
         return preexec
 
     # -- watching ----------------------------------------------------------------------------
-    async def observe(self, job: Job) -> Observation:
+    async def check(self, job: Job) -> Observation:
         handle = json.loads(job.handle or "{}")
         jdir = Path(handle.get("dir") or self.job_dir(job))
         codes = self._rank_codes(jdir, job.spec.ranks)

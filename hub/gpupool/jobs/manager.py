@@ -77,6 +77,8 @@ class JobManager(LoggingConfigurable):
         self._pass_lock = asyncio.Lock()
         self._kick: asyncio.Event | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        self.starting: asyncio.Task[None] | None = None
+        """The task running :meth:`start` in the hub (kept so it is not garbage-collected)."""
 
     def now(self) -> float:
         return self.clock().timestamp()
@@ -126,10 +128,12 @@ class JobManager(LoggingConfigurable):
         offer = check_offer(team, ledger.offers, spec.offer, 1 if _cpu(ledger, spec) else spec.gpus)
         self.backend.validate(spec)
         need = offer.cost_milli(1 if offer.kind == "cpu" else spec.gpus) * spec.nodes
-        if need > team.limit_milli:
+        most = min(team.limit_milli, team.user_cap_milli or team.limit_milli)
+        if need > most:
+            whose = "you" if most < team.limit_milli else f"team {team.name}"
             raise QuotaExceeded(
-                f"The job needs {fmt(need)} GPU-eq but team {team.name} may hold at most "
-                f"{fmt(team.limit_milli)} GPU-eq; it could never start."
+                f"The job needs {fmt(need)} GPU-eq but {whose} may hold at most {fmt(most)} "
+                f"GPU-eq in team {team.name}; it could never start."
             )
         job = Job(uuid.uuid4().hex[:12], owner, team.name, spec, created=self.now())
         self._save(job)
@@ -270,7 +274,7 @@ class JobManager(LoggingConfigurable):
         are free when they are released."""
         await self.backend.cancel(job)
         deadline = time.monotonic() + getattr(self.backend, "kill_grace", 10.0) + 5
-        while time.monotonic() < deadline and not (await self.backend.observe(job)).ended:
+        while time.monotonic() < deadline and not (await self.backend.check(job)).ended:
             await self.backend.wait(job, 0.5)
 
     async def _preempt(self, job: Job) -> None:
@@ -303,7 +307,7 @@ class JobManager(LoggingConfigurable):
                 job = self.jobs[job_id]
                 if not job.active:
                     return
-                seen = await self.backend.observe(job)
+                seen = await self.backend.check(job)
                 job = self.jobs[job_id]
                 if not job.active:
                     return

@@ -1,0 +1,245 @@
+"""The REST API under ``/hub/api/gpupool/``: thin JupyterHub ``APIHandler`` s over the pool and
+the job manager. The contract is ``hub/gpupool/hub/openapi.yaml``.
+
+Vocabulary
+- *scopes*: ``custom:gpupool:jobs`` lets a user (or their server's token) use the API for their
+  own jobs; ``custom:gpupool:admin`` (or being a JupyterHub admin) sees and cancels everyone's.
+- A job that is not yours is answered 404, exactly like one that does not exist.
+
+Contract: handlers only translate; decisions are the pool's and the manager's, and their errors
+become HTTP statuses through :mod:`gpupool.hub.errors`, in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from jupyterhub.apihandlers.base import APIHandler
+from tornado import web
+
+from ..core.errors import InvalidRequest, PoolError
+from ..core.jobs import Job
+from ..core.units import fmt
+from . import get_jobs, get_pool
+from .errors import http_error
+from .menu import menu
+
+JOBS_SCOPE = "custom:gpupool:jobs"
+ADMIN_SCOPE = "custom:gpupool:admin"
+
+
+def _iso(ts: float | None) -> str | None:
+    return datetime.fromtimestamp(ts, UTC).isoformat() if ts is not None else None
+
+
+def _num(milli: int | None) -> float | None:
+    return None if milli is None else float(fmt(milli))
+
+
+def job_model(job: Job, position: int | None) -> dict[str, Any]:
+    pool = get_pool()
+    devices = [
+        pool.ledger.allocations[a].visible_devices
+        for a in job.allocations
+        if a in pool.ledger.allocations
+    ]
+    return {
+        "id": job.id,
+        "name": job.spec.name,
+        "owner": job.owner,
+        "team": job.team,
+        "offer": job.spec.offer,
+        "gpus": job.spec.gpus,
+        "nodes": job.spec.nodes,
+        "ranks": job.spec.ranks,
+        "state": job.state,
+        "reason": job.reason,
+        "priority": job.spec.priority,
+        "time_limit": job.spec.time_limit,
+        "max_restarts": job.spec.max_restarts,
+        "restarts": job.restarts,
+        "created": _iso(job.created),
+        "started": _iso(job.started),
+        "finished": _iso(job.finished),
+        "exit_codes": {str(r): c for r, c in job.exit_codes},
+        "queue_position": position,
+        "devices": [d for ds in devices for d in ds.split(",") if d],
+    }
+
+
+class GPUPoolHandler(APIHandler):
+    def caller(self) -> tuple[str, list[str], bool]:
+        """``(name, groups, admin)`` of whoever calls, or 403 without the gpupool scope."""
+        user = self.current_user
+        if user is None:
+            raise web.HTTPError(403, "Authentication required.")
+        scopes = self.expanded_scopes
+        admin = bool(getattr(user, "admin", False)) or ADMIN_SCOPE in scopes
+        if not admin and JOBS_SCOPE not in scopes:
+            raise web.HTTPError(403, f"This token lacks the scope {JOBS_SCOPE}.")
+        groups = [g.name for g in getattr(user, "groups", [])]
+        return user.name, groups, admin
+
+    def json_body(self) -> dict[str, Any]:
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except ValueError:
+            raise http_error(InvalidRequest("The request body is not valid JSON.")) from None
+        if not isinstance(body, dict):
+            raise http_error(InvalidRequest("The request body must be a JSON object."))
+        return body
+
+    def write_json(self, model: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(model))
+
+    def job(self, job_id: str) -> Job:
+        user, _, admin = self.caller()
+        try:
+            return get_jobs().get(job_id, user, admin)
+        except PoolError as e:
+            raise http_error(e) from None
+
+
+class OffersHandler(GPUPoolHandler):
+    def get(self) -> None:
+        user, groups, _ = self.caller()
+        pool = get_pool()
+        teams = []
+        for m in menu(pool.ledger, user, groups):
+            t = m.team
+            teams.append(
+                {
+                    "team": t.name,
+                    "used": _num(m.used_milli),
+                    "limit": _num(t.limit_milli),
+                    "guarantee": _num(t.guarantee_milli),
+                    "borrow_limit": _num(t.borrow_limit_milli),
+                    "left": _num(m.left_milli),
+                    "user_used": _num(m.user_used_milli),
+                    "user_cap": _num(t.user_cap_milli),
+                    "offers": [
+                        {
+                            "name": c.offer,
+                            "kind": pool.ledger.offers[c.offer].kind,
+                            "label": c.label,
+                            "description": c.description,
+                            "count": c.count,
+                            "cost": _num(c.cost_milli),
+                            "free": c.free,
+                            "enabled": c.enabled,
+                            "reason": c.reason,
+                        }
+                        for c in m.choices
+                    ],
+                }
+            )
+        inv = pool.inventory
+        self.write_json({"simulated": inv.simulated, "inventory": inv.label, "teams": teams})
+
+
+class TeamsHandler(GPUPoolHandler):
+    def get(self) -> None:
+        self.caller()
+        ledger, jobs = get_pool().ledger, get_jobs().jobs.values()
+        teams = []
+        for t in [*ledger.teams.values(), ledger.everyone]:
+            used = ledger.team_used[t.name]
+            teams.append(
+                {
+                    "name": t.name,
+                    "guarantee": _num(t.guarantee_milli),
+                    "borrow_limit": _num(t.borrow_limit_milli),
+                    "used": _num(used),
+                    "borrowed": _num(max(0, used - t.guarantee_milli)),
+                    "jobs_queued": sum(j.team == t.name and j.state == "queued" for j in jobs),
+                    "jobs_running": sum(j.team == t.name and j.active for j in jobs),
+                }
+            )
+        self.write_json({"teams": teams})
+
+
+class JobsHandler(GPUPoolHandler):
+    def get(self) -> None:
+        user, _, admin = self.caller()
+        manager = get_jobs()
+        self.write_json(
+            {
+                "jobs": [
+                    job_model(j, manager.queue_position(j)) for j in manager.visible(user, admin)
+                ]
+            }
+        )
+
+    def post(self) -> None:
+        user, groups, _ = self.caller()
+        manager = get_jobs()
+        try:
+            job = manager.submit(user, groups, self.json_body())
+        except PoolError as e:
+            raise http_error(e) from None
+        self.write_json(job_model(job, manager.queue_position(job)), 201)
+
+
+class JobHandler(GPUPoolHandler):
+    def get(self, job_id: str) -> None:
+        job = self.job(job_id)
+        self.write_json(job_model(job, get_jobs().queue_position(job)))
+
+    async def delete(self, job_id: str) -> None:
+        user, _, admin = self.caller()
+        try:
+            job = await get_jobs().cancel(job_id, user, admin)
+        except PoolError as e:
+            raise http_error(e) from None
+        self.write_json(job_model(job, None))
+
+
+class JobLogsHandler(GPUPoolHandler):
+    async def get(self, job_id: str) -> None:
+        job = self.job(job_id)
+        rank = self._int("rank", 0)
+        offset = self._int("offset", 0)
+        if rank >= job.spec.ranks:
+            raise http_error(InvalidRequest(f"rank must be below {job.spec.ranks}."))
+        manager = get_jobs()
+        data, size = manager.backend.read_log(job, rank, offset)
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.set_header("X-Gpupool-Log-Size", str(size))
+        self.set_header("X-Gpupool-Job-State", job.state)
+        if self.get_argument("follow", "") not in ("1", "true", "yes"):
+            self.finish(data)
+            return
+        while True:  # stream until the job has ended and its log is drained
+            if data:
+                self.write(data)
+                await self.flush()
+                offset += len(data)
+            job = manager.jobs[job.id]
+            if job.final and not data:
+                break
+            if not data:
+                await asyncio.sleep(0.5)
+            data, _ = manager.backend.read_log(job, rank, offset)
+        self.finish()
+
+    def _int(self, name: str, default: int) -> int:
+        value = self.get_argument(name, str(default))
+        if not value.isdigit():
+            raise http_error(InvalidRequest(f"{name} must be a whole number >= 0."))
+        return int(value)
+
+
+def handlers() -> list[tuple[str, type[GPUPoolHandler]]]:
+    """The routes for ``c.JupyterHub.extra_handlers`` (served under ``/hub``)."""
+    return [
+        (r"/api/gpupool/offers", OffersHandler),
+        (r"/api/gpupool/teams", TeamsHandler),
+        (r"/api/gpupool/jobs", JobsHandler),
+        (r"/api/gpupool/jobs/([^/]+)", JobHandler),
+        (r"/api/gpupool/jobs/([^/]+)/logs", JobLogsHandler),
+    ]
