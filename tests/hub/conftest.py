@@ -70,7 +70,8 @@ class Hub:
         self.config.write_text(
             f"load_subconfig({str(ROOT / 'jupyterhub_config.py')!r})\n"
             f"c.JupyterHub.services = [{{'name': 'tester', 'api_token': {TOKEN!r}}}]\n"
-            "c.JupyterHub.load_roles = [{'name': 'admin', 'services': ['tester']}]\n"
+            "c.JupyterHub.load_roles = [*c.JupyterHub.load_roles,"
+            " {'name': 'admin', 'services': ['tester']}]\n"
             "c.JupyterHub.cleanup_servers = False\n"
             "c.Spawner.poll_interval = 1\n"
         )
@@ -114,6 +115,19 @@ class Hub:
         return requests.request(
             method, f"{self.url}/hub/api{path}", headers=headers, timeout=30, **kw
         )
+
+    def token(self, user: str, scopes: list[str] | None = None) -> str:
+        """A fresh API token of ``user`` (by default with the gpupool jobs scope)."""
+        body = {"scopes": scopes or ["custom:gpupool:jobs"], "note": "test"}
+        r = self.api("POST", f"/users/{user}/tokens", json=body)
+        assert r.status_code == 201, r.text
+        return str(r.json()["token"])
+
+    def as_user(self, token: str, method: str, path: str, **kw: Any) -> requests.Response:
+        """A call to ``/hub/api/gpupool{path}`` with a user's token."""
+        headers = {"Authorization": f"token {token}"}
+        url = f"{self.url}/hub/api/gpupool{path}"
+        return requests.request(method, url, headers=headers, timeout=60, **kw)
 
     def server(self, user: str) -> dict[str, Any] | None:
         model = self.api("GET", f"/users/{user}").json()

@@ -10,6 +10,7 @@ from gpupool.core.ledger import Allocation, Device
 from gpupool.discovery import simulated_inventory
 from gpupool.store import Store
 from tests.hub.conftest import Hub
+from tests.hub.test_jobs import job_processes, log, submit, wait_job
 from tests.hub.test_local_spawner import spawn, stop_all
 
 SIMULATED = "local: 4x H100-80GB, mig=2:3g.40gb+2g.20gb+1g.10gb, nvlink=2"  # the demo fallback
@@ -49,3 +50,33 @@ def test_restart_reattaches_running_servers_and_releases_vanished_ones(hub: Hub)
     assert held["ben/"].devices[0].gpu != held["ada/"].devices[0].gpu
     stop_all(hub, "ada", "ben", "eli", "eve")
     assert hub.allocations() == {}
+
+
+def test_a_job_running_across_a_hub_restart_finishes_and_frees_its_gpus(hub: Hub) -> None:
+    ada = hub.token("ada")
+    flag = hub.state / "let-the-job-finish"
+    script = (
+        "import os, time\nprint('started', flush=True)\n"
+        f"while not os.path.exists({str(flag)!r}):\n    time.sleep(0.2)\n"
+        "print('done', flush=True)\n"
+    )
+    job = submit(hub, ada, script, offer="h100", gpus=2, time_limit=300)
+    wait_job(hub, ada, job["id"], {"running"})
+    pids = job_processes(job["id"])
+    held = hub.allocations()
+    assert pids and set(held) == {job["id"]}
+
+    hub.stop_hub()
+    hub.start()
+
+    again = hub.as_user(ada, "GET", f"/jobs/{job['id']}").json()
+    assert again["state"] == "running" and again["devices"] == job_devices(held, job["id"])
+    assert set(job_processes(job["id"])) == set(pids)  # the very same processes
+    flag.touch()
+    done = wait_job(hub, ada, job["id"], {"succeeded", "failed", "cancelled", "lost"})
+    assert done["state"] == "succeeded" and "done" in log(hub, ada, job["id"], 1)
+    assert hub.allocations() == {}
+
+
+def job_devices(held: dict[str, Allocation], ref: str) -> list[str]:
+    return held[ref].visible_devices.split(",")

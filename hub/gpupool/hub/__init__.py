@@ -30,7 +30,8 @@ _pool: Pool | None = None
 _jobs: JobManager | None = None
 JOBS_SCOPE = "custom:gpupool:jobs"
 ADMIN_SCOPE = "custom:gpupool:admin"
-SERVER_SCOPES = ["users:activity!user", "access:servers!server", JOBS_SCOPE]
+SERVER_SCOPES = ["users:activity!user", "access:servers!server", JOBS_SCOPE, ADMIN_SCOPE]
+"""A server's token: JupyterHub's defaults plus gpupool's (only those its user holds)."""
 
 
 def get_pool(config: Config | None = None, logger: logging.Logger = log) -> Pool:
@@ -86,6 +87,8 @@ def _add_api(c: Any) -> None:
         roles.append({"name": "user", "scopes": ["self", JOBS_SCOPE]})
     elif JOBS_SCOPE not in user_role.setdefault("scopes", ["self"]):
         user_role["scopes"].append(JOBS_SCOPE)
+    admins = sorted(c.Authenticator.get("admin_users", set()))
+    roles.append({"name": "gpupool-admin", "scopes": [ADMIN_SCOPE], "users": admins})
     c.JupyterHub.load_roles = roles
     if "server_token_scopes" not in c.Spawner:
         c.Spawner.server_token_scopes = SERVER_SCOPES

@@ -3,7 +3,8 @@ the job manager. The contract is ``hub/gpupool/hub/openapi.yaml``.
 
 Vocabulary
 - *scopes*: ``custom:gpupool:jobs`` lets a user (or their server's token) use the API for their
-  own jobs; ``custom:gpupool:admin`` (or being a JupyterHub admin) sees and cancels everyone's.
+  own jobs; ``custom:gpupool:admin`` (held by JupyterHub's admin users through the
+  ``gpupool-admin`` role) sees and cancels everyone's.
 - A job that is not yours is answered 404, exactly like one that does not exist.
 
 Contract: handlers only translate; decisions are the pool's and the manager's, and their errors
@@ -77,7 +78,7 @@ class GPUPoolHandler(APIHandler):
         if user is None:
             raise web.HTTPError(403, "Authentication required.")
         scopes = self.expanded_scopes
-        admin = bool(getattr(user, "admin", False)) or ADMIN_SCOPE in scopes
+        admin = ADMIN_SCOPE in scopes
         if not admin and JOBS_SCOPE not in scopes:
             raise web.HTTPError(403, f"This token lacks the scope {JOBS_SCOPE}.")
         groups = [g.name for g in getattr(user, "groups", [])]

@@ -46,6 +46,17 @@ def process_start(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the process group (session) ``pgid`` is still there."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -159,18 +170,18 @@ class LocalJobBackend(JobBackend):
         handle = json.loads(job.handle or "{}")
         jdir = Path(handle.get("dir") or self.job_dir(job))
         codes = self._rank_codes(jdir, job.spec.ranks)
-        exit_file = jdir / "exit-code"
-        proc = self._procs.get(job.id)
-        if proc is not None and proc.returncode is not None:
-            self._procs.pop(job.id, None)
-        if exit_file.exists():
-            rc = int(exit_file.read_text().strip() or "1")
-            return self._ended(rc, codes)
         pid = handle.get("pid")
-        alive = pid is not None and process_start(pid) == handle.get("start")
-        if alive and (proc is None or proc.returncode is None):
+        proc = self._procs.get(job.id)
+        leader_done = proc is not None and proc.returncode is not None
+        if pid is not None and not leader_done and process_start(pid) == handle.get("start"):
             up = all((jdir / f"rank-{r}.log").exists() for r in range(job.spec.ranks))
             return Observation("running" if up else "starting", "", codes)
+        if pid is not None and group_alive(pid):
+            return Observation("running", "", codes)  # the launcher ended; ranks still exiting
+        self._procs.pop(job.id, None)
+        exit_file = jdir / "exit-code"
+        if exit_file.exists():
+            return self._ended(int(exit_file.read_text().strip() or "1"), codes)
         if proc is not None and proc.returncode is not None:
             return self._ended(proc.returncode, codes)
         return Observation("lost", "its processes are gone and left no exit code", codes)
