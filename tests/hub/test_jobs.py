@@ -46,6 +46,7 @@ for _ in range(5):
     opt.step()
 params = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
 print("FINAL", ddp.rank(), ddp.world_size(), params, flush=True)
+ddp.cleanup()
 """
 
 

@@ -322,7 +322,10 @@ class JobManager(LoggingConfigurable):
                     self._end(job, "failed", f"time limit of {job.spec.time_limit} s reached")
                     self.kick()
                     return
-                await self.backend.wait(job, self.watch_interval)
+                # look often while ranks come up, then every watch_interval (or at the end)
+                await self.backend.wait(
+                    job, 0.2 if job.state == "starting" else self.watch_interval
+                )
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -1,0 +1,754 @@
+"""``KubeJobBackend``: jobs as Kubernetes Indexed Jobs, one pod per node.
+
+Vocabulary
+- *objects*: per job, a ``batch/v1`` Job, a headless Service and a ConfigMap with the script,
+  all named from the job id and labelled ``gpupool.io/job`` (see
+  :mod:`gpupool.jobs.kube_manifests`). The Service and ConfigMap are owned by the Job
+  (``ownerReferences``), so they go when it goes (cancel, or ``ttlSecondsAfterFinished``).
+- *handle*: JSON with the namespace, the three names and the Job's ``uid``. A restarted hub
+  finds the objects from the handle alone, or from the names (which depend only on the job id)
+  when the hub went down before the handle was saved.
+- *notebook pod template*: what the job pod is built from: ``pod_template_hook``'s answer if
+  configured, else the owner's running notebook pod (KubeSpawner's labels), else
+  ``pod_template`` with ``image``.
+- *node exit codes*: the observation's ``exit_codes`` are ``(node index, exit code)`` pairs
+  from each index's newest pod (its ``job`` container, i.e. torchrun's exit status), **not**
+  per-rank codes: Kubernetes sees one process per node. Rank ``r`` ran on node ``r // gpus``.
+- *log*: the pod log API of the newest pod with completion index ``rank // gpus``: every rank of
+  that node, interleaved by line (rank_log marks where each rank starts). Offsets are bytes of
+  the log as the API returns it now; the kubelet's log rotation can shorten it.
+
+Contract: ``start`` creates the Job suspended, then its owned ConfigMap and Service, then resumes
+it (with a Kueue queue configured, Kueue's admission resumes it instead), so no pod starts
+before its script exists and nothing outlives the Job. ``check`` reads, never writes: the Job's
+conditions decide the end (``Complete``, or ``Failed`` with its reason: ``BackoffLimitExceeded``,
+``DeadlineExceeded``, ``PodFailurePolicy``); before that ``running`` means every node's pod runs
+(or has succeeded), ``starting`` says what the others wait for. A Job that is gone (404, or
+replaced by another object of that name) is ``lost`` once no pod of the job is left running;
+while its pods are still terminating the job is not over (its GPUs are still in use).
+API errors other than 404 leave the job as it is, with the error as the reason. ``cancel``
+deletes the Job (``propagationPolicy: Background``), the Service and the ConfigMap, and any
+pods left behind by a Job that is already gone. The API client is one seam
+(``api_client_factory``); the global ``kubernetes_asyncio`` configuration is never changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from aiohttp import ClientError
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+from traitlets import Bool, Callable, Dict, Float, Int, List, Unicode, default, validate
+
+from gpupool.core.jobs import Job
+from gpupool.core.ledger import Allocation
+from gpupool.core.offers import Offer
+from gpupool.settings import ConfigError
+from gpupool_spawner.manifests import (
+    DEFAULT_GPU_TOLERATIONS,
+    DEFAULT_PRODUCT_LABELS,
+    KUEUE_QUEUE_LABEL,
+    QUEUE_FIELDS,
+    label_value,
+    queue_name,
+)
+
+from .backend import JobBackend, Observation
+from .kube_manifests import (
+    COMPLETION_INDEX_LABEL,
+    CONTAINER,
+    DEFAULT_LOG_DIR,
+    DEFAULT_TORCHRUN,
+    JOB_LABEL,
+    configmap_name,
+    job_name,
+    make_job,
+    make_script_configmap,
+    make_service,
+    service_name,
+)
+
+SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+NOTEBOOK_SELECTOR = "component=singleuser-server,hub.jupyter.org/username={user}"
+USERNAME_ANNOTATION = "hub.jupyter.org/username"
+SERVERNAME_LABEL = "hub.jupyter.org/servername"
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+class KubeError(RuntimeError):
+    """The API server refused a request; the message is its ``Status`` message."""
+
+
+def api_message(error: Exception) -> str:
+    """The API server's own words for an ``ApiException`` (its Status ``message``)."""
+    body = getattr(error, "body", None)
+    try:
+        status = json.loads(body) if body else {}
+    except (TypeError, ValueError):
+        status = {}
+    if isinstance(status, dict) and status.get("message"):
+        return str(status["message"])
+    return f"{getattr(error, 'status', '')} {getattr(error, 'reason', '') or error}".strip()
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """Where a job's objects are: the handle's content."""
+
+    namespace: str
+    job: str
+    service: str
+    configmap: str
+    uid: str = ""
+
+    @classmethod
+    def named(cls, job: Job, namespace: str) -> JobRef:
+        """The names a new start gives the job's objects (from the job id alone)."""
+        return cls(namespace, job_name(job), service_name(job), configmap_name(job))
+
+    @classmethod
+    def of(cls, job: Job, namespace: str) -> JobRef:
+        """From the handle; the computed names where it has none."""
+        try:
+            handle = json.loads(job.handle) if job.handle else {}
+        except ValueError:
+            handle = {}
+        named = cls.named(job, namespace)
+        return cls(
+            namespace=str(handle.get("namespace") or named.namespace),
+            job=str(handle.get("job") or named.job),
+            service=str(handle.get("service") or named.service),
+            configmap=str(handle.get("configmap") or named.configmap),
+            uid=str(handle.get("uid") or ""),
+        )
+
+    def handle(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+# -- pure: API objects to an observation -------------------------------------------------------
+def pod_index(pod: Mapping[str, Any]) -> int | None:
+    """A job pod's completion index (label, or the annotation older clusters set)."""
+    meta = pod.get("metadata") or {}
+    for source in (meta.get("labels") or {}, meta.get("annotations") or {}):
+        value = str(source.get(COMPLETION_INDEX_LABEL, ""))
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def latest_pods(pods: Sequence[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
+    """The newest pod of each completion index (a failed pod's replacement wins)."""
+    out: dict[int, Mapping[str, Any]] = {}
+    for pod in sorted(pods, key=lambda p: _created(p)):
+        index = pod_index(pod)
+        if index is not None:
+            out[index] = pod
+    return dict(sorted(out.items()))
+
+
+def _created(pod: Mapping[str, Any]) -> tuple[str, str]:
+    meta = pod.get("metadata") or {}
+    return str(meta.get("creationTimestamp") or ""), str(meta.get("name") or "")
+
+
+def _container_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return next((s for s in statuses if s.get("name") == CONTAINER), {})
+
+
+def exit_code(pod: Mapping[str, Any]) -> int | None:
+    """The job container's exit code, once it has terminated."""
+    terminated = (_container_status(pod).get("state") or {}).get("terminated") or {}
+    code = terminated.get("exitCode")
+    return int(code) if code is not None else None
+
+
+def node_exit_codes(pods: Sequence[Mapping[str, Any]]) -> tuple[tuple[int, int], ...]:
+    """``(node index, exit code)`` for each index whose newest pod has ended."""
+    codes = ((i, exit_code(p)) for i, p in latest_pods(pods).items())
+    return tuple((i, c) for i, c in codes if c is not None)
+
+
+def _phase(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("status") or {}).get("phase") or "Pending")
+
+
+def _conditions(obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The object's conditions that hold (``status: "True"``), by type."""
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return {c["type"]: c for c in conditions if c.get("status") == "True"}
+
+
+def observe_objects(
+    job_object: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], nodes: int
+) -> Observation:
+    """What a Job and its pods say about the job (see the module's contract)."""
+    conditions = _conditions(job_object)
+    codes = node_exit_codes(pods)
+    if "Complete" in conditions:
+        return Observation("succeeded", f"all {nodes} node(s) exited 0", codes)
+    if "Failed" in conditions:
+        return Observation("failed", failure_reason(job_object, conditions["Failed"], codes), codes)
+    if "Suspended" in conditions or (job_object.get("spec") or {}).get("suspend"):
+        queue = ((job_object.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+        why = f"waiting for Kueue to admit it (queue {queue})" if queue else "suspended"
+        return Observation("starting", why, codes)
+    latest = latest_pods(pods)
+    up = [i for i, p in latest.items() if _phase(p) in ("Running", "Succeeded")]
+    ending = conditions.get("FailureTarget") or conditions.get("SuccessCriteriaMet")
+    if ending is not None:
+        why = f"ending: {ending.get('reason') or ending['type']}"
+        return Observation("running" if up else "starting", why, codes)
+    if len(up) == nodes:
+        return Observation("running", f"all {nodes} node(s) running", codes)
+    return Observation("starting", waiting_reason(latest, nodes, len(up)), codes)
+
+
+def waiting_reason(latest: Mapping[int, Mapping[str, Any]], nodes: int, up: int) -> str:
+    """``"1 of 2 nodes running; node 1: Unschedulable: 0/4 nodes are available: …"``."""
+    head = f"{up} of {nodes} node(s) running"
+    for index in range(nodes):
+        pod = latest.get(index)
+        if pod is None:
+            return f"{head}; node {index}: no pod yet"
+        if _phase(pod) in ("Running", "Succeeded"):
+            continue
+        waiting = (_container_status(pod).get("state") or {}).get("waiting") or {}
+        if waiting.get("reason"):
+            return f"{head}; node {index}: {_words(waiting)}"
+        for c in (pod.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                return f"{head}; node {index}: {_words(c)}"
+        return f"{head}; node {index}: {_phase(pod)}"
+    return head
+
+
+def _words(item: Mapping[str, Any]) -> str:
+    reason, message = item.get("reason") or "", item.get("message") or ""
+    return f"{reason}: {message}" if reason and message else reason or message
+
+
+def failure_reason(
+    job_object: Mapping[str, Any],
+    condition: Mapping[str, Any],
+    codes: Sequence[tuple[int, int]],
+) -> str:
+    """The ``Failed`` condition in a researcher's words, with the nodes that exited non-zero."""
+    spec = job_object.get("spec") or {}
+    reason = condition.get("reason") or ""
+    bad = ", ".join(f"node {i} exited {c}" for i, c in codes if c != 0)
+    if reason == "DeadlineExceeded":
+        return f"time limit of {spec.get('activeDeadlineSeconds')} s reached"
+    if reason == "BackoffLimitExceeded":
+        return f"{bad or 'pods failed'}; out of restarts (backoffLimit {spec.get('backoffLimit')})"
+    if reason == "PodFailurePolicy":
+        return f"{bad or condition.get('message') or 'a node failed'} (see the node's log)"
+    return _words(condition) or "the Job failed"
+
+
+# -- the backend --------------------------------------------------------------------------------
+class KubeJobBackend(JobBackend):
+    """Runs jobs as Kubernetes Indexed Jobs (see the module docstring)."""
+
+    name = "kubernetes"
+
+    namespace = Unicode(
+        config=True,
+        help="""Namespace of the jobs' objects (default: KubeSpawner's ``namespace`` when
+        configured, else the hub's own namespace in the cluster, else ``default``). Example:
+        ``c.KubeJobBackend.namespace = "jhub"``""",
+    )
+    image = Unicode(
+        "",
+        config=True,
+        help="""Image of job pods whose notebook pod template names none (no running
+        notebook, no ``pod_template`` image). Example:
+        ``c.KubeJobBackend.image = "quay.io/jupyter/pytorch-notebook:cuda12-latest"``""",
+    )
+    pod_template = Dict(
+        {},
+        config=True,
+        help="""Base pod (Pod or PodSpec, API JSON) of job pods when the owner has no running
+        notebook pod: image, home volume and mount, security context… Example::
+
+            c.KubeJobBackend.pod_template = {
+                "containers": [{"name": "notebook", "image": "ghcr.io/org/torch:2.6",
+                                "volumeMounts": [{"name": "home", "mountPath": "/home/jovyan"}]}],
+                "volumes": [{"name": "home",
+                             "persistentVolumeClaim": {"claimName": "shared-home"}}],
+            }
+        """,
+    )
+    use_notebook_pod = Bool(
+        True,
+        config=True,
+        help="""Build job pods from the owner's running notebook pod (KubeSpawner's labels
+        ``component=singleuser-server``, ``hub.jupyter.org/username``) when there is one.
+        Example: ``c.KubeJobBackend.use_notebook_pod = False``""",
+    )
+    pod_template_hook = Callable(
+        None,
+        allow_none=True,
+        config=True,
+        help="""``hook(backend, job)`` (may be async) returning the notebook pod (API JSON) to
+        build the job's pods from, or None to fall back. Example::
+
+            def hook(backend, job):
+                return {"spec": {"containers": [{"name": "notebook", "image": "img:1"}]}}
+            c.KubeJobBackend.pod_template_hook = hook
+        """,
+    )
+    kueue_queue_template = Unicode(
+        config=True,
+        help="""When set, GPU and MIG jobs get the label ``kueue.x-k8s.io/queue-name`` with
+        this template filled in (``{team}``, ``{offer}``, ``{user}``) and wait for Kueue's
+        admission (default: ``KubeGPUSpawner.kueue_queue_template``). Example:
+        ``c.KubeJobBackend.kueue_queue_template = "{team}-batch"``""",
+    )
+    ttl_seconds_after_finished = Int(
+        7 * 24 * 3600,
+        allow_none=True,
+        config=True,
+        help="""Seconds a finished Job (its pods, so its logs, its Service and ConfigMap) is
+        kept; None keeps it until cancelled by hand. Example:
+        ``c.KubeJobBackend.ttl_seconds_after_finished = 86400``""",
+    )
+    log_dir = Unicode(
+        DEFAULT_LOG_DIR,
+        config=True,
+        help="""Folder in job containers (an ``emptyDir``) where rank_log's per-rank paths are
+        links to the pod log. Example: ``c.KubeJobBackend.log_dir = "/tmp/gpupool-logs"``""",
+    )
+    torchrun = List(
+        list(DEFAULT_TORCHRUN),
+        config=True,
+        help="""How job images start torchrun. Example:
+        ``c.KubeJobBackend.torchrun = ["python", "-m", "torch.distributed.run"]``""",
+    )
+    kill_grace = Float(
+        30.0,
+        config=True,
+        help="""Seconds job pods get between SIGTERM and SIGKILL (their
+        ``terminationGracePeriodSeconds``). Example: ``c.KubeJobBackend.kill_grace = 60``""",
+    )
+    request_timeout = Float(
+        30.0,
+        config=True,
+        help="Seconds one request to the API server may take. Example: ``10``",
+    )
+    log_chunk_bytes = Int(
+        1 << 20,
+        config=True,
+        help="The most log bytes one read returns. Example: ``4 * 1024 * 1024``",
+    )
+    gpu_tolerations = List(
+        config=True,
+        help="""Tolerations of GPU and MIG job pods (default:
+        ``KubeGPUSpawner.gpu_tolerations``). Example::
+
+            c.KubeJobBackend.gpu_tolerations = [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            ]
+        """,
+    )
+    gpu_priority_class_name = Unicode(
+        config=True,
+        help="""PriorityClass of GPU and MIG job pods (default:
+        ``KubeGPUSpawner.gpu_priority_class_name``; empty keeps the notebook pod's). Example:
+        ``c.KubeJobBackend.gpu_priority_class_name = "gpu-batch"``""",
+    )
+    gpu_scheduler_name = Unicode(
+        config=True,
+        help="""Scheduler of GPU and MIG job pods (default:
+        ``KubeGPUSpawner.gpu_scheduler_name``). Example:
+        ``c.KubeJobBackend.gpu_scheduler_name = "kai-scheduler"``""",
+    )
+    gpu_product_labels = Dict(
+        config=True,
+        help="""``nvidia.com/gpu.product`` values by model key, over the built-in table
+        (default: ``KubeGPUSpawner.gpu_product_labels``). Example:
+        ``c.KubeJobBackend.gpu_product_labels = {"H100-80GB": ["NVIDIA-H100-80GB-HBM3"]}``""",
+    )
+    api_client_factory = Callable(
+        None,
+        allow_none=True,
+        config=True,
+        help="""Makes the ``kubernetes_asyncio`` ``ApiClient`` for each use (may be async); None
+        loads in-cluster credentials, else the kubeconfig (``KUBECONFIG``). Example::
+
+            from kubernetes_asyncio.client import ApiClient, Configuration
+            c.KubeJobBackend.api_client_factory = lambda: ApiClient(
+                Configuration(host="http://127.0.0.1:8001"))
+        """,
+    )
+    offers = Dict(
+        help="""Offers by name, for the offer model's GPU product affinity (default: the
+        manager's pool's offers)."""
+    )
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._configuration: Any = None
+        self._threads = ThreadPoolExecutor(2, thread_name_prefix="gpupool-k8s-log")
+
+    # -- settings shared with KubeGPUSpawner ---------------------------------------------------
+    def _spawner_setting(self, name: str, fallback: Any) -> Any:
+        for section in ("KubeGPUSpawner", "KubeSpawner"):
+            if section in self.config and name in self.config[section]:
+                return self.config[section][name]
+        return fallback
+
+    @default("namespace")
+    def _default_namespace(self) -> str:
+        configured = self._spawner_setting("namespace", "")
+        if configured:
+            return str(configured)
+        try:
+            return Path(SA_NAMESPACE_FILE).read_text().strip() or "default"
+        except OSError:
+            return "default"
+
+    @default("kueue_queue_template")
+    def _default_queue(self) -> str:
+        return str(self._spawner_setting("kueue_queue_template", ""))
+
+    @default("gpu_tolerations")
+    def _default_tolerations(self) -> list[Any]:
+        return list(self._spawner_setting("gpu_tolerations", DEFAULT_GPU_TOLERATIONS))
+
+    @default("gpu_priority_class_name")
+    def _default_priority(self) -> str:
+        return str(self._spawner_setting("gpu_priority_class_name", ""))
+
+    @default("gpu_scheduler_name")
+    def _default_scheduler(self) -> str:
+        return str(self._spawner_setting("gpu_scheduler_name", ""))
+
+    @default("gpu_product_labels")
+    def _default_products(self) -> dict[str, Any]:
+        return dict(self._spawner_setting("gpu_product_labels", {}))
+
+    @validate("kueue_queue_template")
+    def _valid_queue_template(self, proposal: dict[str, Any]) -> str:
+        value = str(proposal["value"])
+        try:
+            value.format(**dict.fromkeys(QUEUE_FIELDS, "x"))
+        except (KeyError, IndexError, ValueError) as e:
+            fields = ", ".join("{" + f + "}" for f in QUEUE_FIELDS)
+            raise ConfigError(
+                "KubeJobBackend.kueue_queue_template", f"{value!r} may use only {fields} ({e!r})"
+            ) from None
+        return value
+
+    def _pool(self) -> Any:
+        return getattr(self.parent, "pool", None)
+
+    def offer_of(self, allocation: Allocation) -> Offer | None:
+        offers = self.offers or getattr(getattr(self._pool(), "ledger", None), "offers", {})
+        offer = offers.get(allocation.offer)
+        return offer if isinstance(offer, Offer) else None
+
+    def product_labels(self) -> dict[str, tuple[str, ...]]:
+        """Model → ``nvidia.com/gpu.product`` values: built-in, plus what a Kubernetes
+        inventory saw on the nodes, with ``gpu_product_labels`` overriding both."""
+        labels = {model: list(values) for model, values in DEFAULT_PRODUCT_LABELS.items()}
+        inventory = getattr(self._pool(), "inventory", None)
+        if inventory is not None and getattr(inventory, "source", "") == "kubernetes":
+            for gpu in inventory.gpus:
+                if gpu.product_name and gpu.product_name not in labels.get(gpu.model, []):
+                    labels.setdefault(gpu.model, []).append(gpu.product_name)
+        for model, values in self.gpu_product_labels.items():
+            labels[model] = [values] if isinstance(values, str) else list(values)
+        return {model: tuple(values) for model, values in labels.items()}
+
+    # -- the API client -----------------------------------------------------------------------
+    async def api_client(self) -> Any:
+        """A new ``ApiClient`` (use as ``async with``), from the factory or the credentials."""
+        if self.api_client_factory is not None:
+            made = self.api_client_factory()
+            return await made if inspect.isawaitable(made) else made
+        if self._configuration is None:
+            configuration = client.Configuration()
+            try:
+                config.load_incluster_config(client_configuration=configuration)
+            except config.ConfigException:
+                await config.load_kube_config(
+                    config_file=os.environ.get("KUBECONFIG") or None,
+                    client_configuration=configuration,
+                    persist_config=False,
+                )
+            self._configuration = configuration
+        return client.ApiClient(self._configuration)
+
+    @staticmethod
+    def _apis(api: Any) -> tuple[Any, Any]:
+        return client.BatchV1Api(api), client.CoreV1Api(api)
+
+    async def _pods(self, api: Any, namespace: str, selector: str) -> list[dict[str, Any]]:
+        _, core = self._apis(api)
+        listed = await core.list_namespaced_pod(
+            namespace, label_selector=selector, _request_timeout=self.request_timeout
+        )
+        return [api.sanitize_for_serialization(p) for p in listed.items]
+
+    # -- start --------------------------------------------------------------------------------
+    async def pod_template_for(self, job: Job, api: Any) -> dict[str, Any]:
+        """The notebook pod template of ``job`` (see the module docstring)."""
+        if self.pod_template_hook is not None:
+            found = self.pod_template_hook(self, job)
+            found = await found if inspect.isawaitable(found) else found
+            if found:
+                return dict(found)
+        if self.use_notebook_pod:
+            selector = NOTEBOOK_SELECTOR.format(user=label_value(job.owner))
+            try:
+                pods = await self._pods(api, self.namespace, selector)
+            except Exception as e:
+                self.log.warning("gpupool: cannot read %s's notebook pod: %s", job.owner, e)
+                pods = []
+            mine = [
+                p
+                for p in pods
+                if (p["metadata"].get("annotations") or {}).get(USERNAME_ANNOTATION, job.owner)
+                == job.owner
+                and _phase(p) not in TERMINAL_PHASES
+            ]
+            mine.sort(
+                key=lambda p: (
+                    bool((p["metadata"].get("labels") or {}).get(SERVERNAME_LABEL)),
+                    _phase(p) != "Running",
+                )
+            )
+            if mine:
+                return mine[0]
+        return dict(self.pod_template)
+
+    async def start(self, job: Job, allocations: list[Allocation]) -> str:
+        ref = JobRef.named(job, self.namespace)
+        first = allocations[0] if allocations else None
+        queue = None
+        if self.kueue_queue_template and first is not None and first.devices:
+            queue = queue_name(self.kueue_queue_template, first)
+        async with await self.api_client() as api:
+            batch, core = self._apis(api)
+            body = make_job(
+                job,
+                allocations,
+                pod_template=await self.pod_template_for(job, api),
+                namespace=ref.namespace,
+                script_configmap=ref.configmap,
+                kueue_queue=queue,
+                offer=self.offer_of(first) if first is not None else None,
+                image=self.image,
+                log_dir=self.log_dir,
+                torchrun=self.torchrun,
+                ttl_seconds_after_finished=self.ttl_seconds_after_finished,
+                termination_grace_seconds=round(self.kill_grace),
+                suspend=True,
+                tolerations=self.gpu_tolerations,
+                priority_class_name=self.gpu_priority_class_name,
+                scheduler_name=self.gpu_scheduler_name,
+                product_labels=self.product_labels(),
+            )
+            created = await self._create(batch.create_namespaced_job, ref.namespace, body)
+            owner = api.sanitize_for_serialization(created)
+            ref = replace(ref, uid=owner["metadata"]["uid"])
+            try:
+                await self._replace(
+                    core.create_namespaced_config_map,
+                    core.delete_namespaced_config_map,
+                    make_script_configmap(job, ref.namespace, owner),
+                )
+                await self._replace(
+                    core.create_namespaced_service,
+                    core.delete_namespaced_service,
+                    make_service(job, ref.namespace, owner),
+                )
+                if queue is None:
+                    await batch.patch_namespaced_job(
+                        ref.job,
+                        ref.namespace,
+                        {"spec": {"suspend": False}},
+                        _request_timeout=self.request_timeout,
+                    )
+            except Exception:
+                await self._delete(batch.delete_namespaced_job, ref.job, ref.namespace)
+                raise
+        self.log.info(
+            "gpupool: job %s is Kubernetes Job %s/%s%s",
+            job.id,
+            ref.namespace,
+            ref.job,
+            f" (Kueue queue {queue})" if queue else "",
+        )
+        return ref.handle()
+
+    async def _create(self, create: Any, namespace: str, body: dict[str, Any]) -> Any:
+        kind, name = body["kind"], body["metadata"]["name"]
+        try:
+            return await create(namespace, body, _request_timeout=self.request_timeout)
+        except ApiException as e:
+            hint = " (an earlier run of this job still being deleted?)" if e.status == 409 else ""
+            raise KubeError(
+                f"Kubernetes refused to create {kind} {namespace}/{name}: {api_message(e)}{hint}"
+            ) from None
+
+    async def _replace(self, create: Any, delete: Any, body: dict[str, Any]) -> None:
+        """Create ``body``; one left from an earlier run of the job is deleted first."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            await create(namespace, body, _request_timeout=self.request_timeout)
+        except ApiException as e:
+            if e.status != 409:
+                raise KubeError(
+                    f"Kubernetes refused to create {body['kind']} {namespace}/{name}: "
+                    f"{api_message(e)}"
+                ) from None
+            await self._delete(delete, name, namespace)
+            await self._create(create, namespace, body)
+
+    async def _delete(self, delete: Any, name: str, namespace: str, **options: Any) -> bool:
+        """Delete one object; False if it was not there."""
+        try:
+            await delete(name, namespace, _request_timeout=self.request_timeout, **options)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise KubeError(
+                f"Kubernetes refused to delete {namespace}/{name}: {api_message(e)}"
+            ) from None
+        return True
+
+    # -- watching -----------------------------------------------------------------------------
+    async def check(self, job: Job) -> Observation:
+        """What the Job and its pods say now; works from the handle alone (hub restart)."""
+        ref = JobRef.of(job, self.namespace)
+        try:
+            async with await self.api_client() as api:
+                batch, _ = self._apis(api)
+                try:
+                    found = await batch.read_namespaced_job(
+                        ref.job, ref.namespace, _request_timeout=self.request_timeout
+                    )
+                    obj = api.sanitize_for_serialization(found)
+                except ApiException as e:
+                    if e.status != 404:
+                        raise
+                    obj = None
+                if obj is None or not self._ours(obj, job, ref):
+                    return await self._gone(api, job, ref)
+                selector = f"{JOB_LABEL}={label_value(job.id)}"
+                pods = [
+                    p
+                    for p in await self._pods(api, ref.namespace, selector)
+                    if _owned_by(p, obj["metadata"]["uid"])
+                ]
+                return observe_objects(obj, pods, job.spec.nodes)
+        except (ApiException, ClientError, OSError, TimeoutError) as e:
+            why = api_message(e) if isinstance(e, ApiException) else f"{type(e).__name__}: {e}"
+            self.log.warning("gpupool: cannot look at job %s: %s", job.id, why)
+            state = job.state if job.state in ("starting", "running") else "starting"
+            return Observation(state, f"cannot reach the Kubernetes API ({why}); will retry")
+
+    observe = check
+
+    @staticmethod
+    def _ours(obj: Mapping[str, Any], job: Job, ref: JobRef) -> bool:
+        meta = obj.get("metadata") or {}
+        if ref.uid:
+            return bool(meta.get("uid") == ref.uid)
+        return bool((meta.get("labels") or {}).get(JOB_LABEL) == label_value(job.id))
+
+    async def _gone(self, api: Any, job: Job, ref: JobRef) -> Observation:
+        selector = f"{JOB_LABEL}={label_value(job.id)}"
+        live = [p for p in await self._pods(api, ref.namespace, selector) if _live(p)]
+        if live:
+            running = any(_phase(p) == "Running" for p in live)
+            why = f"its Kubernetes Job is gone; waiting for {len(live)} pod(s) to end"
+            return Observation("running" if running else "starting", why)
+        why = (
+            f"its Kubernetes Job {ref.namespace}/{ref.job} is gone "
+            "(deleted outside gpupool, or expired)"
+        )
+        return Observation("lost", why)
+
+    async def wait(self, job: Job, timeout: float) -> None:
+        await asyncio.sleep(timeout)
+
+    # -- cancel -------------------------------------------------------------------------------
+    async def cancel(self, job: Job) -> None:
+        ref = JobRef.of(job, self.namespace)
+        async with await self.api_client() as api:
+            batch, core = self._apis(api)
+            found = await self._delete(
+                batch.delete_namespaced_job,
+                ref.job,
+                ref.namespace,
+                propagation_policy="Background",
+            )
+            if not found:  # its pods have no owner to take them along
+                await core.delete_collection_namespaced_pod(
+                    ref.namespace,
+                    label_selector=f"{JOB_LABEL}={label_value(job.id)}",
+                    grace_period_seconds=round(self.kill_grace),
+                    _request_timeout=self.request_timeout,
+                )
+            await self._delete(core.delete_namespaced_service, ref.service, ref.namespace)
+            await self._delete(core.delete_namespaced_config_map, ref.configmap, ref.namespace)
+        self.log.info("gpupool: deleted Kubernetes Job %s/%s", ref.namespace, ref.job)
+
+    # -- logs ---------------------------------------------------------------------------------
+    def read_log(self, job: Job, rank: int, offset: int) -> tuple[bytes, int]:
+        """:meth:`read_log_async` for synchronous callers (the hub's log handler): on its own
+        event loop in a worker thread, bounded by ``request_timeout``."""
+        future = self._threads.submit(asyncio.run, self.read_log_async(job, rank, offset))
+        return future.result(timeout=2 * self.request_timeout)
+
+    async def read_log_async(self, job: Job, rank: int, offset: int) -> tuple[bytes, int]:
+        """Bytes from ``offset`` of the log of the pod that ran ``rank`` (node ``rank //
+        gpus``), at most ``log_chunk_bytes``, and the bytes known so far; ``(b"", 0)`` while
+        that pod has no log (not created or not started yet, or deleted)."""
+        ref = JobRef.of(job, self.namespace)
+        index = rank // max(job.spec.gpus, 1)
+        async with await self.api_client() as api:
+            _, core = self._apis(api)
+            selector = f"{JOB_LABEL}={label_value(job.id)}"
+            pod = latest_pods(await self._pods(api, ref.namespace, selector)).get(index)
+            if pod is None:
+                return b"", 0
+            response = await core.read_namespaced_pod_log(
+                pod["metadata"]["name"],
+                ref.namespace,
+                container=CONTAINER,
+                limit_bytes=offset + self.log_chunk_bytes,
+                _preload_content=False,
+                _request_timeout=self.request_timeout,
+            )
+            try:
+                data, status = await response.read(), response.status
+            finally:
+                response.release()
+        if status in (400, 404):  # waiting to start, or gone
+            return b"", 0
+        if status >= 300:
+            raise KubeError(f"Kubernetes refused the log of pod {pod['metadata']['name']}")
+        return data[offset:], len(data)
+
+
+def _live(pod: Mapping[str, Any]) -> bool:
+    return _phase(pod) not in TERMINAL_PHASES
+
+
+def _owned_by(pod: Mapping[str, Any], uid: str) -> bool:
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return any(o.get("uid") == uid for o in owners)

@@ -1,0 +1,582 @@
+"""Kubernetes objects for a gpupool job: pure functions from a :class:`Job` to API JSON.
+
+Vocabulary
+- *job object*: a ``batch/v1`` Job in ``completionMode: Indexed`` with ``completions`` =
+  ``parallelism`` = the job's nodes. The Job controller gives each pod its *completion index*
+  (env ``JOB_COMPLETION_INDEX``, label ``batch.kubernetes.io/job-completion-index``) and the
+  hostname ``<job name>-<index>``; one pod per index is one *node* of the job.
+- *rendezvous service*: a headless Service (``clusterIP: None``, ``publishNotReadyAddresses``)
+  whose name is the pods' ``subdomain``, so node 0 resolves as ``<job name>-0.<service>`` before
+  it is ready. Every node runs ``torchrun --nnodes N --nproc-per-node G --node-rank
+  $(JOB_COMPLETION_INDEX) --master-addr <job name>-0.<service> --master-port 29500`` (torchrun's
+  static rendezvous: the node rank *is* the completion index, so global rank = index × G + local
+  rank; with c10d rendezvous node ranks would be assigned in arrival order). A one-node job uses
+  ``127.0.0.1`` and needs no DNS.
+- *script config map*: the job's script as one key of a ConfigMap, mounted read-only at
+  :data:`SCRIPT_DIR`.
+- *notebook pod template*: the user's notebook pod as API JSON (a Pod, or just its PodSpec), e.g.
+  what KubeSpawner built or the running pod read back from the API. The job pod keeps its image,
+  volumes and mounts (the home volume), security contexts, service account, node selector,
+  tolerations, affinity, image pull secrets and non-GPU resources; it drops what belongs to the
+  notebook server (other containers, ports, probes, lifecycle hooks, ``JUPYTERHUB_*``/``JPY_*``
+  and ``GPUPOOL_*`` environment, labels and annotations) and what the API server fills in
+  (``nodeName``, ``priority``, ``overhead``, the ``kube-api-access-*`` token volume).
+- *rank logs*: ``python -m gpupool_lab.rank_log LOG_DIR …`` points each rank's output at
+  ``LOG_DIR/rank-<rank>.log``; here every such path is a symlink to ``/dev/stdout``, made by the
+  container's ``sh`` wrapper before it ``exec``\\ s torchrun, so all ranks of a node land in that
+  pod's log (the pod log API), one line at a time, each rank's start marked by rank_log.
+
+Contract: no I/O; every function returns new plain dicts (camelCase keys, as the API expects),
+never touching its inputs. GPU-specific parts come from :mod:`gpupool_spawner.manifests`
+(:func:`~gpupool_spawner.manifests.apply_allocation` on the parts of the pod it owns), so a job
+pod carries its allocation exactly as a notebook pod does: equal limits and requests of the
+allocation's ``nvidia.com/*`` resources, the offer model's ``nvidia.com/gpu.product`` affinity and
+the GPU tolerations; CPU jobs get ``NVIDIA_VISIBLE_DEVICES=void``. Every node's allocation must
+have the same shape (``ValueError`` otherwise). Text that Kubernetes would expand as
+``$(VAR)`` (script arguments, environment values) is escaped, so it reaches the script verbatim.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kubernetes_asyncio.client import (
+    V1Affinity,
+    V1Container,
+    V1ObjectMeta,
+    V1Pod,
+    V1PodSpec,
+    V1ResourceRequirements,
+    V1Toleration,
+)
+from kubernetes_asyncio.client import models as k8s_models
+
+from gpupool.core.jobs import Job
+from gpupool.core.ledger import Allocation
+from gpupool.core.offers import Offer
+from gpupool_spawner.manifests import (
+    ALLOCATION_LABEL,
+    DEFAULT_GPU_TOLERATIONS,
+    DEFAULT_PRODUCT_LABELS,
+    KUEUE_QUEUE_LABEL,
+    NOTEBOOK_CONTAINER,
+    TEAM_LABEL,
+    allocation_resources,
+    apply_allocation,
+    label_value,
+)
+
+JOB_LABEL = "gpupool.io/job"
+OWNER_LABEL = "gpupool.io/owner"
+OWNER_ANNOTATION = "gpupool.io/owner"
+NAME_ANNOTATION = "gpupool.io/job-name"
+ALLOCATIONS_ANNOTATION = "gpupool.io/allocations"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "gpupool", "app.kubernetes.io/component": "job"}
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+CONTROLLER_UID_LABEL = "batch.kubernetes.io/controller-uid"
+CONTAINER = "job"
+MASTER_PORT = 29500
+SCRIPT_DIR = "/opt/gpupool/job"
+DEFAULT_LOG_DIR = "/opt/gpupool/logs"
+SCRIPT_VOLUME, LOG_VOLUME, SHM_VOLUME = "gpupool-script", "gpupool-logs", "gpupool-shm"
+DEFAULT_TORCHRUN: tuple[str, ...] = ("torchrun",)
+NAME_PREFIX = "gpupool-"
+MAX_JOB_NAME = 50
+"""Pod hostnames are ``<job name>-<index>``: a DNS label of at most 63 characters."""
+
+DROPPED_ENV_PREFIXES = ("JUPYTERHUB_", "JPY_", "GPUPOOL_")
+DROPPED_POD_FIELDS = (
+    "containers",  # rebuilt: one job container
+    "restartPolicy",
+    "hostname",
+    "subdomain",
+    "setHostnameAsFQDN",
+    "nodeName",
+    "priority",  # the Priority admission plugin refuses pods that set it
+    "preemptionPolicy",
+    "overhead",
+    "readinessGates",
+    "ephemeralContainers",
+    "schedulingGates",
+    "activeDeadlineSeconds",
+    "shareProcessNamespace",
+)
+KEPT_CONTAINER_FIELDS = (
+    "image",
+    "imagePullPolicy",
+    "env",
+    "envFrom",
+    "resources",
+    "securityContext",
+    "volumeMounts",
+    "volumeDevices",
+    "workingDir",
+)
+TOKEN_VOLUME_PREFIX = "kube-api-access-"
+
+WRAPPER = (
+    'mkdir -p "$GPUPOOL_LOG_DIR" && for r in {ranks}; do '
+    'ln -sfn /dev/stdout "$GPUPOOL_LOG_DIR/rank-$r.log" || exit 1; done && exec "$@"'
+)
+"""The container's ``sh -c`` script: rank logs to the pod log, then torchrun as the shell."""
+
+_INVALID_NAME = re.compile(r"[^a-z0-9-]+")
+_INVALID_KEY = re.compile(r"[^-._a-zA-Z0-9]+")
+
+
+# -- names --------------------------------------------------------------------------------------
+def job_name(job: Job) -> str:
+    """``gpupool-<job id>``, a DNS-1123 (and DNS-1035) label of at most :data:`MAX_JOB_NAME`
+    characters; ids that are not already valid get a slug plus a short hash of the id."""
+    slug = _INVALID_NAME.sub("-", job.id.lower()).strip("-")
+    name = NAME_PREFIX + slug
+    if slug == job.id and len(name) <= MAX_JOB_NAME:
+        return name
+    digest = hashlib.sha256(job.id.encode()).hexdigest()[:8]
+    keep = MAX_JOB_NAME - len(NAME_PREFIX) - len(digest) - 1
+    return f"{NAME_PREFIX}{slug[:keep].strip('-') or 'job'}-{digest}"
+
+
+def service_name(job: Job) -> str:
+    """The headless Service (and the pods' ``subdomain``): the job's name, so node 0 is
+    ``<name>-0.<name>``."""
+    return job_name(job)
+
+
+def configmap_name(job: Job) -> str:
+    return f"{job_name(job)}-script"
+
+
+def script_key(job: Job) -> str:
+    """The ConfigMap key (and file name) of the script: the spec's file name, made valid."""
+    base = posixpath.basename(job.spec.filename.replace("\\", "/"))
+    key = _INVALID_KEY.sub("_", base).strip(".")
+    return key if key else "script.py"
+
+
+def rank0_address(job: Job) -> str:
+    """Where node 0's torchrun listens: its pod's DNS name (loopback for one node)."""
+    if job.spec.nodes == 1:
+        return "127.0.0.1"
+    return f"{job_name(job)}-0.{service_name(job)}"
+
+
+# -- labels ---------------------------------------------------------------------------------------
+def job_labels(job: Job) -> dict[str, str]:
+    """Labels on every object of the job (and its pods): job, team, owner, managed-by."""
+    return {
+        JOB_LABEL: label_value(job.id),
+        TEAM_LABEL: label_value(job.team),
+        OWNER_LABEL: label_value(job.owner),
+        **MANAGED_BY,
+    }
+
+
+def _metadata(job: Job, name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": job_labels(job),
+        "annotations": {OWNER_ANNOTATION: job.owner},
+    }
+
+
+def owner_reference(job_object: Mapping[str, Any]) -> dict[str, Any]:
+    """An ``ownerReferences`` entry naming a created Job (its dependents go when it goes)."""
+    meta = job_object["metadata"]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "blockOwnerDeletion": False,
+        "controller": False,
+    }
+
+
+# -- the Service and the ConfigMap ---------------------------------------------------------------
+def make_service(
+    job: Job, namespace: str, owner: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The headless rendezvous Service selecting the job's pods."""
+    meta = _metadata(job, service_name(job), namespace)
+    if owner is not None:
+        meta["ownerReferences"] = [owner_reference(owner)]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "clusterIP": "None",
+            "selector": {JOB_LABEL: label_value(job.id)},
+            "publishNotReadyAddresses": True,
+            "ports": [
+                {
+                    "name": "rendezvous",
+                    "port": MASTER_PORT,
+                    "targetPort": MASTER_PORT,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def make_script_configmap(
+    job: Job, namespace: str, owner: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The ConfigMap holding the script under :func:`script_key`."""
+    meta = _metadata(job, configmap_name(job), namespace)
+    if owner is not None:
+        meta["ownerReferences"] = [owner_reference(owner)]
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": meta,
+        "data": {script_key(job): job.spec.script},
+    }
+
+
+# -- the Job ------------------------------------------------------------------------------------
+def make_job(
+    job: Job,
+    allocations: Sequence[Allocation],
+    *,
+    pod_template: Mapping[str, Any],
+    namespace: str,
+    script_configmap: str,
+    kueue_queue: str | None = None,
+    offer: Offer | None = None,
+    image: str = "",
+    log_dir: str = DEFAULT_LOG_DIR,
+    torchrun: Sequence[str] = DEFAULT_TORCHRUN,
+    ttl_seconds_after_finished: int | None = None,
+    termination_grace_seconds: int | None = None,
+    suspend: bool = False,
+    tolerations: Sequence[Mapping[str, Any] | V1Toleration] = DEFAULT_GPU_TOLERATIONS,
+    priority_class_name: str = "",
+    scheduler_name: str = "",
+    product_labels: Mapping[str, Sequence[str]] = DEFAULT_PRODUCT_LABELS,
+) -> dict[str, Any]:
+    """The ``batch/v1`` Indexed Job running ``job`` on ``allocations`` (one per node).
+
+    - ``completions = parallelism = nodes``; ``activeDeadlineSeconds`` = the time limit.
+    - ``backoffLimit = max_restarts × nodes``: a failing node takes the others' collectives down,
+      so one restart of the group costs up to ``nodes`` failed pods. With ``max_restarts = 0`` a
+      ``FailJob`` rule ends the job at the first non-zero exit (reason ``PodFailurePolicy``);
+      pods evicted or preempted (condition ``DisruptionTarget``) are replaced without counting.
+      ``podReplacementPolicy: Failed`` keeps two pods of one index from running at once.
+    - ``suspend`` (or a Kueue queue, whose admission then resumes it) creates the Job suspended.
+    - ``image`` stands in when the template has none (``ValueError`` if neither has one).
+    """
+    spec = job.spec
+    if len(allocations) != spec.nodes:
+        raise ValueError(
+            f"job {job.id} has {spec.nodes} node(s) but {len(allocations)} allocations"
+        )
+    shapes = {tuple(allocation_resources(a).items()) for a in allocations}
+    if len(shapes) > 1:
+        raise ValueError(f"job {job.id}: every node's allocation must have the same devices")
+    pod_spec, notebook = _template_parts(pod_template)
+    container = _job_container(job, notebook, image, log_dir, script_configmap, torchrun)
+    pod_spec |= {
+        "containers": [container],
+        "restartPolicy": "Never",
+        "subdomain": service_name(job),
+        "volumes": [*pod_spec.get("volumes", []), *_job_volumes(script_configmap, notebook)],
+    }
+    if termination_grace_seconds is not None:
+        pod_spec["terminationGracePeriodSeconds"] = termination_grace_seconds
+    labels = job_labels(job)
+    pod_spec, pod_labels = _with_allocation(
+        pod_spec,
+        labels,
+        allocations[0] if allocations else None,
+        offer,
+        tolerations=tolerations,
+        priority_class_name=priority_class_name,
+        scheduler_name=scheduler_name,
+        product_labels=product_labels,
+    )
+    meta = _metadata(job, job_name(job), namespace)
+    meta["annotations"] |= {
+        NAME_ANNOTATION: spec.name or spec.filename,
+        ALLOCATIONS_ANNOTATION: ",".join(a.id for a in allocations),
+    }
+    if kueue_queue:
+        meta["labels"][KUEUE_QUEUE_LABEL] = label_value(kueue_queue)
+    job_spec: dict[str, Any] = {
+        "completionMode": "Indexed",
+        "completions": spec.nodes,
+        "parallelism": spec.nodes,
+        "backoffLimit": spec.max_restarts * spec.nodes,
+        "podFailurePolicy": pod_failure_policy(spec.max_restarts),
+        "podReplacementPolicy": "Failed",
+        "activeDeadlineSeconds": spec.time_limit,
+        "suspend": bool(suspend or kueue_queue),
+        "template": {
+            "metadata": {"labels": pod_labels, "annotations": {OWNER_ANNOTATION: job.owner}},
+            "spec": pod_spec,
+        },
+    }
+    if ttl_seconds_after_finished is not None:
+        job_spec["ttlSecondsAfterFinished"] = ttl_seconds_after_finished
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job_spec}
+
+
+def pod_failure_policy(max_restarts: int) -> dict[str, Any]:
+    """Disruptions (eviction, preemption, node drain) never count; without restarts any
+    non-zero exit of the job container fails the whole Job at once."""
+    rules: list[dict[str, Any]] = [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    ]
+    if max_restarts == 0:
+        rules.append(
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": CONTAINER, "operator": "NotIn", "values": [0]},
+            }
+        )
+    return {"rules": rules}
+
+
+def torchrun_args(
+    job: Job, log_dir: str, script_path: str, torchrun: Sequence[str] = DEFAULT_TORCHRUN
+) -> list[str]:
+    """torchrun's command line, as container ``args`` (``$(JOB_COMPLETION_INDEX)`` is the one
+    reference Kubernetes expands; everything else is escaped)."""
+    spec = job.spec
+    return [
+        *map(escape, torchrun),
+        "--nnodes", str(spec.nodes),
+        "--nproc-per-node", str(spec.gpus),
+        "--node-rank", "$(JOB_COMPLETION_INDEX)",
+        "--master-addr", rank0_address(job),
+        "--master-port", str(MASTER_PORT),
+        "--max-restarts", "0",
+        "-m", "gpupool_lab.rank_log",
+        escape(log_dir), escape(script_path), *map(escape, spec.args),
+    ]  # fmt: skip
+
+
+def escape(text: str) -> str:
+    """``text`` as Kubernetes must see it in ``command``/``args``/``env`` to leave it as it is:
+    ``$$`` reads back as ``$``, so no ``$(VAR)`` in it is expanded."""
+    return text.replace("$", "$$")
+
+
+# -- the pod, piece by piece ----------------------------------------------------------------------
+def _template_parts(template: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A cleaned copy of the template's pod spec (without containers) and of its notebook
+    container (only the fields a job keeps)."""
+    raw = template if "containers" in template else template.get("spec") or {}
+    spec = copy.deepcopy(dict(raw))
+    containers = spec.get("containers") or []
+    notebook = next((c for c in containers if c.get("name") == NOTEBOOK_CONTAINER), None)
+    notebook = notebook or (containers[0] if containers else {})
+    kept = {k: copy.deepcopy(notebook[k]) for k in KEPT_CONTAINER_FIELDS if k in notebook}
+    for key in DROPPED_POD_FIELDS:
+        spec.pop(key, None)
+    ours = (SCRIPT_VOLUME, LOG_VOLUME, SHM_VOLUME)
+    volumes = [
+        v
+        for v in spec.get("volumes") or []
+        if not v["name"].startswith(TOKEN_VOLUME_PREFIX) and v["name"] not in ours
+    ]
+    names = {v["name"] for v in volumes}
+    if volumes:
+        spec["volumes"] = volumes
+    else:
+        spec.pop("volumes", None)
+    for c in [kept, *spec.get("initContainers", [])]:
+        mounts = [m for m in c.get("volumeMounts") or [] if m["name"] in names]
+        if mounts:
+            c["volumeMounts"] = mounts
+        else:
+            c.pop("volumeMounts", None)
+    return spec, kept
+
+
+def _job_container(
+    job: Job,
+    notebook: Mapping[str, Any],
+    image: str,
+    log_dir: str,
+    script_configmap: str,
+    torchrun: Sequence[str],
+) -> dict[str, Any]:
+    container = copy.deepcopy(dict(notebook))
+    container["image"] = container.get("image") or image
+    if not container["image"]:
+        raise ValueError(
+            "the notebook pod template has no image; set c.KubeJobBackend.image "
+            '(e.g. "quay.io/jupyter/pytorch-notebook:cuda12-latest")'
+        )
+    script_path = posixpath.join(SCRIPT_DIR, script_key(job))
+    ranks = " ".join(str(r) for r in range(job.spec.ranks))
+    taken = (log_dir, SCRIPT_DIR)
+    mounts = [m for m in container.get("volumeMounts", []) if m["mountPath"] not in taken]
+    mounts += [
+        {"name": SCRIPT_VOLUME, "mountPath": SCRIPT_DIR, "readOnly": True},
+        {"name": LOG_VOLUME, "mountPath": log_dir},
+    ]
+    if not any(m["mountPath"] == "/dev/shm" for m in mounts):
+        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    workdir = _workdir(job.spec.workdir, container.get("workingDir"))
+    container |= {
+        "name": CONTAINER,
+        "command": ["/bin/sh", "-c", escape(WRAPPER.format(ranks=ranks)), "gpupool-job"],
+        "args": torchrun_args(job, log_dir, script_path, torchrun),
+        "env": _env(job, container.get("env", []), log_dir),
+        "volumeMounts": mounts,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if workdir:
+        container["workingDir"] = workdir
+    else:
+        container.pop("workingDir", None)
+    return container
+
+
+def _workdir(workdir: str, template_workdir: str | None) -> str | None:
+    """The spec's working folder: absolute as given, relative to the template's (if that is
+    absolute), else the template's (or the image's) own."""
+    if posixpath.isabs(workdir):
+        return posixpath.normpath(workdir)
+    if workdir and template_workdir and posixpath.isabs(template_workdir):
+        return posixpath.normpath(posixpath.join(template_workdir, workdir))
+    return template_workdir or None
+
+
+def _env(job: Job, template_env: Sequence[Mapping[str, Any]], log_dir: str) -> list[dict[str, Any]]:
+    """The template's environment (without the notebook server's own), then the spec's, then
+    gpupool's; later names win."""
+    env: dict[str, dict[str, Any]] = {}
+    for e in template_env:
+        if not e["name"].startswith(DROPPED_ENV_PREFIXES):
+            env[e["name"]] = copy.deepcopy(dict(e))
+    for name, value in job.spec.env:
+        env[name] = {"name": name, "value": escape(value)}
+    env.setdefault("OMP_NUM_THREADS", {"name": "OMP_NUM_THREADS", "value": "1"})
+    ours = {
+        "GPUPOOL_JOB": job.id,
+        "GPUPOOL_TEAM": job.team,
+        "GPUPOOL_OFFER": job.spec.offer,
+        "GPUPOOL_NODES": str(job.spec.nodes),
+        "GPUPOOL_LOG_DIR": log_dir,
+        "PYTHONUNBUFFERED": "1",
+    }
+    for name, value in ours.items():
+        env[name] = {"name": name, "value": escape(value)}
+    return list(env.values())
+
+
+def _job_volumes(script_configmap: str, notebook: Mapping[str, Any]) -> list[dict[str, Any]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": SCRIPT_VOLUME, "configMap": {"name": script_configmap, "defaultMode": 0o444}},
+        {"name": LOG_VOLUME, "emptyDir": {}},
+    ]
+    if not any(m["mountPath"] == "/dev/shm" for m in notebook.get("volumeMounts", [])):
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+    return volumes
+
+
+def _with_allocation(
+    spec: dict[str, Any],
+    labels: Mapping[str, str],
+    allocation: Allocation | None,
+    offer: Offer | None,
+    **gpu: Any,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``spec`` and pod labels with the allocation applied by
+    :func:`~gpupool_spawner.manifests.apply_allocation` (the parts it owns go through the
+    client's models and back). The allocation label is dropped: one template serves every node,
+    and each node has its own allocation (they are listed in the Job's annotations)."""
+    container = spec["containers"][0]
+    pod = V1Pod(
+        metadata=V1ObjectMeta(labels=dict(labels)),
+        spec=V1PodSpec(
+            containers=[
+                V1Container(
+                    name=container["name"],
+                    resources=to_model(V1ResourceRequirements, container.get("resources")),
+                    env=to_model("list[V1EnvVar]", container.get("env")),
+                )
+            ],
+            affinity=to_model(V1Affinity, spec.get("affinity")),
+            node_selector=spec.get("nodeSelector"),
+            tolerations=to_model("list[V1Toleration]", spec.get("tolerations")),
+            priority_class_name=spec.get("priorityClassName"),
+            scheduler_name=spec.get("schedulerName"),
+        ),
+    )
+    out = apply_allocation(pod, allocation, offer, **gpu)
+    result = copy.deepcopy(spec)
+    c = result["containers"][0]
+    _put(c, "resources", to_json(out.spec.containers[0].resources))
+    _put(c, "env", to_json(out.spec.containers[0].env))
+    _put(result, "affinity", to_json(out.spec.affinity))
+    _put(result, "nodeSelector", out.spec.node_selector)
+    _put(result, "tolerations", to_json(out.spec.tolerations))
+    _put(result, "priorityClassName", out.spec.priority_class_name)
+    _put(result, "schedulerName", out.spec.scheduler_name)
+    applied = {k: v for k, v in (out.metadata.labels or {}).items() if k != ALLOCATION_LABEL}
+    return result, {**labels, **applied}
+
+
+def _put(target: dict[str, Any], key: str, value: Any) -> None:
+    if value:
+        target[key] = value
+    else:
+        target.pop(key, None)
+
+
+# -- API JSON and the client's models ------------------------------------------------------------
+_PRIMITIVE = {"str", "int", "float", "bool", "object", "date", "datetime"}
+
+
+def to_model(klass: type | str, data: Any) -> Any:
+    """API JSON as ``kubernetes_asyncio`` models (``klass`` a model class or the client's type
+    string, such as ``"list[V1Toleration]"``); keys the model does not know are left out."""
+    if data is None:
+        return None
+    if isinstance(klass, str):
+        if klass.startswith("list["):
+            return [to_model(klass[5:-1], item) for item in data]
+        if klass.startswith("dict("):
+            value_type = klass[5:-1].split(", ", 1)[1]
+            return {k: to_model(value_type, v) for k, v in data.items()}
+        if klass in _PRIMITIVE:
+            return data
+        klass = getattr(k8s_models, klass)
+    if not hasattr(klass, "openapi_types"):
+        return data
+    attrs = {key: attr for attr, key in klass.attribute_map.items()}
+    return klass(
+        **{
+            attrs[k]: to_model(klass.openapi_types[attrs[k]], v)
+            for k, v in data.items()
+            if k in attrs
+        }
+    )
+
+
+def to_json(obj: Any) -> Any:
+    """``kubernetes_asyncio`` models as API JSON (what ``ApiClient.sanitize_for_serialization``
+    sends), without an ``ApiClient``."""
+    if obj is None or isinstance(obj, str | int | float | bool):
+        return obj
+    if isinstance(obj, list | tuple):
+        return [to_json(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: to_json(v) for k, v in obj.items()}
+    return {
+        obj.attribute_map[attr]: to_json(getattr(obj, attr))
+        for attr in obj.openapi_types
+        if getattr(obj, attr) is not None
+    }
