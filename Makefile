@@ -44,6 +44,7 @@ bench: install
 	$(BIN)/python -m benchmarks.replay --policy all --churn 2000 --seed 1
 	$(BIN)/python -m benchmarks.allocator
 	$(BIN)/python -m benchmarks.spawn
+	$(BIN)/python -m benchmarks.jobs
 
 clean:
 	rm -rf $(VENV) node_modules .run .pytest_cache .mypy_cache .ruff_cache .hypothesis
