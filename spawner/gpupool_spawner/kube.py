@@ -6,7 +6,7 @@ Vocabulary
   :mod:`gpupool.discovery.kubernetes`); the NVIDIA device plugin decides *which* device. The
   allocation's devices are the pool's bookkeeping, not device IDs to hand to CUDA.
 - *manifest*: the ``V1Pod`` KubeSpawner builds (``get_pod_manifest``), which
-  :func:`gpupool_spawner.manifests.apply_allocation` turns into one carrying the allocation:
+  :func:`gpupool.podspec.apply_allocation` turns into one carrying the allocation:
   GPU resources, the model's ``nvidia.com/gpu.product`` affinity, GPU tolerations, priority
   class, scheduler name, and gpupool and Kueue labels.
 - *product labels*: model key to ``nvidia.com/gpu.product`` values: the built-in table, plus the
@@ -30,15 +30,15 @@ from kubespawner import KubeSpawner
 from traitlets import Dict, List, Unicode, validate
 
 from gpupool.core.ledger import Allocation
-from gpupool.settings import ConfigError
-
-from .manifests import (
+from gpupool.podspec import (
     DEFAULT_GPU_TOLERATIONS,
     DEFAULT_PRODUCT_LABELS,
     QUEUE_FIELDS,
     apply_allocation,
     product_values,
 )
+from gpupool.settings import ConfigError
+
 from .mixin import GPUSpawnerMixin, refuse
 
 

@@ -29,10 +29,7 @@ from traitlets.config import Config
 import gpupool.hub
 from gpupool.core import Ledger, Offer, Team
 from gpupool.discovery.kubernetes import inventory_from_nodes
-from gpupool.pool import Pool
-from gpupool.store import Store
-from gpupool_spawner.kube import KubeGPUSpawner
-from gpupool_spawner.manifests import (
+from gpupool.podspec import (
     DEFAULT_PRODUCT_LABELS,
     allocation_resources,
     apply_allocation,
@@ -40,6 +37,9 @@ from gpupool_spawner.manifests import (
     mig_resource,
     product_affinity,
 )
+from gpupool.pool import Pool
+from gpupool.store import Store
+from gpupool_spawner.kube import KubeGPUSpawner
 from tests.adapters.test_kube_inventory import a100_mixed_node, h100_node, kubeconfig
 
 K8S_VERSIONS = ("1.33", major_minor(kubernetes_validate.latest_version()))

@@ -36,11 +36,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,211 +51,42 @@ from traitlets import Bool, Callable, Dict, Float, Int, List, Unicode, default, 
 from gpupool.core.jobs import Job
 from gpupool.core.ledger import Allocation
 from gpupool.core.offers import Offer
-from gpupool.settings import ConfigError
-from gpupool_spawner.manifests import (
+from gpupool.podspec import (
     DEFAULT_GPU_TOLERATIONS,
     DEFAULT_PRODUCT_LABELS,
-    KUEUE_QUEUE_LABEL,
     QUEUE_FIELDS,
     label_value,
     queue_name,
 )
+from gpupool.settings import ConfigError
 
 from .backend import JobBackend, Observation
 from .kube_manifests import (
-    COMPLETION_INDEX_LABEL,
     CONTAINER,
     DEFAULT_LOG_DIR,
+    DEFAULT_PYTHON,
     DEFAULT_TORCHRUN,
     JOB_LABEL,
-    configmap_name,
-    job_name,
     make_job,
     make_script_configmap,
     make_service,
-    service_name,
+)
+from .kube_status import (
+    TERMINAL_PHASES,
+    JobRef,
+    KubeError,
+    _phase,
+    api_message,
+    latest_pods,
+    observe_objects,
 )
 
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 NOTEBOOK_SELECTOR = "component=singleuser-server,hub.jupyter.org/username={user}"
 USERNAME_ANNOTATION = "hub.jupyter.org/username"
 SERVERNAME_LABEL = "hub.jupyter.org/servername"
-TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
-class KubeError(RuntimeError):
-    """The API server refused a request; the message is its ``Status`` message."""
-
-
-def api_message(error: Exception) -> str:
-    """The API server's own words for an ``ApiException`` (its Status ``message``)."""
-    body = getattr(error, "body", None)
-    try:
-        status = json.loads(body) if body else {}
-    except (TypeError, ValueError):
-        status = {}
-    if isinstance(status, dict) and status.get("message"):
-        return str(status["message"])
-    return f"{getattr(error, 'status', '')} {getattr(error, 'reason', '') or error}".strip()
-
-
-@dataclass(frozen=True)
-class JobRef:
-    """Where a job's objects are: the handle's content."""
-
-    namespace: str
-    job: str
-    service: str
-    configmap: str
-    uid: str = ""
-
-    @classmethod
-    def named(cls, job: Job, namespace: str) -> JobRef:
-        """The names a new start gives the job's objects (from the job id alone)."""
-        return cls(namespace, job_name(job), service_name(job), configmap_name(job))
-
-    @classmethod
-    def of(cls, job: Job, namespace: str) -> JobRef:
-        """From the handle; the computed names where it has none."""
-        try:
-            handle = json.loads(job.handle) if job.handle else {}
-        except ValueError:
-            handle = {}
-        named = cls.named(job, namespace)
-        return cls(
-            namespace=str(handle.get("namespace") or named.namespace),
-            job=str(handle.get("job") or named.job),
-            service=str(handle.get("service") or named.service),
-            configmap=str(handle.get("configmap") or named.configmap),
-            uid=str(handle.get("uid") or ""),
-        )
-
-    def handle(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-
-# -- pure: API objects to an observation -------------------------------------------------------
-def pod_index(pod: Mapping[str, Any]) -> int | None:
-    """A job pod's completion index (label, or the annotation older clusters set)."""
-    meta = pod.get("metadata") or {}
-    for source in (meta.get("labels") or {}, meta.get("annotations") or {}):
-        value = str(source.get(COMPLETION_INDEX_LABEL, ""))
-        if value.isdigit():
-            return int(value)
-    return None
-
-
-def latest_pods(pods: Sequence[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
-    """The newest pod of each completion index (a failed pod's replacement wins)."""
-    out: dict[int, Mapping[str, Any]] = {}
-    for pod in sorted(pods, key=lambda p: _created(p)):
-        index = pod_index(pod)
-        if index is not None:
-            out[index] = pod
-    return dict(sorted(out.items()))
-
-
-def _created(pod: Mapping[str, Any]) -> tuple[str, str]:
-    meta = pod.get("metadata") or {}
-    return str(meta.get("creationTimestamp") or ""), str(meta.get("name") or "")
-
-
-def _container_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    return next((s for s in statuses if s.get("name") == CONTAINER), {})
-
-
-def exit_code(pod: Mapping[str, Any]) -> int | None:
-    """The job container's exit code, once it has terminated."""
-    terminated = (_container_status(pod).get("state") or {}).get("terminated") or {}
-    code = terminated.get("exitCode")
-    return int(code) if code is not None else None
-
-
-def node_exit_codes(pods: Sequence[Mapping[str, Any]]) -> tuple[tuple[int, int], ...]:
-    """``(node index, exit code)`` for each index whose newest pod has ended."""
-    codes = ((i, exit_code(p)) for i, p in latest_pods(pods).items())
-    return tuple((i, c) for i, c in codes if c is not None)
-
-
-def _phase(pod: Mapping[str, Any]) -> str:
-    return str((pod.get("status") or {}).get("phase") or "Pending")
-
-
-def _conditions(obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """The object's conditions that hold (``status: "True"``), by type."""
-    conditions = (obj.get("status") or {}).get("conditions") or []
-    return {c["type"]: c for c in conditions if c.get("status") == "True"}
-
-
-def observe_objects(
-    job_object: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], nodes: int
-) -> Observation:
-    """What a Job and its pods say about the job (see the module's contract)."""
-    conditions = _conditions(job_object)
-    codes = node_exit_codes(pods)
-    if "Complete" in conditions:
-        return Observation("succeeded", f"all {nodes} node(s) exited 0", codes)
-    if "Failed" in conditions:
-        return Observation("failed", failure_reason(job_object, conditions["Failed"], codes), codes)
-    if "Suspended" in conditions or (job_object.get("spec") or {}).get("suspend"):
-        queue = ((job_object.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
-        why = f"waiting for Kueue to admit it (queue {queue})" if queue else "suspended"
-        return Observation("starting", why, codes)
-    latest = latest_pods(pods)
-    up = [i for i, p in latest.items() if _phase(p) in ("Running", "Succeeded")]
-    ending = conditions.get("FailureTarget") or conditions.get("SuccessCriteriaMet")
-    if ending is not None:
-        why = f"ending: {ending.get('reason') or ending['type']}"
-        return Observation("running" if up else "starting", why, codes)
-    if len(up) == nodes:
-        return Observation("running", f"all {nodes} node(s) running", codes)
-    return Observation("starting", waiting_reason(latest, nodes, len(up)), codes)
-
-
-def waiting_reason(latest: Mapping[int, Mapping[str, Any]], nodes: int, up: int) -> str:
-    """``"1 of 2 nodes running; node 1: Unschedulable: 0/4 nodes are available: …"``."""
-    head = f"{up} of {nodes} node(s) running"
-    for index in range(nodes):
-        pod = latest.get(index)
-        if pod is None:
-            return f"{head}; node {index}: no pod yet"
-        if _phase(pod) in ("Running", "Succeeded"):
-            continue
-        waiting = (_container_status(pod).get("state") or {}).get("waiting") or {}
-        if waiting.get("reason"):
-            return f"{head}; node {index}: {_words(waiting)}"
-        for c in (pod.get("status") or {}).get("conditions") or []:
-            if c.get("type") == "PodScheduled" and c.get("status") == "False":
-                return f"{head}; node {index}: {_words(c)}"
-        return f"{head}; node {index}: {_phase(pod)}"
-    return head
-
-
-def _words(item: Mapping[str, Any]) -> str:
-    reason, message = item.get("reason") or "", item.get("message") or ""
-    return f"{reason}: {message}" if reason and message else reason or message
-
-
-def failure_reason(
-    job_object: Mapping[str, Any],
-    condition: Mapping[str, Any],
-    codes: Sequence[tuple[int, int]],
-) -> str:
-    """The ``Failed`` condition in a researcher's words, with the nodes that exited non-zero."""
-    spec = job_object.get("spec") or {}
-    reason = condition.get("reason") or ""
-    bad = ", ".join(f"node {i} exited {c}" for i, c in codes if c != 0)
-    if reason == "DeadlineExceeded":
-        return f"time limit of {spec.get('activeDeadlineSeconds')} s reached"
-    if reason == "BackoffLimitExceeded":
-        return f"{bad or 'pods failed'}; out of restarts (backoffLimit {spec.get('backoffLimit')})"
-    if reason == "PodFailurePolicy":
-        return f"{bad or condition.get('message') or 'a node failed'} (see the node's log)"
-    return _words(condition) or "the Job failed"
-
-
-# -- the backend --------------------------------------------------------------------------------
 class KubeJobBackend(JobBackend):
     """Runs jobs as Kubernetes Indexed Jobs (see the module docstring)."""
 
@@ -335,6 +165,12 @@ class KubeJobBackend(JobBackend):
         help="""How job images start torchrun. Example:
         ``c.KubeJobBackend.torchrun = ["python", "-m", "torch.distributed.run"]``""",
     )
+    python = Unicode(
+        DEFAULT_PYTHON,
+        config=True,
+        help="""The Python of job images (it needs torch and gpupool_lab); torchrun starts each
+        rank with it. Example: ``c.KubeJobBackend.python = "/opt/conda/bin/python"``""",
+    )
     kill_grace = Float(
         30.0,
         config=True,
@@ -352,6 +188,7 @@ class KubeJobBackend(JobBackend):
         help="The most log bytes one read returns. Example: ``4 * 1024 * 1024``",
     )
     gpu_tolerations = List(
+        [dict(t) for t in DEFAULT_GPU_TOLERATIONS],
         config=True,
         help="""Tolerations of GPU and MIG job pods (default:
         ``KubeGPUSpawner.gpu_tolerations``). Example::
@@ -552,6 +389,7 @@ class KubeJobBackend(JobBackend):
                 image=self.image,
                 log_dir=self.log_dir,
                 torchrun=self.torchrun,
+                python=self.python,
                 ttl_seconds_after_finished=self.ttl_seconds_after_finished,
                 termination_grace_seconds=round(self.kill_grace),
                 suspend=True,
@@ -581,8 +419,13 @@ class KubeJobBackend(JobBackend):
                         {"spec": {"suspend": False}},
                         _request_timeout=self.request_timeout,
                     )
-            except Exception:
-                await self._delete(batch.delete_namespaced_job, ref.job, ref.namespace)
+            except Exception:  # the Job takes what it owns along
+                await self._delete(
+                    batch.delete_namespaced_job,
+                    ref.job,
+                    ref.namespace,
+                    propagation_policy="Background",
+                )
                 raise
         self.log.info(
             "gpupool: job %s is Kubernetes Job %s/%s%s",
@@ -659,8 +502,6 @@ class KubeJobBackend(JobBackend):
             self.log.warning("gpupool: cannot look at job %s: %s", job.id, why)
             state = job.state if job.state in ("starting", "running") else "starting"
             return Observation(state, f"cannot reach the Kubernetes API ({why}); will retry")
-
-    observe = check
 
     @staticmethod
     def _ours(obj: Mapping[str, Any], job: Job, ref: JobRef) -> bool:

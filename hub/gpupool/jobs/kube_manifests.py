@@ -23,12 +23,13 @@ Vocabulary
   (``nodeName``, ``priority``, ``overhead``, the ``kube-api-access-*`` token volume).
 - *rank logs*: ``python -m gpupool_lab.rank_log LOG_DIR …`` points each rank's output at
   ``LOG_DIR/rank-<rank>.log``; here every such path is a symlink to ``/dev/stdout``, made by the
-  container's ``sh`` wrapper before it ``exec``\\ s torchrun, so all ranks of a node land in that
-  pod's log (the pod log API), one line at a time, each rank's start marked by rank_log.
+  container's ``sh`` wrapper, which then becomes torchrun (``exec``), so all ranks of a node land
+  in that pod's log (the pod log API), line by line (ranks run as ``python``, not torchrun's
+  unbuffered ``python -u``), each rank's start marked by rank_log.
 
 Contract: no I/O; every function returns new plain dicts (camelCase keys, as the API expects),
-never touching its inputs. GPU-specific parts come from :mod:`gpupool_spawner.manifests`
-(:func:`~gpupool_spawner.manifests.apply_allocation` on the parts of the pod it owns), so a job
+never touching its inputs. GPU-specific parts come from :mod:`gpupool.podspec`
+(:func:`~gpupool.podspec.apply_allocation` on the parts of the pod it owns), so a job
 pod carries its allocation exactly as a notebook pod does: equal limits and requests of the
 allocation's ``nvidia.com/*`` resources, the offer model's ``nvidia.com/gpu.product`` affinity and
 the GPU tolerations; CPU jobs get ``NVIDIA_VISIBLE_DEVICES=void``. Every node's allocation must
@@ -59,7 +60,7 @@ from kubernetes_asyncio.client import models as k8s_models
 from gpupool.core.jobs import Job
 from gpupool.core.ledger import Allocation
 from gpupool.core.offers import Offer
-from gpupool_spawner.manifests import (
+from gpupool.podspec import (
     ALLOCATION_LABEL,
     DEFAULT_GPU_TOLERATIONS,
     DEFAULT_PRODUCT_LABELS,
@@ -78,13 +79,13 @@ NAME_ANNOTATION = "gpupool.io/job-name"
 ALLOCATIONS_ANNOTATION = "gpupool.io/allocations"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gpupool", "app.kubernetes.io/component": "job"}
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
-CONTROLLER_UID_LABEL = "batch.kubernetes.io/controller-uid"
 CONTAINER = "job"
 MASTER_PORT = 29500
 SCRIPT_DIR = "/opt/gpupool/job"
 DEFAULT_LOG_DIR = "/opt/gpupool/logs"
 SCRIPT_VOLUME, LOG_VOLUME, SHM_VOLUME = "gpupool-script", "gpupool-logs", "gpupool-shm"
 DEFAULT_TORCHRUN: tuple[str, ...] = ("torchrun",)
+DEFAULT_PYTHON = "python"
 NAME_PREFIX = "gpupool-"
 MAX_JOB_NAME = 50
 """Pod hostnames are ``<job name>-<index>``: a DNS label of at most 63 characters."""
@@ -255,6 +256,7 @@ def make_job(
     image: str = "",
     log_dir: str = DEFAULT_LOG_DIR,
     torchrun: Sequence[str] = DEFAULT_TORCHRUN,
+    python: str = DEFAULT_PYTHON,
     ttl_seconds_after_finished: int | None = None,
     termination_grace_seconds: int | None = None,
     suspend: bool = False,
@@ -283,7 +285,7 @@ def make_job(
     if len(shapes) > 1:
         raise ValueError(f"job {job.id}: every node's allocation must have the same devices")
     pod_spec, notebook = _template_parts(pod_template)
-    container = _job_container(job, notebook, image, log_dir, script_configmap, torchrun)
+    container = _job_container(job, notebook, image, log_dir, (torchrun, python))
     pod_spec |= {
         "containers": [container],
         "restartPolicy": "Never",
@@ -346,10 +348,16 @@ def pod_failure_policy(max_restarts: int) -> dict[str, Any]:
 
 
 def torchrun_args(
-    job: Job, log_dir: str, script_path: str, torchrun: Sequence[str] = DEFAULT_TORCHRUN
+    job: Job,
+    log_dir: str,
+    script_path: str,
+    torchrun: Sequence[str] = DEFAULT_TORCHRUN,
+    python: str = DEFAULT_PYTHON,
 ) -> list[str]:
     """torchrun's command line, as container ``args`` (``$(JOB_COMPLETION_INDEX)`` is the one
-    reference Kubernetes expands; everything else is escaped)."""
+    reference Kubernetes expands; everything else is escaped). ``--no-python``: torchrun would
+    start each rank as ``python -u``, and unbuffered ranks sharing the pod's output interleave
+    pieces of lines; rank_log makes their output line-buffered instead."""
     spec = job.spec
     return [
         *map(escape, torchrun),
@@ -359,7 +367,7 @@ def torchrun_args(
         "--master-addr", rank0_address(job),
         "--master-port", str(MASTER_PORT),
         "--max-restarts", "0",
-        "-m", "gpupool_lab.rank_log",
+        "--no-python", escape(python), "-m", "gpupool_lab.rank_log",
         escape(log_dir), escape(script_path), *map(escape, spec.args),
     ]  # fmt: skip
 
@@ -407,8 +415,7 @@ def _job_container(
     notebook: Mapping[str, Any],
     image: str,
     log_dir: str,
-    script_configmap: str,
-    torchrun: Sequence[str],
+    launcher: tuple[Sequence[str], str],
 ) -> dict[str, Any]:
     container = copy.deepcopy(dict(notebook))
     container["image"] = container.get("image") or image
@@ -431,7 +438,7 @@ def _job_container(
     container |= {
         "name": CONTAINER,
         "command": ["/bin/sh", "-c", escape(WRAPPER.format(ranks=ranks)), "gpupool-job"],
-        "args": torchrun_args(job, log_dir, script_path, torchrun),
+        "args": torchrun_args(job, log_dir, script_path, *launcher),
         "env": _env(job, container.get("env", []), log_dir),
         "volumeMounts": mounts,
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -455,7 +462,9 @@ def _workdir(workdir: str, template_workdir: str | None) -> str | None:
 
 def _env(job: Job, template_env: Sequence[Mapping[str, Any]], log_dir: str) -> list[dict[str, Any]]:
     """The template's environment (without the notebook server's own), then the spec's, then
-    gpupool's; later names win."""
+    gpupool's; later names win. ``PYTHONUNBUFFERED`` is turned off: a node's ranks share one
+    stream, and unbuffered ``print`` writes each piece of a line on its own (rank_log
+    line-buffers instead)."""
     env: dict[str, dict[str, Any]] = {}
     for e in template_env:
         if not e["name"].startswith(DROPPED_ENV_PREFIXES):
@@ -469,7 +478,7 @@ def _env(job: Job, template_env: Sequence[Mapping[str, Any]], log_dir: str) -> l
         "GPUPOOL_OFFER": job.spec.offer,
         "GPUPOOL_NODES": str(job.spec.nodes),
         "GPUPOOL_LOG_DIR": log_dir,
-        "PYTHONUNBUFFERED": "1",
+        "PYTHONUNBUFFERED": "",  # empty: off, even where the image's ENV sets it
     }
     for name, value in ours.items():
         env[name] = {"name": name, "value": escape(value)}
@@ -494,7 +503,7 @@ def _with_allocation(
     **gpu: Any,
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """``spec`` and pod labels with the allocation applied by
-    :func:`~gpupool_spawner.manifests.apply_allocation` (the parts it owns go through the
+    :func:`~gpupool.podspec.apply_allocation` (the parts it owns go through the
     client's models and back). The allocation label is dropped: one template serves every node,
     and each node has its own allocation (they are listed in the Job's annotations)."""
     container = spec["containers"][0]
@@ -553,13 +562,13 @@ def to_model(klass: type | str, data: Any) -> Any:
             return {k: to_model(value_type, v) for k, v in data.items()}
         if klass in _PRIMITIVE:
             return data
-        klass = getattr(k8s_models, klass)
-    if not hasattr(klass, "openapi_types"):
+    model: Any = getattr(k8s_models, klass) if isinstance(klass, str) else klass
+    if not hasattr(model, "openapi_types"):
         return data
-    attrs = {key: attr for attr, key in klass.attribute_map.items()}
-    return klass(
+    attrs = {key: attr for attr, key in model.attribute_map.items()}
+    return model(
         **{
-            attrs[k]: to_model(klass.openapi_types[attrs[k]], v)
+            attrs[k]: to_model(model.openapi_types[attrs[k]], v)
             for k, v in data.items()
             if k in attrs
         }

@@ -1,0 +1,694 @@
+"""A stand-in Kubernetes API server for the job backend's tests, and a Job controller the test
+drives step by step.
+
+What it answers like the real API server (over HTTP, on its own thread, for
+``kubernetes_asyncio``): ConfigMaps, Services and Pods (``/api/v1``) and Jobs (``/apis/batch/v1``)
+per namespace: create (``201``; ``uid``, ``resourceVersion``, ``creationTimestamp`` and the
+defaults the API server adds; the body validated strictly against the 1.33 schemas, ``422
+Invalid`` if it fails; ``409 AlreadyExists``; ``400 BadRequest`` for a namespace that is not the
+URL's), get (``404 NotFound``), list and delete-collection with label selectors (``k=v``,
+``k!=v``, ``k``), patch (strategic-merge and merge patches of maps, JSON patch), delete with
+``propagationPolicy`` (Jobs default to ``Orphan`` as on a real cluster; ``Background`` lets the
+garbage collector delete the dependents named by ``ownerReferences``), and pod logs (``404`` for
+a missing pod, ``400`` while the container waits to start, else the bytes, ``limitBytes``
+honoured). Errors are ``Status`` objects with ``reason``, ``code``, ``message`` and ``details``.
+
+The Job controller is not automatic: the test moves a Job along with :class:`StandIn` methods
+that do what the controller and kubelet do in Kubernetes 1.33: create one pod per completion
+index from the template (``<job>-<index>-<suffix>``, the controller's labels, the index
+annotation, ``hostname``, ``JOB_COMPLETION_INDEX``, an owner reference and the tracking
+finalizer), schedule and run them, let their container exit, and set the Job's counters and its
+conditions (``Suspended``; ``SuccessCriteriaMet`` then ``Complete``; ``FailureTarget`` then
+``Failed``, deleting the pods still active).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import functools
+import itertools
+import json
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import kubernetes_validate
+from aiohttp import web
+
+VALIDATE_VERSION = "1.33"
+RESOURCES: dict[str, tuple[str, str, str]] = {
+    "configmaps": ("", "v1", "ConfigMap"),
+    "services": ("", "v1", "Service"),
+    "pods": ("", "v1", "Pod"),
+    "jobs": ("batch", "batch/v1", "Job"),
+}
+RETURNS_OBJECT_ON_DELETE = ("pods", "services")
+POD_CONDITIONS = (
+    "PodReadyToStartContainers",
+    "Initialized",
+    "Ready",
+    "ContainersReady",
+    "PodScheduled",
+)
+INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
+
+Reply = tuple[int, Any]
+T = TypeVar("T")
+
+
+def _locked(method: Callable[..., T]) -> Callable[..., T]:
+    """Run under the stand-in's lock (the test drives it while its HTTP thread answers)."""
+
+    @functools.wraps(method)
+    def locked(self: StandIn, *args: Any, **kwargs: Any) -> T:
+        with self.lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
+class StandIn:
+    """The API server's storage and answers (plain, synchronous; see :class:`Served`)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {p: {} for p in RESOURCES}
+        self.logs: dict[str, bytes] = {}
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.deletions: list[tuple[str, str, str]] = []
+        self._rv = itertools.count(1000)
+        self._tick = itertools.count(1)
+
+    # -- bookkeeping --------------------------------------------------------------------------
+    def now(self) -> str:
+        moment = datetime(2025, 1, 1, tzinfo=UTC) + timedelta(seconds=next(self._tick))
+        return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def _touch(self, obj: dict[str, Any]) -> None:
+        obj["metadata"]["resourceVersion"] = str(next(self._rv))
+
+    @staticmethod
+    def _resource(plural: str) -> str:
+        group = RESOURCES[plural][0]
+        return f"{plural}.{group}" if group else plural
+
+    def _status(
+        self, code: int, reason: str, message: str, plural: str = "", name: str = ""
+    ) -> Reply:
+        details = {"name": name, "kind": plural} if plural else {}
+        if plural and RESOURCES[plural][0]:
+            details["group"] = RESOURCES[plural][0]
+        return code, {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": message,
+            "reason": reason,
+            "details": details,
+            "code": code,
+        }
+
+    def _not_found(self, plural: str, name: str) -> Reply:
+        message = f'{self._resource(plural)} "{name}" not found'
+        return self._status(404, "NotFound", message, plural, name)
+
+    # -- the REST verbs -----------------------------------------------------------------------
+    def create(self, plural: str, namespace: str, body: dict[str, Any]) -> Reply:
+        _group, api_version, kind = RESOURCES[plural]
+        meta = body.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        if body.get("kind") != kind or body.get("apiVersion") != api_version:
+            return self._status(400, "BadRequest", f"expected {api_version} {kind}")
+        if meta.get("namespace", namespace) != namespace:
+            message = (
+                "the namespace of the provided object does not match the namespace sent on "
+                "the request"
+            )
+            return self._status(400, "BadRequest", message)
+        try:
+            kubernetes_validate.validate(body, VALIDATE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            message = f'{kind} "{name}" is invalid: {e.message}'
+            return self._status(422, "Invalid", message, plural, name)
+        if (namespace, name) in self.objects[plural]:
+            message = f'{self._resource(plural)} "{name}" already exists'
+            return self._status(409, "AlreadyExists", message, plural, name)
+        obj = copy.deepcopy(body)
+        obj["metadata"] |= {
+            "namespace": namespace,
+            "uid": str(uuid.uuid4()),
+            "creationTimestamp": self.now(),
+            "generation": 1,
+        }
+        self._touch(obj)
+        getattr(self, f"_defaults_{plural}", lambda o: None)(obj)
+        self.objects[plural][namespace, name] = obj
+        return 201, obj
+
+    def _defaults_services(self, obj: dict[str, Any]) -> None:
+        spec = obj["spec"]
+        spec.setdefault("type", "ClusterIP")
+        spec.setdefault("sessionAffinity", "None")
+        spec["clusterIPs"] = [spec.setdefault("clusterIP", "10.96.0.17")]
+        spec |= {"ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack"}
+        spec.setdefault("internalTrafficPolicy", "Cluster")
+        for port in spec.get("ports", []):
+            port.setdefault("protocol", "TCP")
+            port.setdefault("targetPort", port["port"])
+        obj["status"] = {"loadBalancer": {}}
+
+    def _defaults_jobs(self, obj: dict[str, Any]) -> None:
+        spec, uid, name = obj["spec"], obj["metadata"]["uid"], obj["metadata"]["name"]
+        controller = {
+            "batch.kubernetes.io/controller-uid": uid,
+            "batch.kubernetes.io/job-name": name,
+            "controller-uid": uid,
+            "job-name": name,
+        }
+        spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+        template_meta = spec["template"].setdefault("metadata", {})
+        template_meta["labels"] = {**template_meta.get("labels", {}), **controller}
+        spec.setdefault("suspend", False)
+        spec.setdefault("completionMode", "NonIndexed")
+        spec.setdefault("backoffLimit", 6)
+        spec.setdefault("completions", 1)
+        spec.setdefault("parallelism", 1)
+        failed = "Failed" if spec.get("podFailurePolicy") else "TerminatingOrFailed"
+        spec.setdefault("podReplacementPolicy", failed)
+        obj["status"] = {}
+        if spec["suspend"]:
+            self._set_condition(obj, "Suspended", "JobSuspended", "Job suspended")
+        else:
+            obj["status"] = self._running_status()
+
+    def _running_status(self) -> dict[str, Any]:
+        return {
+            "startTime": self.now(),
+            "active": 0,
+            "ready": 0,
+            "terminating": 0,
+            "uncountedTerminatedPods": {},
+        }
+
+    def get(self, plural: str, namespace: str, name: str) -> Reply:
+        obj = self.objects[plural].get((namespace, name))
+        return (200, obj) if obj is not None else self._not_found(plural, name)
+
+    def list_objects(self, plural: str, namespace: str, selector: str = "") -> Reply:
+        _group, api_version, kind = RESOURCES[plural]
+        items = [
+            o
+            for (ns, _), o in self.objects[plural].items()
+            if ns == namespace and matches(selector, o["metadata"].get("labels") or {})
+        ]
+        body = {
+            "kind": f"{kind}List",
+            "apiVersion": api_version,
+            "metadata": {"resourceVersion": str(next(self._rv))},
+            "items": items,
+        }
+        return 200, body
+
+    def patch(self, plural: str, namespace: str, name: str, content_type: str, patch: Any) -> Reply:
+        obj = self.objects[plural].get((namespace, name))
+        if obj is None:
+            return self._not_found(plural, name)
+        if content_type.startswith("application/json-patch+json"):
+            updated = json_patch(obj, patch)
+        elif content_type.startswith(
+            ("application/merge-patch+json", "application/strategic-merge-patch+json")
+        ):
+            updated = merge_patch(obj, patch)
+        else:
+            return self._status(415, "UnsupportedMediaType", f"{content_type} is not supported")
+        was_suspended = bool((obj.get("spec") or {}).get("suspend"))
+        obj.clear()
+        obj.update(updated)
+        self._touch(obj)
+        if plural == "jobs" and was_suspended and not obj["spec"].get("suspend"):
+            self._set_condition(obj, "Suspended", "JobResumed", "Job resumed", "False")
+            obj["status"] |= self._running_status()
+        return 200, obj
+
+    def delete(self, plural: str, namespace: str, name: str, propagation: str = "") -> Reply:
+        obj = self.objects[plural].pop((namespace, name), None)
+        if obj is None:
+            return self._not_found(plural, name)
+        policy = propagation or ("Orphan" if plural == "jobs" else "Background")
+        self.deletions.append((plural, name, policy))
+        uid = obj["metadata"]["uid"]
+        if policy == "Orphan":
+            for dependent in self._dependents(uid):
+                refs = dependent["metadata"]["ownerReferences"]
+                dependent["metadata"]["ownerReferences"] = [r for r in refs if r["uid"] != uid]
+        else:
+            self.collect_garbage()
+        if plural in RETURNS_OBJECT_ON_DELETE:
+            return 200, obj
+        details = {"name": name, "kind": plural, "uid": uid}
+        if RESOURCES[plural][0]:
+            details["group"] = RESOURCES[plural][0]
+        return 200, {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "details": details,
+        }
+
+    def delete_collection(self, plural: str, namespace: str, selector: str) -> Reply:
+        _, listed = self.list_objects(plural, namespace, selector)
+        for obj in listed["items"]:
+            self.delete(plural, namespace, obj["metadata"]["name"])
+        return 200, listed
+
+    def _dependents(self, uid: str) -> list[dict[str, Any]]:
+        return [
+            obj
+            for store in self.objects.values()
+            for obj in store.values()
+            if any(r["uid"] == uid for r in obj["metadata"].get("ownerReferences") or [])
+        ]
+
+    def collect_garbage(self) -> None:
+        """Delete every object whose owners are all gone, until none is left (the garbage
+        collector; recorded with the policy ``"gc"``)."""
+        while True:
+            alive = {o["metadata"]["uid"] for s in self.objects.values() for o in s.values()}
+            orphans = [
+                (plural, key)
+                for plural, store in self.objects.items()
+                for key, obj in store.items()
+                if (refs := obj["metadata"].get("ownerReferences"))
+                and not any(r["uid"] in alive for r in refs)
+            ]
+            if not orphans:
+                return
+            for plural, key in orphans:
+                self.objects[plural].pop(key)
+                self.deletions.append((plural, key[1], "gc"))
+
+    def log(self, namespace: str, name: str, container: str, limit_bytes: int | None) -> Reply:
+        pod = self.objects["pods"].get((namespace, name))
+        if pod is None:
+            return self._not_found("pods", name)
+        names = [c["name"] for c in pod["spec"]["containers"]]
+        if container not in names:
+            message = f"container {container} is not valid for pod {name}"
+            return self._status(400, "BadRequest", message)
+        statuses = {s["name"]: s for s in pod["status"].get("containerStatuses") or []}
+        state = statuses.get(container, {}).get("state") or {"waiting": {}}
+        if "waiting" in state:
+            why = state["waiting"].get("reason") or "ContainerCreating"
+            message = f'container "{container}" in pod "{name}" is waiting to start: {why}'
+            return self._status(400, "BadRequest", message)
+        data = self.logs.get(name, b"")
+        return 200, data[:limit_bytes] if limit_bytes else data
+
+    # -- the Job controller and the kubelet, driven by the test -------------------------------
+    def job(self, name: str, namespace: str) -> dict[str, Any]:
+        return self.objects["jobs"][namespace, name]
+
+    def pods_of(self, name: str, namespace: str) -> dict[int, dict[str, Any]]:
+        """The newest pod of each index of Job ``name``."""
+        uid = self.job(name, namespace)["metadata"]["uid"]
+        out: dict[int, dict[str, Any]] = {}
+        for pod in self.objects["pods"].values():
+            labels = pod["metadata"]["labels"]
+            if labels.get("batch.kubernetes.io/controller-uid") == uid:
+                out[int(labels[INDEX_KEY])] = pod  # creation order: later wins
+        return dict(sorted(out.items()))
+
+    @_locked
+    def create_pods(self, name: str, namespace: str, *, unschedulable: str = "") -> list[str]:
+        """One Pending pod per index that has no active pod (the Job controller)."""
+        job = self.job(name, namespace)
+        spec = job["spec"]
+        assert not spec.get("suspend"), "the Job controller creates no pods for a suspended Job"
+        existing = self.pods_of(name, namespace)
+        created = []
+        for index in range(spec["completions"]):
+            if index in existing and existing[index]["status"]["phase"] != "Failed":
+                continue
+            pod = self._pod_from_template(job, index)
+            if unschedulable:
+                pod["status"]["conditions"] = [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": unschedulable,
+                        "lastProbeTime": None,
+                        "lastTransitionTime": self.now(),
+                    }
+                ]
+            self.objects["pods"][namespace, pod["metadata"]["name"]] = pod
+            created.append(pod["metadata"]["name"])
+        job["status"]["active"] = job["status"].get("active", 0) + len(created)
+        self._touch(job)
+        return created
+
+    def _pod_from_template(self, job: dict[str, Any], index: int) -> dict[str, Any]:
+        meta, template = job["metadata"], copy.deepcopy(job["spec"]["template"])
+        base = f"{meta['name']}-{index}-"
+        spec = template["spec"]
+        spec["hostname"] = f"{meta['name']}-{index}"
+        for container in spec["containers"]:
+            index_env = {
+                "name": "JOB_COMPLETION_INDEX",
+                "valueFrom": {
+                    "fieldRef": {"apiVersion": "v1", "fieldPath": f"metadata.labels['{INDEX_KEY}']"}
+                },
+            }
+            container["env"] = [*container.get("env", []), index_env]
+        spec.setdefault("dnsPolicy", "ClusterFirst")
+        spec.setdefault("schedulerName", "default-scheduler")
+        spec.setdefault("terminationGracePeriodSeconds", 30)
+        pod_meta = {
+            "name": base + uuid.uuid4().hex[:5],
+            "generateName": base,
+            "namespace": meta["namespace"],
+            "uid": str(uuid.uuid4()),
+            "creationTimestamp": self.now(),
+            "labels": {**template["metadata"].get("labels", {}), INDEX_KEY: str(index)},
+            "annotations": {**template["metadata"].get("annotations", {}), INDEX_KEY: str(index)},
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+            "finalizers": [TRACKING_FINALIZER],
+        }
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": pod_meta,
+            "spec": spec,
+            "status": {"phase": "Pending", "qosClass": "Burstable"},
+        }
+        self._touch(pod)
+        return pod
+
+    @_locked
+    def run_pods(self, name: str, namespace: str, indexes: list[int] | None = None) -> None:
+        """Schedule and start the pods (all, or those of ``indexes``): phase Running."""
+        job = self.job(name, namespace)
+        for index, pod in self.pods_of(name, namespace).items():
+            if (indexes is not None and index not in indexes) or pod["status"][
+                "phase"
+            ] != "Pending":
+                continue
+            started = self.now()
+            pod["spec"]["nodeName"] = f"dgx-h100-{index + 1}"
+            pod["status"] = {
+                "phase": "Running",
+                "qosClass": "Burstable",
+                "podIP": f"10.244.{index + 1}.7",
+                "podIPs": [{"ip": f"10.244.{index + 1}.7"}],
+                "hostIP": f"192.168.0.{index + 1}",
+                "startTime": started,
+                "conditions": [
+                    {
+                        "type": t,
+                        "status": "True",
+                        "lastProbeTime": None,
+                        "lastTransitionTime": started,
+                    }
+                    for t in POD_CONDITIONS
+                ],
+                "containerStatuses": [
+                    self._container_status(c, {"running": {"startedAt": started}}, True)
+                    for c in pod["spec"]["containers"]
+                ],
+            }
+            self._touch(pod)
+            job["status"]["ready"] = job["status"].get("ready", 0) + 1
+        self._touch(job)
+
+    @staticmethod
+    def _container_status(
+        container: Mapping[str, Any], state: dict[str, Any], ready: bool
+    ) -> dict[str, Any]:
+        return {
+            "name": container["name"],
+            "image": container["image"],
+            "imageID": f"{container['image']}@sha256:{'0' * 64}",
+            "containerID": f"containerd://{uuid.uuid4().hex}",
+            "ready": ready,
+            "started": ready,
+            "restartCount": 0,
+            "state": state,
+            "lastState": {},
+        }
+
+    @_locked
+    def exit_pod(self, name: str, namespace: str, index: int, code: int) -> str:
+        """The job container of index ``index`` ends with ``code`` (the kubelet), and the Job
+        controller counts it; returns the pod's name."""
+        job = self.job(name, namespace)
+        pod = self.pods_of(name, namespace)[index]
+        finished = self.now()
+        terminated = {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            "startedAt": pod["status"].get("startTime", finished),
+            "finishedAt": finished,
+        }
+        pod["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
+        pod["status"]["containerStatuses"] = [
+            self._container_status(c, {"terminated": terminated}, False)
+            for c in pod["spec"]["containers"]
+        ]
+        for c in pod["status"].get("conditions", []):
+            if c["type"] in ("Ready", "ContainersReady"):
+                c |= {"status": "False", "reason": "PodCompleted"}
+        pod["metadata"]["finalizers"] = []
+        self._touch(pod)
+        status = job["status"]
+        status["active"] -= 1
+        status["ready"] = max(0, status.get("ready", 0) - 1)
+        if code == 0:
+            status["succeeded"] = status.get("succeeded", 0) + 1
+            done = sorted({*_indexes(status.get("completedIndexes", "")), index})
+            status["completedIndexes"] = ",".join(map(str, done))
+        else:
+            status["failed"] = status.get("failed", 0) + 1
+        self._touch(job)
+        return str(pod["metadata"]["name"])
+
+    @_locked
+    def complete(self, name: str, namespace: str) -> None:
+        """Every index succeeded: ``SuccessCriteriaMet``, then ``Complete``."""
+        job = self.job(name, namespace)
+        assert job["status"].get("succeeded") == job["spec"]["completions"]
+        message = "Reached expected number of succeeded pods"
+        self._set_condition(job, "SuccessCriteriaMet", "CompletionsReached", message)
+        self._set_condition(job, "Complete", "CompletionsReached", message)
+        job["status"]["completionTime"] = self.now()
+
+    @_locked
+    def fail(self, name: str, namespace: str, reason: str, message: str) -> None:
+        """``FailureTarget``; the still active pods are deleted; then ``Failed``."""
+        job = self.job(name, namespace)
+        self._set_condition(job, "FailureTarget", reason, message)
+        for pod in self.pods_of(name, namespace).values():
+            if pod["status"]["phase"] in ("Pending", "Running"):
+                self.objects["pods"].pop((namespace, pod["metadata"]["name"]))
+        job["status"] |= {"active": 0, "ready": 0, "terminating": 0}
+        self._set_condition(job, "Failed", reason, message)
+
+    def _set_condition(
+        self, obj: dict[str, Any], kind: str, reason: str, message: str, status: str = "True"
+    ) -> None:
+        now = self.now()
+        conditions = obj["status"].setdefault("conditions", [])
+        condition = {
+            "type": kind,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastProbeTime": now,
+            "lastTransitionTime": now,
+        }
+        for i, c in enumerate(conditions):
+            if c["type"] == kind:
+                conditions[i] = condition
+                break
+        else:
+            conditions.append(condition)
+        self._touch(obj)
+
+
+def _indexes(text: str) -> list[int]:
+    out: list[int] = []
+    for part in filter(None, text.split(",")):
+        first, _, last = part.partition("-")
+        out += range(int(first), int(last or first) + 1)
+    return out
+
+
+def matches(selector: str, labels: Mapping[str, str]) -> bool:
+    """Whether ``labels`` satisfy an equality-based label selector."""
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            if labels.get(key) != value:
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 (maps merge, ``null`` deletes, anything else replaces)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def json_patch(target: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """RFC 6902 ``add``/``replace``/``remove`` on object members."""
+    out = copy.deepcopy(target)
+    for op in ops:
+        *parents, last = [
+            p.replace("~1", "/").replace("~0", "~") for p in op["path"][1:].split("/")
+        ]
+        node = out
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if op["op"] == "remove":
+            del node[last]
+        else:
+            node[last] = copy.deepcopy(op["value"])
+    return out
+
+
+# -- HTTP --------------------------------------------------------------------------------------
+class Served:
+    """A :class:`StandIn` answering HTTP on ``127.0.0.1`` from its own thread and event loop."""
+
+    def __init__(self) -> None:
+        self.api = StandIn()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        future = asyncio.run_coroutine_threadsafe(self._start(), self.loop)
+        self.runner, self.port = future.result(10)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    async def _start(self) -> tuple[web.AppRunner, int]:
+        app = web.Application()
+        add = app.router.add_route
+        add("GET", "/api/v1/namespaces/{ns}/pods/{name}/log", self._log)
+        for prefix, plurals in (
+            ("/api/v1", "configmaps|services|pods"),
+            ("/apis/batch/v1", "jobs"),
+        ):
+            many = f"{prefix}/namespaces/{{ns}}/{{plural:{plurals}}}"
+            add("GET", many, self._list)
+            add("POST", many, self._create)
+            add("DELETE", many, self._delete_collection)
+            add("GET", many + "/{name}", self._get)
+            add("PATCH", many + "/{name}", self._patch)
+            add("DELETE", many + "/{name}", self._delete)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def _answer(self, request: web.Request, reply: Reply) -> web.Response:
+        code, body = reply
+        if isinstance(body, bytes):
+            return web.Response(status=code, body=body, content_type="text/plain")
+        return web.json_response(body, status=code)
+
+    def _seen(self, request: web.Request) -> tuple[str, str, str]:
+        self.api.requests.append((request.method, request.path, dict(request.query)))
+        m = request.match_info
+        return m.get("plural", "pods"), m["ns"], m.get("name", "")
+
+    async def _list(self, request: web.Request) -> web.Response:
+        plural, ns, _ = self._seen(request)
+        with self.api.lock:
+            reply = self.api.list_objects(plural, ns, request.query.get("labelSelector", ""))
+            return self._answer(request, copy.deepcopy(reply))
+
+    async def _create(self, request: web.Request) -> web.Response:
+        plural, ns, _ = self._seen(request)
+        body = await request.json()
+        with self.api.lock:
+            return self._answer(request, copy.deepcopy(self.api.create(plural, ns, body)))
+
+    async def _get(self, request: web.Request) -> web.Response:
+        plural, ns, name = self._seen(request)
+        with self.api.lock:
+            return self._answer(request, copy.deepcopy(self.api.get(plural, ns, name)))
+
+    async def _patch(self, request: web.Request) -> web.Response:
+        plural, ns, name = self._seen(request)
+        body = await request.json()
+        with self.api.lock:
+            reply = self.api.patch(plural, ns, name, request.content_type, body)
+            return self._answer(request, copy.deepcopy(reply))
+
+    async def _delete(self, request: web.Request) -> web.Response:
+        plural, ns, name = self._seen(request)
+        text = await request.text()
+        options = json.loads(text) if text.strip() else {}
+        policy = request.query.get("propagationPolicy") or options.get("propagationPolicy", "")
+        with self.api.lock:
+            return self._answer(request, copy.deepcopy(self.api.delete(plural, ns, name, policy)))
+
+    async def _delete_collection(self, request: web.Request) -> web.Response:
+        plural, ns, _ = self._seen(request)
+        with self.api.lock:
+            reply = self.api.delete_collection(plural, ns, request.query.get("labelSelector", ""))
+            return self._answer(request, copy.deepcopy(reply))
+
+    async def _log(self, request: web.Request) -> web.Response:
+        _, ns, name = self._seen(request)
+        limit = request.query.get("limitBytes")
+        container = request.query.get("container", "")
+        with self.api.lock:
+            reply = self.api.log(ns, name, container, int(limit) if limit else None)
+            return self._answer(request, reply)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@contextmanager
+def served() -> Iterator[Served]:
+    server = Served()
+    try:
+        yield server
+    finally:
+        server.close()
