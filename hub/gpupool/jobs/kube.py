@@ -75,10 +75,10 @@ from .kube_status import (
     TERMINAL_PHASES,
     JobRef,
     KubeError,
-    _phase,
     api_message,
     latest_pods,
     observe_objects,
+    phase,
 )
 
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -358,12 +358,12 @@ class KubeJobBackend(JobBackend):
                 for p in pods
                 if (p["metadata"].get("annotations") or {}).get(USERNAME_ANNOTATION, job.owner)
                 == job.owner
-                and _phase(p) not in TERMINAL_PHASES
+                and phase(p) not in TERMINAL_PHASES
             ]
             mine.sort(
                 key=lambda p: (
                     bool((p["metadata"].get("labels") or {}).get(SERVERNAME_LABEL)),
-                    _phase(p) != "Running",
+                    phase(p) != "Running",
                 )
             )
             if mine:
@@ -514,7 +514,7 @@ class KubeJobBackend(JobBackend):
         selector = f"{JOB_LABEL}={label_value(job.id)}"
         live = [p for p in await self._pods(api, ref.namespace, selector) if _live(p)]
         if live:
-            running = any(_phase(p) == "Running" for p in live)
+            running = any(phase(p) == "Running" for p in live)
             why = f"its Kubernetes Job is gone; waiting for {len(live)} pod(s) to end"
             return Observation("running" if running else "starting", why)
         why = (
@@ -587,7 +587,7 @@ class KubeJobBackend(JobBackend):
 
 
 def _live(pod: Mapping[str, Any]) -> bool:
-    return _phase(pod) not in TERMINAL_PHASES
+    return phase(pod) not in TERMINAL_PHASES
 
 
 def _owned_by(pod: Mapping[str, Any], uid: str) -> bool:

@@ -110,7 +110,7 @@ def latest_pods(pods: Sequence[Mapping[str, Any]]) -> dict[int, Mapping[str, Any
 def _created(pod: Mapping[str, Any]) -> tuple[str, bool, str]:
     meta = pod.get("metadata") or {}
     stamp = str(meta.get("creationTimestamp") or "")
-    return stamp, _phase(pod) not in TERMINAL_PHASES, str(meta.get("name") or "")
+    return stamp, phase(pod) not in TERMINAL_PHASES, str(meta.get("name") or "")
 
 
 def _container_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -131,7 +131,7 @@ def node_exit_codes(pods: Sequence[Mapping[str, Any]]) -> tuple[tuple[int, int],
     return tuple((i, c) for i, c in codes if c is not None)
 
 
-def _phase(pod: Mapping[str, Any]) -> str:
+def phase(pod: Mapping[str, Any]) -> str:
     return str((pod.get("status") or {}).get("phase") or "Pending")
 
 
@@ -156,7 +156,7 @@ def observe_objects(
         why = f"waiting for Kueue to admit it (queue {queue})" if queue else "suspended"
         return Observation("starting", why, codes)
     latest = latest_pods(pods)
-    up = [i for i, p in latest.items() if _phase(p) != "Pending"]
+    up = [i for i, p in latest.items() if phase(p) != "Pending"]
     ending = conditions.get("FailureTarget") or conditions.get("SuccessCriteriaMet")
     if ending is not None:
         why = f"ending: {ending.get('reason') or ending['type']}"
@@ -168,13 +168,13 @@ def observe_objects(
 
 def running_reason(latest: Mapping[int, Mapping[str, Any]], nodes: int) -> str:
     """``"all 2 node(s) running"``, or each node's state once some have ended."""
-    if all(_phase(p) == "Running" for p in latest.values()):
+    if all(phase(p) == "Running" for p in latest.values()):
         return f"all {nodes} node(s) running"
     words = []
     for index, pod in latest.items():
         code = exit_code(pod)
-        done = f"exited {code}" if code is not None else _phase(pod).lower()
-        words.append(f"node {index} {'running' if _phase(pod) == 'Running' else done}")
+        done = f"exited {code}" if code is not None else phase(pod).lower()
+        words.append(f"node {index} {'running' if phase(pod) == 'Running' else done}")
     return ", ".join(words)
 
 
@@ -185,7 +185,7 @@ def waiting_reason(latest: Mapping[int, Mapping[str, Any]], nodes: int, up: int)
         pod = latest.get(index)
         if pod is None:
             return f"{head}; node {index}: no pod yet"
-        if _phase(pod) != "Pending":
+        if phase(pod) != "Pending":
             continue
         waiting = (_container_status(pod).get("state") or {}).get("waiting") or {}
         if waiting.get("reason"):
@@ -193,7 +193,7 @@ def waiting_reason(latest: Mapping[int, Mapping[str, Any]], nodes: int, up: int)
         for c in (pod.get("status") or {}).get("conditions") or []:
             if c.get("type") == "PodScheduled" and c.get("status") == "False":
                 return f"{head}; node {index}: {_words(c)}"
-        return f"{head}; node {index}: {_phase(pod)}"
+        return f"{head}; node {index}: {phase(pod)}"
     return head
 
 
