@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from gpupool.core import Inventory, Ledger, Node, Offer, Request, Team
-from gpupool.core.queue import Queued, Running, order, schedule
+import contextlib
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpupool.core import Inventory, Ledger, Node, Offer, PoolError, Request, Team
+from gpupool.core.queue import Queued, Running, order, schedule, try_gang
 from tests.factories import gpu
 
 OFFERS = {"gpu": Offer("gpu", "gpu", max_count=3), "cpu": Offer("cpu", "cpu")}
@@ -102,3 +107,43 @@ def test_a_job_over_its_team_limit_waits_with_the_quota_sentence() -> None:
     ledger = two_gpu_ledger(a=Team("a", 1000))
     plan = schedule(ledger, [q("x", gpus=2, team="a")], [], now=0)
     assert plan.start == [] and "team a uses 0 of 1 GPU-eq" in plan.waiting["x"]
+
+
+@given(
+    data=st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c"]),
+            st.integers(1, 3),
+            st.integers(-1, 1),
+            st.sampled_from([10.0, 100.0, 1000.0]),
+        ),
+        max_size=12,
+    ),
+    running=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(1, 2)), max_size=4),
+)
+@settings(max_examples=200, deadline=None)
+def test_a_plan_never_breaks_a_limit_and_its_starts_fit(
+    data: list[tuple[str, int, int, float]], running: list[tuple[str, int]]
+) -> None:
+    teams = {"a": Team("a", 1000, 1000), "b": Team("b", 2000), "c": Team("c", 1000, 3000)}
+    ledger = two_gpu_ledger(4, **teams)
+    live = []
+    for i, (team, gpus) in enumerate(running):
+        with contextlib.suppress(PoolError):
+            live.append(run(ledger, f"r{i}", gpus, team, ends_at=50.0 * (i + 1), started=i))
+    queue = [
+        q(f"j{i}", gpus, team, priority=p, created=i, time_limit=t)
+        for i, (team, gpus, p, t) in enumerate(data)
+    ]
+    plan = schedule(ledger, queue, live, now=0)
+    # carry the plan out on a copy, in order: preemptions, then starts; every start must fit
+    after = ledger.clone()
+    for victim in plan.preempt:
+        for alloc_id in next(r.allocations for r in live if r.id == victim):
+            after.release(alloc_id)
+    by_id = {j.id: j for j in queue}
+    for job_id in plan.start:
+        assert try_gang(after, by_id[job_id]) == "", f"{job_id} was planned but does not fit"
+    after.check_invariants()
+    assert set(plan.start).isdisjoint(plan.waiting)
+    assert set(plan.start) | set(plan.waiting) == set(by_id)
