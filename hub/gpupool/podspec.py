@@ -324,3 +324,16 @@ def _visibility_env(env: Sequence[V1EnvVar] | None, gpu: bool) -> list[V1EnvVar]
             V1EnvVar(name="CUDA_VISIBLE_DEVICES", value=""),
         ]
     return kept or None
+
+
+def check_queue_template(value: str, key: str) -> str:
+    """``value`` if it is a Kueue queue-name template using only :data:`QUEUE_FIELDS`, else a
+    :class:`gpupool.settings.ConfigError` naming ``key``."""
+    from .settings import ConfigError
+
+    try:
+        value.format(**dict.fromkeys(QUEUE_FIELDS, "x"))
+    except (KeyError, IndexError, ValueError) as e:
+        fields = ", ".join("{" + f + "}" for f in QUEUE_FIELDS)
+        raise ConfigError(key, f"{value!r} may use only {fields} ({e!r})") from None
+    return value

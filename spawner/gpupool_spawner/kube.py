@@ -33,8 +33,8 @@ from gpupool.core.ledger import Allocation
 from gpupool.podspec import (
     DEFAULT_GPU_TOLERATIONS,
     DEFAULT_PRODUCT_LABELS,
-    QUEUE_FIELDS,
     apply_allocation,
+    check_queue_template,
     product_values,
 )
 from gpupool.settings import ConfigError
@@ -112,16 +112,7 @@ class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner):
 
     @validate("kueue_queue_template")
     def _valid_queue_template(self, proposal: dict[str, Any]) -> str:
-        value = str(proposal["value"])
-        try:
-            value.format(**dict.fromkeys(QUEUE_FIELDS, "x"))
-        except (KeyError, IndexError, ValueError) as e:
-            fields = ", ".join("{" + f + "}" for f in QUEUE_FIELDS)
-            raise ConfigError(
-                "KubeGPUSpawner.kueue_queue_template",
-                f"{value!r} may use only {fields} ({e!r})",
-            ) from None
-        return value
+        return check_queue_template(str(proposal["value"]), "KubeGPUSpawner.kueue_queue_template")
 
     # -- product labels -----------------------------------------------------------------------
     def gpupool_product_labels(self) -> dict[str, tuple[str, ...]]:

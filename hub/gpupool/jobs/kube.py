@@ -54,11 +54,10 @@ from gpupool.core.offers import Offer
 from gpupool.podspec import (
     DEFAULT_GPU_TOLERATIONS,
     DEFAULT_PRODUCT_LABELS,
-    QUEUE_FIELDS,
+    check_queue_template,
     label_value,
     queue_name,
 )
-from gpupool.settings import ConfigError
 
 from .backend import JobBackend, Observation
 from .kube_manifests import (
@@ -277,15 +276,7 @@ class KubeJobBackend(JobBackend):
 
     @validate("kueue_queue_template")
     def _valid_queue_template(self, proposal: dict[str, Any]) -> str:
-        value = str(proposal["value"])
-        try:
-            value.format(**dict.fromkeys(QUEUE_FIELDS, "x"))
-        except (KeyError, IndexError, ValueError) as e:
-            fields = ", ".join("{" + f + "}" for f in QUEUE_FIELDS)
-            raise ConfigError(
-                "KubeJobBackend.kueue_queue_template", f"{value!r} may use only {fields} ({e!r})"
-            ) from None
-        return value
+        return check_queue_template(str(proposal["value"]), "KubeJobBackend.kueue_queue_template")
 
     def _pool(self) -> Any:
         return getattr(self.parent, "pool", None)
