@@ -113,6 +113,10 @@ class LocalJobBackend(JobBackend):
         jdir.mkdir(parents=True, exist_ok=True)
         script = jdir / "script.py"
         script.write_text(job.spec.script)
+        if not self.run_as_hub_user:  # the job runs as the owner and writes its logs here
+            pw = pwd.getpwnam(job.owner)
+            for path in (jdir.parents[1], jdir.parent, jdir, script):
+                os.chown(path, pw.pw_uid, pw.pw_gid)
         home = jdir.parents[2]
         workdir = Path(job.spec.workdir) if job.spec.workdir else home
         port = free_port()
