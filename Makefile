@@ -6,16 +6,38 @@ STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip
 
 CHP    := node_modules/.bin/configurable-http-proxy
+JLPM   := ../$(BIN)/jlpm
+LABEXT := labextension/gpupool_lab/labextension/package.json
+LABSRC := $(shell find labextension/src labextension/style -type f 2>/dev/null) \
+          labextension/package.json labextension/yarn.lock labextension/tsconfig.json
+export YARN_CACHE_FOLDER := $(CURDIR)/labextension/.yarn-cache
+export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install run test lint format bench clean
+.PHONY: install run test lint format bench clean chromium
 
-install: $(STAMP) $(CHP)
+install: $(STAMP) $(CHP) chromium
 
-$(STAMP): pyproject.toml constraints.txt
+# 1. a venv with JupyterLab (for jlpm) and the build backend; 2. the JupyterLab extension,
+# built with jlpm; 3. the package itself, editable, finding the built extension in place.
+$(VENV)/.base: constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -c constraints.txt -e '.[hub,lab,test]'
+	$(PIP) install --quiet -c constraints.txt 'jupyterlab>=4.6,<5' 'hatchling>=1.21' editables \
+	  'hatch-jupyter-builder>=0.9'
+	touch $@
+
+$(LABEXT): $(VENV)/.base $(LABSRC)
+	cd labextension && $(JLPM) install --immutable && $(JLPM) build:prod
+	touch $@
+
+$(STAMP): pyproject.toml constraints.txt $(LABEXT)
+	$(PIP) install --quiet -c constraints.txt --no-build-isolation -e '.[hub,lab,test]'
 	touch $(STAMP)
+
+# Browser tests drive Debian's Chromium (never a downloaded browser).
+chromium:
+	@command -v chromium >/dev/null || (apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
 $(CHP):
 	npm install --no-save --no-package-lock --no-audit --no-fund configurable-http-proxy@5.3.0
@@ -28,12 +50,14 @@ test: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	cd labextension && $(JLPM) lint:check && $(JLPM) test
 	$(BIN)/python -m pytest -q
 
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	cd labextension && $(JLPM) lint:check
 
 format: install
 	$(BIN)/ruff check --fix .
@@ -47,4 +71,5 @@ bench: install
 	$(BIN)/python -m benchmarks.jobs
 
 clean:
-	rm -rf $(VENV) node_modules .run .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) node_modules .run .pytest_cache .mypy_cache .ruff_cache .hypothesis \
+	  labextension/node_modules labextension/lib labextension/gpupool_lab/labextension

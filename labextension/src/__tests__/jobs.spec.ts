@@ -1,0 +1,127 @@
+import { nullTranslator } from '@jupyterlab/translation';
+import { Widget } from '@lumino/widgets';
+
+import * as api from '../api';
+import { JobsPanel } from '../jobs';
+
+jest.mock('../api', () => {
+  const actual = jest.requireActual('../api');
+  return {
+    ...actual,
+    listJobs: jest.fn(),
+    getJob: jest.fn(),
+    getLogs: jest.fn()
+  };
+});
+
+const mocked = api as jest.Mocked<typeof api>;
+
+function job(partial: Partial<api.IJob>): api.IJob {
+  return {
+    id: 'j1',
+    name: 'train',
+    owner: 'alice',
+    team: 'vision',
+    offer: 'h100',
+    gpus: 2,
+    nodes: 1,
+    ranks: 2,
+    state: 'running',
+    reason: '',
+    created: new Date().toISOString(),
+    started: new Date().toISOString(),
+    finished: null,
+    exit_codes: {},
+    queue_position: null,
+    devices: ['0', '1'],
+    ...partial
+  };
+}
+
+describe('JobsPanel', () => {
+  let panel: JobsPanel;
+
+  beforeEach(() => {
+    mocked.listJobs.mockResolvedValue([]);
+    mocked.getLogs
+      .mockResolvedValueOnce({ text: 'rank 0 says hi\n', size: 15, state: 'succeeded' })
+      .mockResolvedValue({ text: '', size: 15, state: 'succeeded' });
+    panel = new JobsPanel({ trans: nullTranslator.load('gpupool_lab') });
+    Widget.attach(panel, document.body);
+  });
+
+  afterEach(() => {
+    panel.dispose();
+    jest.resetAllMocks();
+  });
+
+  it('says how to start when there are no jobs', async () => {
+    mocked.listJobs.mockResolvedValue([]);
+    await panel.refresh();
+    const empty = panel.node.querySelector<HTMLElement>('.gpupool-empty');
+    expect(empty?.hidden).toBe(false);
+    expect(empty?.textContent).toBe("No jobs yet. Use Run distributed in a notebook's toolbar.");
+  });
+
+  it('lists jobs with their state as text and a state class', async () => {
+    mocked.listJobs.mockResolvedValue([
+      job({ id: 'j2', state: 'queued', started: null, queue_position: 1 }),
+      job({ id: 'j1', state: 'failed', finished: new Date().toISOString(), exit_codes: { '0': 1 } })
+    ]);
+    await panel.refresh();
+    expect(panel.node.querySelector<HTMLElement>('.gpupool-empty')?.hidden).toBe(true);
+    const items = panel.node.querySelectorAll<HTMLElement>('.gpupool-job');
+    expect(Array.from(items).map(i => i.dataset.jobId)).toEqual(['j2', 'j1']);
+    const queued = items[0].querySelector('.gpupool-state-queued');
+    expect(queued?.textContent).toBe('queued');
+    expect(items[0].textContent).toContain('#1 in queue');
+    expect(items[1].querySelector('.gpupool-state-failed')?.textContent).toBe('failed');
+  });
+
+  it('shows the selected job with ranks, cancel/resubmit and its log', async () => {
+    mocked.listJobs.mockResolvedValue([
+      job({ id: 'j1', state: 'succeeded', finished: new Date().toISOString() })
+    ]);
+    await panel.open('j1');
+    const detail = panel.node.querySelector<HTMLElement>('.gpupool-job-detail');
+    expect(detail?.hidden).toBe(false);
+    const ranks = panel.node.querySelectorAll('select[name="rank"] option');
+    expect(ranks.length).toBe(2);
+    expect(panel.node.querySelector<HTMLButtonElement>('.gpupool-cancel')?.disabled).toBe(true);
+    expect(panel.node.querySelector<HTMLButtonElement>('.gpupool-resubmit')?.disabled).toBe(false);
+    await new Promise(resolve => setTimeout(resolve, 10));
+    expect(mocked.getLogs).toHaveBeenCalledWith('j1', 0, 0);
+    expect(panel.node.querySelector('.gpupool-log')?.textContent).toBe('rank 0 says hi\n');
+    expect(mocked.getLogs).toHaveBeenLastCalledWith('j1', 0, 15);
+    expect(panel.node.querySelector('.gpupool-log-status')?.textContent).toBe(
+      'Job succeeded; end of log.'
+    );
+  });
+
+  it('shows what the server said when the list fails', async () => {
+    mocked.listJobs.mockRejectedValue(new Error('The hub is not reachable.'));
+    await expect(panel.refresh()).rejects.toThrow('The hub is not reachable.');
+    expect(panel.node.querySelector('.gpupool-jobs-error')?.textContent).toBe(
+      'The hub is not reachable.'
+    );
+  });
+
+  it('follows a running rank from the offset the server gives', async () => {
+    mocked.listJobs.mockResolvedValue([job({ id: 'j3', state: 'running', ranks: 1 })]);
+    mocked.getLogs.mockReset();
+    mocked.getLogs
+      // "é" cut in half: the server holds its first byte back and says where to go on from.
+      .mockResolvedValueOnce({ text: 'step 1 loss ', size: 12, state: 'running' })
+      .mockResolvedValueOnce({ text: 'é=0.5\n', size: 19, state: 'succeeded' })
+      .mockResolvedValue({ text: '', size: 19, state: 'succeeded' });
+    jest.useFakeTimers();
+    try {
+      await panel.open('j3');
+      await jest.advanceTimersByTimeAsync(5000);
+    } finally {
+      jest.useRealTimers();
+    }
+    expect(mocked.getLogs.mock.calls.map(c => c[2])).toEqual([0, 12, 19]);
+    expect(panel.node.querySelector('.gpupool-log')?.textContent).toBe('step 1 loss é=0.5\n');
+  });
+});

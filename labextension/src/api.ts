@@ -1,0 +1,156 @@
+/**
+ * The gpupool server extension's REST contract (under `<baseUrl>/gpupool/`), typed.
+ */
+import { requestAPI } from './request';
+
+export type OfferKind = 'cpu' | 'gpu' | 'mig';
+
+/**
+ * One pickable (offer, count) line of a team.
+ */
+export interface IOffer {
+  name: string;
+  kind: OfferKind;
+  label: string;
+  description: string;
+  /**
+   * GPUs per allocation (always 1 for MIG and CPU offers).
+   */
+  count: number;
+  /**
+   * GPU-equivalents one allocation of this line costs.
+   */
+  cost: number;
+  /**
+   * How many of this offer can be placed now.
+   */
+  free: number;
+  enabled: boolean;
+  /**
+   * Why the line is not enabled (empty when it is).
+   */
+  reason: string;
+}
+
+/**
+ * One team of the user, its quota figures and what it may request.
+ */
+export interface ITeamOffers {
+  team: string;
+  used: number;
+  limit: number;
+  guarantee: number;
+  borrow_limit: number;
+  left: number;
+  user_used: number;
+  user_cap: number | null;
+  offers: IOffer[];
+}
+
+export interface IOffersReply {
+  simulated: boolean;
+  inventory: string;
+  teams: ITeamOffers[];
+}
+
+export type JobState =
+  'queued' | 'starting' | 'running' | 'succeeded' | 'failed' | 'cancelled' | 'lost';
+
+/**
+ * The states a job never leaves.
+ */
+export const FINAL_STATES: ReadonlyArray<string> = ['succeeded', 'failed', 'cancelled', 'lost'];
+
+/**
+ * Whether a job in this state has ended.
+ */
+export function isFinal(state: string): boolean {
+  return FINAL_STATES.includes(state);
+}
+
+export interface IJob {
+  id: string;
+  name: string;
+  owner: string;
+  team: string;
+  offer: string;
+  gpus: number;
+  nodes: number;
+  ranks: number;
+  state: JobState;
+  reason: string;
+  created: string | null;
+  started: string | null;
+  finished: string | null;
+  exit_codes: { [rank: string]: number };
+  queue_position: number | null;
+  devices: string[];
+  time_limit?: number;
+}
+
+export type CellsRequest = 'all' | { upto: number } | { selected: number[] };
+
+export interface ISubmitRequest {
+  path: string;
+  cells: CellsRequest;
+  gpus: number;
+  nodes: number;
+  offer: string;
+  team: string | null;
+  time_limit: number;
+  name: string;
+}
+
+export interface ILogChunk {
+  text: string;
+  size: number;
+  state: string;
+}
+
+export interface IAllocation {
+  label: string;
+  offer: string;
+  team: string;
+  simulated: boolean;
+  allocation: string;
+}
+
+function jobPath(jobId: string): string {
+  return `jobs/${encodeURIComponent(jobId)}`;
+}
+
+export function getOffers(): Promise<IOffersReply> {
+  return requestAPI<IOffersReply>('offers');
+}
+
+export function submitJob(request: ISubmitRequest): Promise<IJob> {
+  return requestAPI<IJob>('submit', {
+    method: 'POST',
+    body: JSON.stringify(request)
+  });
+}
+
+export async function listJobs(): Promise<IJob[]> {
+  const reply = await requestAPI<{ jobs: IJob[] }>('jobs');
+  return Array.isArray(reply?.jobs) ? reply.jobs : [];
+}
+
+export function getJob(jobId: string): Promise<IJob> {
+  return requestAPI<IJob>(jobPath(jobId));
+}
+
+export function cancelJob(jobId: string): Promise<IJob> {
+  return requestAPI<IJob>(jobPath(jobId), { method: 'DELETE' });
+}
+
+export function resubmitJob(jobId: string): Promise<IJob> {
+  return requestAPI<IJob>(`${jobPath(jobId)}/resubmit`, { method: 'POST' });
+}
+
+export function getLogs(jobId: string, rank: number, offset: number): Promise<ILogChunk> {
+  return requestAPI<ILogChunk>(`${jobPath(jobId)}/logs?rank=${rank}&offset=${offset}`);
+}
+
+export function getAllocation(): Promise<IAllocation> {
+  return requestAPI<IAllocation>('allocation');
+}

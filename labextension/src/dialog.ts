@@ -1,0 +1,405 @@
+/**
+ * The "Run distributed" dialog: GPUs per node, nodes, offer, team, time limit and cells.
+ */
+import { Dialog, showDialog } from '@jupyterlab/apputils';
+import type { TranslationBundle } from '@jupyterlab/translation';
+import type { Message } from '@lumino/messaging';
+import { Widget } from '@lumino/widgets';
+
+import type { IOffersReply, ITeamOffers } from './api';
+import { formatGpuEq, formatLimit, quotaLine } from './format';
+import {
+  baseLabel,
+  CellsMode,
+  INotebookCells,
+  IRunChoice,
+  IRunForm,
+  MAX_NODES,
+  maxPerNode,
+  offerEntries,
+  offerNames,
+  validateChoice
+} from './validate';
+
+export interface IRunDialogOptions {
+  /**
+   * The `GET offers` reply: what the user may request now.
+   */
+  offers: IOffersReply;
+  /**
+   * The values to start from.
+   */
+  choice: IRunChoice;
+  /**
+   * The job's name to start from.
+   */
+  name: string;
+  cells: INotebookCells;
+  /**
+   * An error to show at first (the server's answer to the previous attempt).
+   */
+  error?: string | null;
+  trans: TranslationBundle;
+}
+
+let counter = 0;
+
+function element<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className?: string,
+  text?: string
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  if (className) {
+    node.className = className;
+  }
+  if (text !== undefined) {
+    node.textContent = text;
+  }
+  return node;
+}
+
+/**
+ * The dialog's body. Inputs are named `name`, `team`, `offer`, `gpus`, `nodes`, `time_limit`
+ * (minutes) and `cells` (radio buttons `all`, `upto`, `selected`).
+ */
+export class RunDistributedBody extends Widget implements Dialog.IBodyWidget<IRunForm> {
+  constructor(options: IRunDialogOptions) {
+    super();
+    this._options = options;
+    this._defaultName = options.name;
+    this._serverError = options.error ?? null;
+    const trans = options.trans;
+    const uid = `gpupool-run-${++counter}`;
+    this.addClass('gpupool-run-form');
+
+    const field = (label: string, control: HTMLElement, id: string) => {
+      const row = element('div', 'gpupool-field');
+      const lab = element('label', 'gpupool-field-label', label);
+      lab.htmlFor = id;
+      control.id = id;
+      row.append(lab, control);
+      return { row, label: lab };
+    };
+
+    const inventory = element('p', 'gpupool-inventory');
+    inventory.textContent = trans.__('Pool: %1', options.offers.inventory);
+    if (options.offers.simulated) {
+      inventory.append(' ', element('span', 'gpupool-simulated', trans.__('simulated')));
+    }
+
+    this._name = element('input', 'jp-mod-styled');
+    this._name.name = 'name';
+    this._name.type = 'text';
+    this._name.maxLength = 200;
+    this._name.placeholder = options.name;
+    this._name.value = options.name;
+
+    this._team = element('select', 'jp-mod-styled');
+    this._team.name = 'team';
+    for (const t of options.offers.teams) {
+      const option = element(
+        'option',
+        undefined,
+        trans.__('%1 (%2 of %3 GPU-eq left)', t.team, formatGpuEq(t.left), formatGpuEq(t.limit))
+      );
+      option.value = t.team;
+      this._team.append(option);
+    }
+    this._quota = element('p', 'gpupool-quota');
+
+    this._offer = element('select', 'jp-mod-styled');
+    this._offer.name = 'offer';
+    this._offerHint = element('p', 'gpupool-offer-hint');
+
+    this._gpus = element('input', 'jp-mod-styled');
+    this._gpus.name = 'gpus';
+    this._gpus.type = 'number';
+    this._gpus.min = '1';
+    this._gpus.step = '1';
+
+    this._nodes = element('input', 'jp-mod-styled');
+    this._nodes.name = 'nodes';
+    this._nodes.type = 'number';
+    this._nodes.min = '1';
+    this._nodes.max = String(MAX_NODES);
+    this._nodes.step = '1';
+
+    this._time = element('input', 'jp-mod-styled');
+    this._time.name = 'time_limit';
+    this._time.type = 'number';
+    this._time.min = '1';
+    this._time.step = '1';
+    this._timeHint = element('span', 'gpupool-time-hint');
+
+    const cellsSet = element('fieldset', 'gpupool-cells');
+    cellsSet.append(element('legend', undefined, trans.__('Cells')));
+    const cellLabels: { [mode in CellsMode]: string } = {
+      all: trans.__('All cells (%1)', options.cells.count),
+      upto: trans.__('Up to the active cell (cell %1)', options.cells.active + 1),
+      selected: trans.__('Selected cells (%1)', options.cells.selected.length)
+    };
+    for (const mode of ['all', 'upto', 'selected'] as CellsMode[]) {
+      const radio = element('input');
+      radio.type = 'radio';
+      radio.name = 'cells';
+      radio.value = mode;
+      radio.id = `${uid}-cells-${mode}`;
+      if (mode === 'upto' && options.cells.active < 0) {
+        radio.disabled = true;
+      }
+      if (mode === 'selected' && options.cells.selected.length === 0) {
+        radio.disabled = true;
+      }
+      const lab = element('label', 'gpupool-radio');
+      lab.htmlFor = radio.id;
+      lab.append(radio, ' ', cellLabels[mode]);
+      cellsSet.append(lab);
+      this._cells.push(radio);
+    }
+
+    this._error = element('p', 'gpupool-form-error');
+    this._error.setAttribute('role', 'alert');
+
+    const gpusField = field(trans.__('GPUs per node'), this._gpus, `${uid}-gpus`);
+    this._gpusLabel = gpusField.label;
+    const timeField = field(trans.__('Time limit (minutes)'), this._time, `${uid}-time_limit`);
+    timeField.label.append(' ', this._timeHint);
+
+    const where = element('div', 'gpupool-row');
+    where.append(
+      field(trans.__('Team'), this._team, `${uid}-team`).row,
+      field(trans.__('Offer'), this._offer, `${uid}-offer`).row
+    );
+    const numbers = element('div', 'gpupool-row');
+    numbers.append(
+      gpusField.row,
+      field(trans.__('Nodes'), this._nodes, `${uid}-nodes`).row,
+      timeField.row
+    );
+
+    this.node.append(
+      inventory,
+      field(trans.__('Job name'), this._name, `${uid}-name`).row,
+      where,
+      this._quota,
+      this._offerHint,
+      numbers,
+      cellsSet,
+      this._error
+    );
+
+    const choice = options.choice;
+    this._team.value = choice.team;
+    if (this._team.selectedIndex < 0 && this._team.options.length > 0) {
+      this._team.selectedIndex = 0;
+    }
+    this._fillOffers(choice.offer);
+    this._gpus.value = String(choice.gpus);
+    this._nodes.value = String(choice.nodes);
+    this._time.value = String(Math.max(1, Math.round(choice.timeLimit / 60)));
+    const cellsRadio = this._cells.find(r => r.value === choice.cells && !r.disabled);
+    (cellsRadio ?? this._cells[0]).checked = true;
+    this._syncOffer();
+  }
+
+  /**
+   * The form's values (time limit in seconds).
+   */
+  getValue(): IRunForm {
+    const num = (input: HTMLInputElement) =>
+      input.value.trim() === '' ? NaN : Number(input.value);
+    const checked = this._cells.find(r => r.checked);
+    return {
+      name: this._name.value.trim() || this._defaultName,
+      team: this._team.value,
+      offer: this._offer.value,
+      gpus: num(this._gpus),
+      nodes: num(this._nodes),
+      timeLimit: Math.round(num(this._time) * 60),
+      cells: (checked?.value ?? '') as CellsMode
+    };
+  }
+
+  /**
+   * Why the form cannot be submitted now, or `null`.
+   */
+  validate(): string | null {
+    const problem = validateChoice(this.getValue(), this._options.offers, this._options.cells);
+    if (problem !== null) {
+      return problem;
+    }
+    const invalid = this.node.querySelector<HTMLInputElement>('input:invalid');
+    return invalid
+      ? invalid.validationMessage || this._options.trans.__('Check the values.')
+      : null;
+  }
+
+  handleEvent(event: Event): void {
+    if (event.target === this._error) {
+      return; // our own nudge to the dialog, below
+    }
+    if (event.target === this._team) {
+      this._fillOffers(this._offer.value);
+    }
+    if (event.target === this._team || event.target === this._offer) {
+      this._syncOffer();
+    }
+    this._serverError = null;
+    this._update();
+  }
+
+  protected onAfterAttach(msg: Message): void {
+    super.onAfterAttach(msg);
+    this.node.addEventListener('input', this);
+    this.node.addEventListener('change', this);
+    this._update();
+    // The dialog may start listening after its body is attached: check again once it does.
+    requestAnimationFrame(() => this._nudgeDialog());
+  }
+
+  protected onBeforeDetach(msg: Message): void {
+    this.node.removeEventListener('input', this);
+    this.node.removeEventListener('change', this);
+    super.onBeforeDetach(msg);
+  }
+
+  private get _teamOffers(): ITeamOffers | undefined {
+    return this._options.offers.teams.find(t => t.team === this._team.value);
+  }
+
+  /**
+   * Rebuild the offer options for the chosen team, keeping `keep` selected if it is there.
+   */
+  private _fillOffers(keep: string): void {
+    const trans = this._options.trans;
+    this._offer.replaceChildren();
+    const team = this._teamOffers;
+    if (team === undefined) {
+      return;
+    }
+    this._quota.textContent = quotaLine(team);
+    for (const name of offerNames(team)) {
+      const entries = offerEntries(team, name);
+      const first = entries[0];
+      const enabled = entries.some(e => e.enabled);
+      let text = baseLabel(first);
+      if (first.kind !== 'cpu') {
+        text = trans.__('%1 — %2 free', text, first.free);
+      }
+      if (!enabled) {
+        text = trans.__('%1 (%2)', text, first.reason);
+      }
+      const option = element('option', undefined, text);
+      option.value = name;
+      option.disabled = !enabled;
+      option.title = [first.description, enabled ? '' : first.reason].filter(Boolean).join(' — ');
+      this._offer.append(option);
+    }
+    this._offer.value = keep;
+    if (this._offer.selectedIndex < 0 || this._offer.selectedOptions[0]?.disabled) {
+      const firstEnabled = Array.from(this._offer.options).find(o => !o.disabled);
+      if (firstEnabled) {
+        this._offer.value = firstEnabled.value;
+      } else if (this._offer.selectedIndex < 0 && this._offer.options.length > 0) {
+        this._offer.selectedIndex = 0;
+      }
+    }
+  }
+
+  /**
+   * Fit the GPU input and the hint to the chosen offer.
+   */
+  private _syncOffer(): void {
+    const trans = this._options.trans;
+    const team = this._teamOffers;
+    const entries = team ? offerEntries(team, this._offer.value) : [];
+    if (entries.length === 0) {
+      this._offerHint.textContent = '';
+      return;
+    }
+    const first = entries[0];
+    const top = maxPerNode(entries);
+    this._gpus.max = String(top);
+    this._gpusLabel.textContent =
+      first.kind === 'cpu' ? trans.__('Processes per node') : trans.__('GPUs per node');
+    if (first.kind === 'mig') {
+      this._gpus.value = '1';
+    }
+    const parts = [first.description];
+    if (first.kind === 'gpu') {
+      const counts = entries.filter(e => e.enabled).map(e => e.count);
+      parts.push(
+        counts.length > 0
+          ? trans.__(
+              '%1 free now; up to %2 GPUs per node can start now',
+              first.free,
+              Math.max(...counts)
+            )
+          : trans.__('%1 free now', first.free)
+      );
+    } else if (first.kind === 'mig') {
+      parts.push(trans.__('%1 free now; one instance per node', first.free));
+    }
+    this._offerHint.textContent = parts.filter(Boolean).join(' · ');
+  }
+
+  private _update(): void {
+    const seconds = this.getValue().timeLimit;
+    this._timeHint.textContent =
+      Number.isInteger(seconds) && seconds > 0 ? `= ${formatLimit(seconds)}` : '';
+    const problem = this.validate();
+    const invalid = problem !== null;
+    this._error.textContent = problem ?? this._serverError ?? '';
+    this._error.classList.toggle('jp-mod-error', invalid);
+    this._error.classList.toggle('gpupool-mod-server', !invalid && this._serverError !== null);
+    if (invalid !== this._invalid) {
+      this._invalid = invalid;
+      this._nudgeDialog();
+    }
+  }
+
+  /**
+   * Make the dialog re-check its validity (it disables Submit while a `.jp-mod-error` shows).
+   */
+  private _nudgeDialog(): void {
+    if (this.isAttached) {
+      this._error.dispatchEvent(new Event('input', { bubbles: true }));
+    }
+  }
+
+  private _options: IRunDialogOptions;
+  private _defaultName: string;
+  private _serverError: string | null;
+  private _invalid: boolean | null = null;
+  private _name: HTMLInputElement;
+  private _team: HTMLSelectElement;
+  private _quota: HTMLParagraphElement;
+  private _offer: HTMLSelectElement;
+  private _offerHint: HTMLParagraphElement;
+  private _gpus: HTMLInputElement;
+  private _gpusLabel: HTMLLabelElement;
+  private _nodes: HTMLInputElement;
+  private _time: HTMLInputElement;
+  private _timeHint: HTMLSpanElement;
+  private _cells: HTMLInputElement[] = [];
+  private _error: HTMLParagraphElement;
+}
+
+/**
+ * Show the dialog once; the form when the user pressed Submit, `null` when cancelled.
+ */
+export async function showRunDialog(options: IRunDialogOptions): Promise<IRunForm | null> {
+  const trans = options.trans;
+  const body = new RunDistributedBody(options);
+  const result = await showDialog<IRunForm>({
+    title: trans.__('Run distributed'),
+    body,
+    buttons: [Dialog.cancelButton(), Dialog.okButton({ label: trans.__('Submit') })],
+    focusNodeSelector: 'select[name="offer"]'
+  });
+  if (!result.button.accept || result.value === null) {
+    return null;
+  }
+  return result.value;
+}

@@ -1,0 +1,328 @@
+/**
+ * The "Run distributed" form's rules, as pure functions of the form and the offers reply.
+ *
+ * The hub decides in the end (a hand-made request gets the same answer); these checks only
+ * keep the user from submitting what `GET offers` already says cannot be granted now.
+ */
+import type { CellsRequest, IOffer, IOffersReply, ISubmitRequest, ITeamOffers } from './api';
+import { formatGpuEq } from './format';
+
+export type CellsMode = 'all' | 'upto' | 'selected';
+
+export const CELLS_MODES: ReadonlyArray<CellsMode> = ['all', 'upto', 'selected'];
+
+/**
+ * What the user picks in the dialog (and what is remembered for next time).
+ */
+export interface IRunChoice {
+  team: string;
+  offer: string;
+  /**
+   * GPUs per node (processes per node for a CPU offer).
+   */
+  gpus: number;
+  nodes: number;
+  /**
+   * Seconds.
+   */
+  timeLimit: number;
+  cells: CellsMode;
+}
+
+/**
+ * The dialog's value: the choice and the job's name.
+ */
+export interface IRunForm extends IRunChoice {
+  name: string;
+}
+
+/**
+ * The notebook's cells at the time of the dialog.
+ */
+export interface INotebookCells {
+  count: number;
+  /**
+   * Index of the active cell (-1 when none).
+   */
+  active: number;
+  /**
+   * Indexes of the selected cells (the active cell included), ascending.
+   */
+  selected: number[];
+}
+
+export const MAX_GPUS_PER_NODE = 64;
+export const MAX_NODES = 64;
+export const MIN_TIME_LIMIT = 60;
+export const DEFAULT_TIME_LIMIT = 3600;
+
+/**
+ * The team a choice names; the only team when it names none.
+ */
+export function findTeam(offers: IOffersReply, team: string): ITeamOffers | undefined {
+  if (!team) {
+    return offers.teams.length === 1 ? offers.teams[0] : undefined;
+  }
+  return offers.teams.find(t => t.team === team);
+}
+
+/**
+ * The lines of one offer in a team (one per count), in the server's order.
+ */
+export function offerEntries(team: ITeamOffers, offer: string): IOffer[] {
+  return team.offers.filter(o => o.name === offer);
+}
+
+/**
+ * The distinct offer names of a team, in the server's order.
+ */
+export function offerNames(team: ITeamOffers): string[] {
+  const names: string[] = [];
+  for (const o of team.offers) {
+    if (!names.includes(o.name)) {
+      names.push(o.name);
+    }
+  }
+  return names;
+}
+
+/**
+ * An offer's label without its count ("H100-80GB ×2" or "2× H100-80GB" → "H100-80GB").
+ */
+export function baseLabel(entry: IOffer): string {
+  if (entry.kind !== 'gpu') {
+    return entry.label;
+  }
+  return entry.label.replace(/\s*×\s*\d+$/, '').replace(/^\d+\s*×\s*/, '');
+}
+
+/**
+ * The line that a number of GPUs per node of this offer maps to.
+ */
+export function entryFor(entries: IOffer[], gpus: number): IOffer | undefined {
+  if (entries.length === 0) {
+    return undefined;
+  }
+  if (entries[0].kind === 'gpu') {
+    return entries.find(e => e.count === gpus);
+  }
+  return entries[0];
+}
+
+/**
+ * The most GPUs per node an offer takes.
+ */
+export function maxPerNode(entries: IOffer[]): number {
+  if (entries.length === 0) {
+    return 1;
+  }
+  switch (entries[0].kind) {
+    case 'gpu':
+      return Math.max(...entries.map(e => e.count));
+    case 'mig':
+      return 1;
+    default:
+      return MAX_GPUS_PER_NODE;
+  }
+}
+
+function isWhole(value: number, low: number, high: number): boolean {
+  return Number.isInteger(value) && value >= low && value <= high;
+}
+
+function sentence(text: string): string {
+  return /[.!?]$/.test(text) ? text : `${text}.`;
+}
+
+/**
+ * Why a choice cannot be submitted now, or `null` when it can.
+ *
+ * @param form - the dialog's values
+ * @param offers - the `GET offers` reply the dialog was built from
+ * @param cells - the notebook's cells (skips the cell checks when omitted)
+ */
+export function validateChoice(
+  form: IRunChoice,
+  offers: IOffersReply,
+  cells?: INotebookCells
+): string | null {
+  if (offers.teams.length === 0) {
+    return 'The pool lists no team for you, so there is nothing you may request.';
+  }
+  const team = findTeam(offers, form.team);
+  const teamNames = offers.teams.map(t => t.team).join(', ');
+  if (team === undefined) {
+    return form.team
+      ? `You are not in team ${form.team}; your teams: ${teamNames}.`
+      : `Choose a team: ${teamNames}.`;
+  }
+
+  const entries = offerEntries(team, form.offer);
+  if (entries.length === 0) {
+    if (!form.offer) {
+      return 'Choose an offer.';
+    }
+    const allowed = offerNames(team).join(', ') || 'none';
+    return `Team ${team.team} may not request ${form.offer}; allowed: ${allowed}.`;
+  }
+  const kind = entries[0].kind;
+  const label = baseLabel(entries[0]);
+
+  const what = kind === 'cpu' ? 'Processes per node' : 'GPUs per node';
+  if (!isWhole(form.gpus, 1, MAX_GPUS_PER_NODE)) {
+    return `${what} must be a whole number from 1 to ${MAX_GPUS_PER_NODE}.`;
+  }
+  if (!isWhole(form.nodes, 1, MAX_NODES)) {
+    return `Nodes must be a whole number from 1 to ${MAX_NODES}.`;
+  }
+
+  const entry = entryFor(entries, form.gpus);
+  if (kind === 'mig' && form.gpus !== 1) {
+    return `${label} is one MIG instance per node: use 1 GPU per node.`;
+  }
+  if (entry === undefined) {
+    const top = maxPerNode(entries);
+    return `${label} takes 1 to ${top} GPUs per node, not ${form.gpus}.`;
+  }
+  if (!entry.enabled) {
+    return sentence(`${entry.label}: ${entry.reason || 'not available now'}`);
+  }
+
+  const needMilli = Math.round(entry.cost * 1000) * form.nodes;
+  if (needMilli > 0) {
+    const need = formatGpuEq(needMilli / 1000);
+    const leftMilli = Math.round(team.left * 1000);
+    if (needMilli > leftMilli) {
+      return (
+        `The job needs ${need} GPU-eq (${form.nodes} × ${formatGpuEq(entry.cost)}); ` +
+        `team ${team.team} has ${formatGpuEq(team.left)} left.`
+      );
+    }
+    if (team.user_cap !== null && team.user_cap !== undefined) {
+      const mineMilli = Math.round((team.user_cap - team.user_used) * 1000);
+      if (needMilli > mineMilli) {
+        return (
+          `The job needs ${need} GPU-eq; you have ${formatGpuEq(Math.max(0, mineMilli) / 1000)} ` +
+          `of your cap left in team ${team.team}.`
+        );
+      }
+    }
+  }
+
+  if (!Number.isInteger(form.timeLimit) || form.timeLimit < MIN_TIME_LIMIT) {
+    return 'The time limit must be at least 1 minute.';
+  }
+
+  if (!CELLS_MODES.includes(form.cells)) {
+    return 'Choose which cells to run.';
+  }
+  if (cells !== undefined) {
+    if (cells.count === 0) {
+      return 'The notebook has no cells to run.';
+    }
+    if (form.cells === 'upto' && (cells.active < 0 || cells.active >= cells.count)) {
+      return 'There is no active cell to run up to.';
+    }
+    if (form.cells === 'selected' && cells.selected.length === 0) {
+      return 'No cells are selected.';
+    }
+  }
+  return null;
+}
+
+/**
+ * A remembered choice read back from storage, keeping only well-typed fields.
+ */
+export function parseChoice(value: unknown): Partial<IRunChoice> | null {
+  if (value === null || typeof value !== 'object' || Array.isArray(value)) {
+    return null;
+  }
+  const v = value as { [key: string]: unknown };
+  const out: Partial<IRunChoice> = {};
+  if (typeof v.team === 'string') {
+    out.team = v.team;
+  }
+  if (typeof v.offer === 'string') {
+    out.offer = v.offer;
+  }
+  for (const key of ['gpus', 'nodes', 'timeLimit'] as const) {
+    const n = v[key];
+    if (typeof n === 'number' && Number.isFinite(n)) {
+      out[key] = n;
+    }
+  }
+  if (typeof v.cells === 'string' && (CELLS_MODES as ReadonlyArray<string>).includes(v.cells)) {
+    out.cells = v.cells as CellsMode;
+  }
+  return out;
+}
+
+const KIND_PREFERENCE = ['gpu', 'mig', 'cpu'];
+
+/**
+ * The dialog's first values: the last choice where it is still available, otherwise the first
+ * thing that can start now (whole GPUs first, then MIG, then CPU).
+ */
+export function initialChoice(offers: IOffersReply, last?: Partial<IRunChoice> | null): IRunChoice {
+  const prev = last ?? {};
+  const nodes = isWhole(prev.nodes ?? NaN, 1, MAX_NODES) ? (prev.nodes as number) : 1;
+  const timeLimit =
+    Number.isInteger(prev.timeLimit) && (prev.timeLimit as number) >= MIN_TIME_LIMIT
+      ? (prev.timeLimit as number)
+      : DEFAULT_TIME_LIMIT;
+  const cells = prev.cells && CELLS_MODES.includes(prev.cells) ? prev.cells : 'all';
+  const wantGpus = isWhole(prev.gpus ?? NaN, 1, MAX_GPUS_PER_NODE) ? (prev.gpus as number) : 1;
+
+  const team = offers.teams.find(t => t.team === prev.team) ?? offers.teams[0];
+  if (team === undefined) {
+    return { team: '', offer: '', gpus: wantGpus, nodes, timeLimit, cells };
+  }
+
+  const usable = (name: string) => team.offers.some(o => o.name === name && o.enabled);
+  let offer: string | undefined =
+    prev.offer !== undefined && usable(prev.offer) ? prev.offer : undefined;
+  if (offer === undefined) {
+    for (const kind of KIND_PREFERENCE) {
+      offer = team.offers.find(o => o.kind === kind && o.enabled)?.name;
+      if (offer !== undefined) {
+        break;
+      }
+    }
+  }
+  offer = offer ?? team.offers[0]?.name ?? '';
+
+  const entries = offerEntries(team, offer);
+  let gpus = wantGpus;
+  if (entries.length > 0 && entries[0].kind === 'mig') {
+    gpus = 1;
+  } else if (entries.length > 0 && entries[0].kind === 'gpu') {
+    const counts = entries.filter(e => e.enabled).map(e => e.count);
+    if (!counts.includes(wantGpus)) {
+      const below = counts.filter(c => c <= wantGpus);
+      gpus = below.length > 0 ? Math.max(...below) : counts.length > 0 ? Math.min(...counts) : 1;
+    }
+  }
+  return { team: team.team, offer, gpus, nodes, timeLimit, cells };
+}
+
+/**
+ * The `POST submit` body for a validated form.
+ */
+export function submission(path: string, form: IRunForm, cells: INotebookCells): ISubmitRequest {
+  let chosen: CellsRequest = 'all';
+  if (form.cells === 'upto') {
+    chosen = { upto: cells.active };
+  } else if (form.cells === 'selected') {
+    chosen = { selected: [...cells.selected] };
+  }
+  return {
+    path,
+    cells: chosen,
+    gpus: form.gpus,
+    nodes: form.nodes,
+    offer: form.offer,
+    team: form.team || null,
+    time_limit: form.timeLimit,
+    name: form.name
+  };
+}
