@@ -430,11 +430,11 @@ class LogsHandler(GpupoolHandler):
 
 
 def log_reply(data: bytes, offset: int, size: int, state: str) -> dict[str, Any]:
-    """``{"text", "size", "state"}``; while the job runs, a UTF-8 character cut at the end of
-    ``data`` is held back (``size`` then stops before it) so the next read, from ``size``, gets
-    it whole."""
+    """``{"text", "size", "state"}``; ``size`` is where the next read starts: right after the
+    bytes returned (the hub's size may be older than its read). While the job runs, a UTF-8
+    character cut at the end of ``data`` is held back so the next read gets it whole."""
     complete = data if state in TERMINAL_STATES else _complete_utf8(data)
-    if len(complete) < len(data):
+    if complete or len(complete) < len(data):
         size = offset + len(complete)
     return {"text": complete.decode("utf-8", errors="replace"), "size": size, "state": state}
 
