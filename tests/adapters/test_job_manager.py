@@ -13,7 +13,7 @@ from pathlib import Path
 from traitlets.config import Config
 
 from gpupool.config import GPUPool
-from gpupool.jobs.local import group_alive
+from gpupool.jobs.local import group_alive, job_pids
 from gpupool.jobs.manager import JobManager
 from gpupool.pool import Pool
 
@@ -88,8 +88,10 @@ def test_a_job_whose_processes_vanished_while_the_hub_was_down_is_lost(tmp_path:
         pid = json.loads(m.jobs[job.id].handle)["pid"]
         await m.stop()  # the hub goes down; the job keeps running
         m.pool.store.close()
-        os.killpg(pid, signal.SIGKILL)  # ... and then its processes vanish
-        while group_alive(pid):
+        for victim in job_pids(job.id):  # ... and then all its processes vanish
+            os.kill(victim, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL)
+        while group_alive(pid) or job_pids(job.id):
             await asyncio.sleep(0.05)
 
         again = manager(tmp_path)  # the hub comes back

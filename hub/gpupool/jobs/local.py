@@ -9,7 +9,9 @@ Vocabulary
 
 Contract: one ``torchrun --nnodes 1 --nproc-per-node N`` per job, c10d rendezvous on a free
 loopback port, ``CUDA_VISIBLE_DEVICES`` = the allocated UUIDs, its own session (process group),
-so cancel reaches every rank: SIGTERM to the group, SIGKILL after ``kill_grace`` seconds. The
+so cancel reaches every rank: SIGTERM to the group (torchrun passes it on), then SIGKILL after
+``kill_grace`` seconds to the group and to every process started with the job's
+``GPUPOOL_JOB`` variable (torchrun starts each rank in a session of its own). The
 handle records pid and process start time, so a restarted hub re-attaches only to the very same
 process, never to a recycled pid. Subprocesses are started here and nowhere else.
 """
@@ -55,6 +57,22 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def job_pids(job_id: str) -> list[int]:
+    """Every live process of a job, found by the ``GPUPOOL_JOB`` variable it was started with
+    (torchrun puts each rank in a session of its own, so the launcher's group misses them)."""
+    marker = f"GPUPOOL_JOB={job_id}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/environ", "rb") as f:
+                    if marker in f.read().split(b"\0"):
+                        found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
 
 
 def free_port() -> int:
@@ -180,7 +198,7 @@ class LocalJobBackend(JobBackend):
         if pid is not None and not leader_done and process_start(pid) == handle.get("start"):
             up = all((jdir / f"rank-{r}.log").exists() for r in range(job.spec.ranks))
             return Observation("running" if up else "starting", "", codes)
-        if pid is not None and group_alive(pid):
+        if (pid is not None and group_alive(pid)) or job_pids(job.id):
             return Observation("running", "", codes)  # the launcher ended; ranks still exiting
         self._procs.pop(job.id, None)
         exit_file = jdir / "exit-code"
@@ -218,15 +236,23 @@ class LocalJobBackend(JobBackend):
     async def cancel(self, job: Job) -> None:
         handle = json.loads(job.handle or "{}")
         pid = handle.get("pid")
-        if pid is None or process_start(pid) != handle.get("start"):
+        if pid is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
+        if process_start(pid) == handle.get("start"):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)  # torchrun passes it on to the ranks
+        else:
+            for rank_pid in job_pids(job.id):  # the launcher is gone (e.g. killed): the ranks
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(rank_pid, signal.SIGTERM)
 
         def kill() -> None:
             if process_start(pid) == handle.get("start"):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
+            for rank_pid in job_pids(job.id):  # ranks live in sessions of their own
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(rank_pid, signal.SIGKILL)
 
         asyncio.get_running_loop().call_later(self.kill_grace, kill)
 
