@@ -6,6 +6,8 @@ import type { TranslationBundle } from '@jupyterlab/translation';
 import type { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
+import { element } from './dom';
+
 import type { IOffersReply, ITeamOffers } from './api';
 import { formatGpuEq, formatLimit, quotaLine } from './format';
 import {
@@ -43,21 +45,6 @@ export interface IRunDialogOptions {
 }
 
 let counter = 0;
-
-function element<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  className?: string,
-  text?: string
-): HTMLElementTagNameMap[K] {
-  const node = document.createElement(tag);
-  if (className) {
-    node.className = className;
-  }
-  if (text !== undefined) {
-    node.textContent = text;
-  }
-  return node;
-}
 
 /**
  * The dialog's body. Inputs are named `name`, `team`, `offer`, `gpus`, `nodes`, `time_limit`

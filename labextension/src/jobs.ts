@@ -8,6 +8,8 @@ import type { Message } from '@lumino/messaging';
 import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
+import { element } from './dom';
+
 import { cancelJob, getJob, getLogs, IJob, isFinal, listJobs, resubmitJob } from './api';
 import { formatAge, formatLimit, jobDuration, jobResources, utf8Length } from './format';
 import { gpuIcon } from './icons';
@@ -32,21 +34,6 @@ const MAX_DRAINS = 20;
  * The most log text kept in the page (older text is trimmed).
  */
 const MAX_LOG_CHARS = 2_000_000;
-
-function element<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  className?: string,
-  text?: string
-): HTMLElementTagNameMap[K] {
-  const node = document.createElement(tag);
-  if (className) {
-    node.className = className;
-  }
-  if (text !== undefined) {
-    node.textContent = text;
-  }
-  return node;
-}
 
 function messageOf(error: unknown): string {
   return error instanceof Error ? error.message : String(error);

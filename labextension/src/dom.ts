@@ -1,0 +1,21 @@
+/**
+ * A small DOM helper shared by the dialog and the jobs panel.
+ */
+
+/**
+ * A new element with an optional class name and text.
+ */
+export function element<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className?: string,
+  text?: string
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  if (className) {
+    node.className = className;
+  }
+  if (text !== undefined) {
+    node.textContent = text;
+  }
+  return node;
+}
