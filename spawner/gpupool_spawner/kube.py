@@ -30,6 +30,7 @@ from kubespawner import KubeSpawner
 from traitlets import Dict, List, Unicode, validate
 
 from gpupool.core.ledger import Allocation
+from gpupool.hub.errors import refuse
 from gpupool.podspec import (
     DEFAULT_GPU_TOLERATIONS,
     DEFAULT_PRODUCT_LABELS,
@@ -39,7 +40,7 @@ from gpupool.podspec import (
 )
 from gpupool.settings import ConfigError
 
-from .mixin import GPUSpawnerMixin, refuse
+from .mixin import GPUSpawnerMixin
 
 
 class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner):

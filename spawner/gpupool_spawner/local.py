@@ -23,8 +23,9 @@ from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Bool, Unicode, default
 
 from gpupool.core.ledger import Allocation
+from gpupool.hub.errors import refuse
 
-from .mixin import GPUSpawnerMixin, refuse
+from .mixin import GPUSpawnerMixin
 
 
 class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):

@@ -19,7 +19,6 @@ import contextlib
 from typing import Any
 
 from jupyterhub.spawner import Spawner
-from tornado import web
 from traitlets import Unicode, default
 
 from gpupool.core.errors import InvalidRequest, PoolError, UnknownAllocation
@@ -180,10 +179,3 @@ class GPUSpawnerMixin(Spawner):
     def clear_state(self) -> None:
         super().clear_state()
         self.gpupool_allocation_id = ""
-
-
-def refuse(status: int, message: str) -> web.HTTPError:
-    """A refusal with a sentence JupyterHub shows on the spawn page."""
-    e = web.HTTPError(status, message)
-    e.jupyterhub_message = message
-    return e

@@ -7,8 +7,6 @@ IPYTHONDIR), as ``%load_ext gpupool_lab`` would load it in a kernel.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from gpupool_lab.client import HubError
 from gpupool_lab.convert import ConversionError
 from gpupool_lab.widget import Launcher
 from tests.lab.test_client_cli import FakeHub, hub, later
+from tests.lab.test_server_extension import run_script
 
 __all__ = ["hub"]  # the stand-in hub's fixture, used here by name
 
@@ -41,14 +40,6 @@ def nb(tmp_path: Path) -> Path:
     ]
     nbformat.write(new_notebook(cells=cells), path)
     return path
-
-
-def run_script(script: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-"], input=script, capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 def texts(widget: Launcher) -> list[str]:

@@ -249,9 +249,7 @@ class Ledger:
             template,
             devices=tuple(devices),
             node=nodes.pop() if nodes else None,
-            cost_milli=template.cost_milli
-            if keep_cost
-            else sum(self._device_cost(d) for d in devices),
+            cost_milli=template.cost_milli if keep_cost else sum(map(self._pick_cost, picks)),
         )
         self.allocations[allocation.id] = allocation
         self.team_used[allocation.team] += allocation.cost_milli
@@ -261,15 +259,6 @@ class Ledger:
     def _pick_cost(self, pick: Pick) -> int:
         geo = self.occ.geometry[pick.gpu]
         return geo.cost_milli(pick.profile) if geo and pick.profile else 1000
-
-    def _device_cost(self, d: Device) -> int:
-        g = self.occ.ordinal[d.gpu]
-        geo = self.occ.geometry[g]
-        if d.profile is None or geo is None:
-            return 1000
-        p = geo.resolve(d.profile)
-        assert p is not None
-        return geo.cost_milli(p)
 
     def _picks_for(self, a: Allocation) -> list[Pick] | None:
         """The picks that re-create ``a`` on today's inventory, or ``None`` if it cannot be."""

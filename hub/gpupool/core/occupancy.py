@@ -117,15 +117,6 @@ class Occupancy:
             if self.whole_free(g) and (model is None or self.gpus[g].model == model)
         ]
 
-    def free_instances(self, g: int, profile: Profile) -> list[MigInstance]:
-        """Pre-created instances of ``profile`` on fixed-mode GPU ``g`` whose slots are free."""
-        mask = self.mask[g]
-        return [
-            inst
-            for p, inst in self.fixed_instances.get(g, ())
-            if p == profile and not mask & p.mask_at(inst.start)
-        ]
-
     def _resolve_instances(self, g: int) -> list[tuple[Profile, MigInstance]]:
         geo = self.geometry[g]
         out = []

@@ -28,7 +28,12 @@ def status_of(error: errors.PoolError) -> int:
     return 400
 
 
-def http_error(error: errors.PoolError) -> web.HTTPError:
-    e = web.HTTPError(status_of(error), error.message, reason=error.code.replace("_", " "))
-    e.jupyterhub_message = error.message  # type: ignore[attr-defined]
+def refuse(status: int, message: str, reason: str | None = None) -> web.HTTPError:
+    """A refusal carrying ``message``, which JupyterHub also shows above the spawn form."""
+    e = web.HTTPError(status, message, reason=reason)
+    e.jupyterhub_message = message  # type: ignore[attr-defined]
     return e
+
+
+def http_error(error: errors.PoolError) -> web.HTTPError:
+    return refuse(status_of(error), error.message, error.code.replace("_", " "))
