@@ -70,6 +70,10 @@ bench: install
 	$(BIN)/python -m benchmarks.spawn
 	$(BIN)/python -m benchmarks.jobs
 
+# Regenerate the Helm chart's GPU-equivalents table after changing gpupool.core.mig.
+helm-table: install
+	$(BIN)/python scripts/helm-gpu-equivalents
+
 clean:
 	rm -rf $(VENV) node_modules .run .pytest_cache .mypy_cache .ruff_cache .hypothesis \
 	  labextension/node_modules labextension/lib labextension/gpupool_lab/labextension

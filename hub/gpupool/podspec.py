@@ -49,7 +49,9 @@ from kubespawner.slugs import is_valid_label, safe_slug
 from kubespawner.utils import get_k8s_model
 
 from gpupool.core.ledger import Allocation
+from gpupool.core.mig import GEOMETRIES
 from gpupool.core.offers import Offer
+from gpupool.core.units import GPU_MILLI
 
 NVIDIA_PREFIX = "nvidia.com/"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -105,6 +107,19 @@ def mig_resource(profile: str) -> str:
     ``1g.10gb+me`` is ``nvidia.com/mig-1g.10gb.me``."""
     name = profile.strip().lower().removeprefix("mig-")
     return MIG_RESOURCE_PREFIX + name.replace("+", ".")
+
+
+def gpu_equivalents(model: str) -> dict[str, int]:
+    """What one unit of each device-plugin resource costs on ``model``, in thousandths of a
+    GPU-equivalent: ``nvidia.com/gpu`` is 1000, ``nvidia.com/mig-3g.40gb`` 500 on an H100-80GB.
+    The Helm chart's Kueue resource transformations are generated from this (one source of truth
+    with the hub's own quota arithmetic)."""
+    out = {GPU_RESOURCE: GPU_MILLI}
+    geometry = GEOMETRIES.get(model)
+    if geometry is not None:
+        for profile in geometry.profiles:
+            out[mig_resource(profile.name)] = geometry.cost_milli(profile)
+    return out
 
 
 def gpu_resources(offer: Offer | None, count: int = 1) -> dict[str, str]:

