@@ -9,13 +9,14 @@
 # Environment knobs (for tests and demos): GPUPOOL_STATE_DIR (databases, secrets; default ./.run),
 # GPUPOOL_PORT (8000), GPUPOOL_HUB_PORT (8081), GPUPOOL_PROXY_API_PORT (8001),
 # GPUPOOL_INVENTORY (default "nvml"), GPUPOOL_DEMO_PASSWORD (default: generated, kept in the
-# state dir).
+# state dir), GPUPOOL_RECLAIM_PERIOD (seconds between idle checks; 30).
 import logging
 import os
 import secrets
 import sys
 from pathlib import Path
 
+from gpupool.clock import OffsetClock
 from gpupool.hub import setup
 
 c = get_config()  # noqa: F821  (injected by JupyterHub / traitlets)
@@ -117,6 +118,19 @@ c.GPUPool.everyone = {"offers": ["cpu"]}
 c.GPUPool.policy = "gpupool"
 # Allocations persist here and survive hub restarts (any SQLAlchemy URL).
 c.GPUPool.db_url = f"sqlite:///{STATE / 'gpupool.sqlite'}"
+
+# Idle GPUs come back: a GPU notebook under 5% GPU use with no busy kernel for 60 minutes is
+# warned in JupyterLab 15 minutes ahead, then its server is stopped (vision) or restarted
+# without a GPU (nlp, "action": "cpu"). Simulated GPUs are idle unless the activity file says
+# otherwise, e.g. {"GPU-…": {"gpu": 80}} (the admin page at /hub/gpupool shows the UUIDs); the
+# demo's clock can be moved forward by writing seconds to .run/clock-offset.
+c.IdleReclaimer.policies = {
+    "*": {"threshold": 5, "idle_minutes": 60, "warn_minutes": 15, "action": "stop"},
+    "nlp": {"action": "cpu"},
+}
+c.IdleReclaimer.period = float(os.environ.get("GPUPOOL_RECLAIM_PERIOD", "30"))
+c.IdleReclaimer.clock = OffsetClock(STATE / "clock-offset")
+c.GPUPool.simulated_activity_file = str(STATE / "activity.json")
 
 # Validate all of the above now and build the pool: a bad key stops the hub here, named.
 pool = setup(c, logging.getLogger("JupyterHub").getChild("gpupool"))

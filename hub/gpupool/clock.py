@@ -4,9 +4,29 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 
 def utcnow() -> datetime:
     """The current time, timezone-aware, in UTC."""
     return datetime.now(UTC)
+
+
+class OffsetClock:
+    """:func:`utcnow` moved forward by the number of seconds in a file, read at each call (a
+    missing or empty file is 0). For tests and demos whose hub runs in another process: writing
+    ``7200`` to the file makes the hub's time two hours later. Example::
+
+        c.IdleReclaimer.clock = OffsetClock(".run/clock-offset")
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __call__(self) -> datetime:
+        try:
+            offset = float(self.path.read_text().strip() or 0)
+        except FileNotFoundError:
+            offset = 0.0
+        return utcnow() + timedelta(seconds=offset)

@@ -88,6 +88,16 @@ class GPUPool(LoggingConfigurable):
         """,
     )
 
+    simulated_activity_file = Unicode(
+        "",
+        config=True,
+        help="""For a simulated inventory only: a JSON file the simulated NVML reads device
+        activity from at each reading, ``{uuid: {"gpu": 37, "pids": [4242], "used_mib": 2048}}``,
+        so a demo or a test can make a simulated GPU look busy or idle (the admin page shows the
+        UUIDs). Empty (the default): simulated GPUs are idle. Example:
+        ``c.GPUPool.simulated_activity_file = ".run/activity.json"``""",
+    )
+
     policy = Unicode(
         "gpupool",
         config=True,

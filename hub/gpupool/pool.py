@@ -16,16 +16,20 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
+from . import metrics
 from .clock import utcnow
 from .config import GPUPool
+from .core.errors import PoolError
 from .core.inventory import Inventory
 from .core.ledger import Allocation, Ledger
 from .core.offers import Request, RequestKind
 from .core.quota import resolve_team
+from .discovery.activity import DeviceMonitor
 from .store import Store
 
 log = logging.getLogger("gpupool")
@@ -58,6 +62,24 @@ def load_inventory(source: str, fallback: str = "", logger: logging.Logger = log
     return inventory
 
 
+def load_monitor(config: GPUPool, inventory: Inventory) -> DeviceMonitor:
+    """The device monitor for ``inventory``: NVML on this machine, the simulated NVML of a
+    simulated inventory (reading ``simulated_activity_file``), none for Kubernetes nodes."""
+    if inventory.simulated:
+        from .discovery import SimulatedNVML
+
+        spec = config.inventory.removeprefix("simulated:")
+        if not config.inventory.startswith("simulated:"):
+            spec = config.simulated_fallback
+        sim = SimulatedNVML(spec, activity_file=config.simulated_activity_file or None)
+        return DeviceMonitor({name: sim.for_node(name) for name in sim.node_names})
+    if inventory.source == "nvml":
+        import pynvml
+
+        return DeviceMonitor({node.name: pynvml for node in inventory.nodes})
+    return DeviceMonitor()
+
+
 class Pool:
     def __init__(
         self,
@@ -67,8 +89,11 @@ class Pool:
         logger: logging.Logger = log,
         clock: Callable[[], datetime] = utcnow,
         new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+        monitor: DeviceMonitor | None = None,
     ) -> None:
         self.ledger = ledger
+        self.monitor = monitor or DeviceMonitor()
+        """Reads device activity (utilisation, memory, processes) for metrics and reclaim."""
         self.store = store
         self.log = logger
         self.clock = clock
@@ -85,7 +110,8 @@ class Pool:
         ledger = Ledger(
             inventory, settings.offers, settings.teams, settings.everyone, config.policy
         )
-        pool = cls(ledger, Store(config.db_url), logger=logger)
+        monitor = load_monitor(config, inventory)
+        pool = cls(ledger, Store(config.db_url), logger=logger, monitor=monitor)
         pool.restore()
         return pool
 
@@ -105,16 +131,22 @@ class Pool:
         ref: str = "",
     ) -> Allocation:
         """Grant ``count`` of ``offer`` to ``user``, charged to ``team`` (or their only team)."""
+        began = time.perf_counter()
         with self._lock:
             ledger = self.ledger
-            chosen = resolve_team(ledger.teams, ledger.everyone, groups, team)
-            request = Request(user, chosen.name, offer, count, kind, ref)
-            allocation = ledger.allocate(request, self.new_id(), self.clock().timestamp())
+            try:
+                chosen = resolve_team(ledger.teams, ledger.everyone, groups, team)
+                request = Request(user, chosen.name, offer, count, kind, ref)
+                allocation = ledger.allocate(request, self.new_id(), self.clock().timestamp())
+            except PoolError as e:
+                metrics.refusal(kind, e.code)
+                raise
             try:
                 self.store.insert(allocation)
             except Exception:
                 ledger.release(allocation.id)
                 raise
+            metrics.ALLOCATION_SECONDS.labels(kind=kind).observe(time.perf_counter() - began)
             self.log.info(
                 "gpupool: allocated %s to %s (team %s, %s %s): %s",
                 allocation.id,

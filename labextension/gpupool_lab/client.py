@@ -10,6 +10,9 @@ Zero configuration inside a JupyterHub single-user server: the hub API URL comes
 Contract with the hub (resources under ``/hub/api/gpupool/``):
 
 - ``GET offers``, ``GET teams``: JSON objects, returned as they come.
+- ``GET allocations`` → ``{"allocations": [...]}``: the caller's own allocations (notebooks and
+  jobs); a GPU notebook's has ``idle``, what the idle reclaimer knows (``idle_since``,
+  ``action``, ``warning``: ``null`` or ``{"reclaim_at", "action", "message"}``).
 - ``POST jobs`` (JSON body; only the fields given are sent) → 201 and a job; ``GET jobs`` →
   ``{"jobs": [...]}``; ``GET jobs/<id>`` → a job; ``DELETE jobs/<id>`` → the cancelled job.
 - ``GET jobs/<id>/logs?rank=R&offset=N`` → ``text/plain`` bytes from byte offset N, with headers
@@ -160,6 +163,10 @@ class Client:
     def teams(self) -> list[dict[str, Any]]:
         """The teams' quotas and usage (``GET teams``' ``teams`` list)."""
         return list(self._json("GET", "teams")["teams"])
+
+    def allocations(self) -> list[dict[str, Any]]:
+        """The user's allocations, with idle warnings (``GET allocations``' ``allocations``)."""
+        return list(self._json("GET", "allocations")["allocations"])
 
     def submit(
         self,

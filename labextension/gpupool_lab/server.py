@@ -30,7 +30,8 @@ Endpoints:
 ``GET gpupool/jobs/<id>/logs?rank&offset``  ``{"text", "size", "state"}``: ``size`` is the byte
                                             offset to ask from next
 ``GET gpupool/allocation``                  what this server holds: ``{"label", "offer",
-                                            "team", "simulated", "allocation"}``
+                                            "team", "simulated", "allocation", "idle_since",
+                                            "warning"}`` (see :func:`allocation_info`)
 ==========================================  ====================================================
 """
 
@@ -42,7 +43,7 @@ import inspect
 import json
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -65,6 +66,7 @@ __all__ = [
     "Reply",
     "Submissions",
     "allocation_info",
+    "idle_state",
     "parse_submission",
 ]
 
@@ -73,6 +75,8 @@ SUBMISSIONS_KEPT = 500
 SUBMIT_FIELDS = frozenset({"path", "cells", "gpus", "nodes", "offer", "team", "time_limit", "name"})
 #: how long the allocation label waits for the hub before it falls back to the environment
 ALLOCATION_HUB_TIMEOUT = 5.0
+#: the fields of the hub's idle warning passed on to the lab
+WARNING_FIELDS = ("reclaim_at", "action", "message")
 #: ``NVIDIA_VISIBLE_DEVICES`` values that name no device list
 NO_DEVICE_LIST = frozenset({"", "all", "none", "void"})
 
@@ -316,15 +320,46 @@ def offer_label(offer: str, devices: int, choices: list[dict[str, Any]]) -> tupl
     return (f"{offer} ×{devices}" if devices else offer), "gpu"
 
 
-def allocation_info(env: Mapping[str, str], offers: Mapping[str, Any] | None) -> dict[str, Any]:
+def idle_state(allocations: Sequence[Any] | None, allocation_id: str) -> dict[str, Any]:
+    """``{"idle_since", "warning"}`` of this server's allocation (``id == allocation_id``) among
+    the hub's ``allocations``: the idle reclaimer's ``idle_since`` (ISO time or None) and its
+    warning, ``{"reclaim_at", "action", "message"}`` or None. None for both when the hub did not
+    answer (``allocations`` None), the allocation is not listed or has no ``idle`` (a CPU one)."""
+    found: Mapping[str, Any] = {}
+    if allocation_id:
+        for allocation in allocations or ():
+            if isinstance(allocation, Mapping) and str(allocation.get("id")) == allocation_id:
+                idle = allocation.get("idle")
+                found = idle if isinstance(idle, Mapping) else {}
+                break
+    warning = found.get("warning")
+    if not isinstance(warning, Mapping) or not all(
+        isinstance(warning.get(key), str) for key in WARNING_FIELDS
+    ):
+        warning = None
+    idle_since = found.get("idle_since")
+    return {
+        "idle_since": idle_since if isinstance(idle_since, str) else None,
+        "warning": {key: warning[key] for key in WARNING_FIELDS} if warning else None,
+    }
+
+
+def allocation_info(
+    env: Mapping[str, str],
+    offers: Mapping[str, Any] | None,
+    allocations: Sequence[Any] | None = None,
+) -> dict[str, Any]:
     """What this server holds, for the lab's status: ``{"label", "offer", "team", "simulated",
-    "allocation"}``. ``offers`` is the hub's offers document, or None when the hub did not
-    answer; the label then comes from the environment alone.
+    "allocation", "idle_since", "warning"}``. ``offers`` is the hub's offers document, or None
+    when the hub did not answer; the label then comes from the environment alone.
+    ``allocations`` is the hub's list of the user's allocations, or None when the hub did not
+    answer; ``idle_since`` and ``warning`` come from it (see :func:`idle_state`).
 
     Labels: ``"H100-80GB ×1 · vision"`` (whole GPUs: the hub's label for the number of visible
     devices), ``"MIG 3g.40gb · nlp"``, ``"CPU only"``.
     """
     offer, team = env.get("GPUPOOL_OFFER", ""), env.get("GPUPOOL_TEAM", "")
+    allocation_id = env.get("GPUPOOL_ALLOCATION", "")
     devices = len(visible_devices(env))
     label, kind = offer_label(offer, devices, _hub_choices(offers, offer, team))
     if kind != "cpu" and team:
@@ -339,7 +374,8 @@ def allocation_info(env: Mapping[str, str], offers: Mapping[str, Any] | None) ->
         "offer": offer,
         "team": team,
         "simulated": simulated,
-        "allocation": env.get("GPUPOOL_ALLOCATION", ""),
+        "allocation": allocation_id,
+        **idle_state(allocations, allocation_id),
     }
 
 
@@ -454,12 +490,26 @@ def _complete_utf8(data: bytes) -> bytes:
 class AllocationHandler(GpupoolHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
+        offers, allocations = await asyncio.gather(
+            self._offers(), self._allocations(os.environ.get("GPUPOOL_ALLOCATION", ""))
+        )
+        self.reply(allocation_info(os.environ, offers, allocations))
+
+    async def _offers(self) -> Any:
         try:
-            offers = await hub("offers", timeout=ALLOCATION_HUB_TIMEOUT)
+            return await hub("offers", timeout=ALLOCATION_HUB_TIMEOUT)
         except Exception as exc:  # the label must show even without the hub
             self.log.warning("gpupool: allocation label without the hub: %s", exc)
-            offers = None
-        self.reply(allocation_info(os.environ, offers))
+            return None
+
+    async def _allocations(self, allocation_id: str) -> Any:
+        if not allocation_id:
+            return None  # nothing of this server's for the reclaimer to watch
+        try:
+            return await hub("allocations", timeout=ALLOCATION_HUB_TIMEOUT)
+        except Exception as exc:  # no idle warning known: the label still shows
+            self.log.debug("gpupool: no idle warning from the hub: %s", exc)
+            return None
 
 
 # -- the extension --------------------------------------------------------------------------------

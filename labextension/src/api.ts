@@ -107,12 +107,41 @@ export interface ILogChunk {
   state: string;
 }
 
+/**
+ * What the idle reclaimer does to a GPU notebook left idle: stop the server, or restart it
+ * without a GPU.
+ */
+export type ReclaimAction = 'stop' | 'cpu';
+
+/**
+ * The hub's warning that this server's GPUs will be reclaimed unless they are used.
+ */
+export interface IReclaimWarning {
+  /**
+   * When the GPUs are reclaimed (ISO 8601).
+   */
+  reclaim_at: string;
+  action: ReclaimAction;
+  /**
+   * The hub's full text, for people.
+   */
+  message: string;
+}
+
 export interface IAllocation {
   label: string;
   offer: string;
   team: string;
   simulated: boolean;
   allocation: string;
+  /**
+   * Since when the GPUs are idle (ISO 8601); null when in use or unknown.
+   */
+  idle_since: string | null;
+  /**
+   * Set while the GPUs are about to be reclaimed; null otherwise (or without the hub).
+   */
+  warning: IReclaimWarning | null;
 }
 
 function jobPath(jobId: string): string {

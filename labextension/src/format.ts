@@ -1,7 +1,7 @@
 /**
  * Pure formatting helpers (no DOM, no requests): easy to test.
  */
-import type { IAllocation, IJob, ITeamOffers } from './api';
+import type { IAllocation, IJob, IReclaimWarning, ITeamOffers } from './api';
 
 /**
  * A GPU-equivalent amount as the hub writes it: at most three decimals, no trailing zeros.
@@ -16,6 +16,27 @@ export function formatGpuEq(value: number): string {
 export function allocationLabel(allocation: IAllocation): string {
   const label = allocation.label || allocation.allocation || allocation.offer;
   return allocation.simulated ? `${label} · simulated` : label;
+}
+
+/**
+ * A time of day in local time, 24-hour: "14:05"; "" for a time that does not parse.
+ */
+export function formatClock(iso: string | null | undefined): string {
+  const t = parseTime(iso);
+  if (t === null) {
+    return '';
+  }
+  const d = new Date(t);
+  return `${String(d.getHours()).padStart(2, '0')}:${String(d.getMinutes()).padStart(2, '0')}`;
+}
+
+/**
+ * The status bar text while the hub warns that the idle GPUs will be reclaimed:
+ * "GPU idle · stops 14:05" or "GPU idle · to CPU 14:05" (local time).
+ */
+export function reclaimLabel(warning: IReclaimWarning): string {
+  const when = formatClock(warning.reclaim_at) || 'soon';
+  return warning.action === 'cpu' ? `GPU idle · to CPU ${when}` : `GPU idle · stops ${when}`;
 }
 
 /**

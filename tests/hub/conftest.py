@@ -69,7 +69,8 @@ class Hub:
         self.config = state / "test_config.py"
         self.config.write_text(
             f"load_subconfig({str(ROOT / 'jupyterhub_config.py')!r})\n"
-            f"c.JupyterHub.services = [{{'name': 'tester', 'api_token': {TOKEN!r}}}]\n"
+            "c.JupyterHub.services = [*c.JupyterHub.services,"
+            f" {{'name': 'tester', 'api_token': {TOKEN!r}}}]\n"
             "c.JupyterHub.load_roles = [*c.JupyterHub.load_roles,"
             " {'name': 'admin', 'services': ['tester']}]\n"
             "c.JupyterHub.cleanup_servers = False\n"

@@ -2,7 +2,9 @@
 
 ``FakeHub`` serves the gpupool REST contract under ``/hub/api/gpupool/`` as the hub does:
 token auth (``Authorization: token …``), JupyterHub's JSON error bodies ``{"status", "message"}``
-with the matching status codes, 201 on submit, users seeing only their own jobs (an admin all),
+with the matching status codes, 201 on submit, users seeing only their own jobs (an admin all)
+and their own allocations (``?all=1``: an admin everyone's; the idle reclaimer's ``idle``, set
+by tests),
 strict request validation (unknown fields refused, so contract drift shows), and log reads with
 ``X-Gpupool-Log-Size``/``X-Gpupool-Job-State`` headers and a chunked ``follow=1`` stream that ends
 when the job has ended. Tests drive job progress (log output, finishing) from the test thread.
@@ -142,6 +144,8 @@ class FakeHub:
         self.posted: list[dict[str, Any]] = []
         self.ids = itertools.count(1)
         self.follow_cut_after: int | None = None  # close a follow stream after N bytes (a proxy)
+        self.allocations: list[dict[str, Any]] = []
+        self.allocations_fail: int | None = None  # GET allocations answers this status instead
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self.handler_class())
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -183,6 +187,42 @@ class FakeHub:
                 self.logs[(job_id, rank)] = bytearray()
             self.lock.notify_all()
             return dict(job)
+
+    def add_allocation(
+        self,
+        user: str,
+        *,
+        kind: str = "notebook",
+        idle: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """An allocation as the hub lists it; ``idle`` (GPU notebooks) is the reclaimer's view."""
+        with self.lock:
+            allocation_id = fields.pop("id", f"alloc-{len(self.allocations) + 1}")
+            allocation = {
+                "id": allocation_id,
+                "user": user,
+                "team": "vision",
+                "offer": "h100",
+                "kind": kind,
+                "ref": f"{user}/" if kind == "notebook" else allocation_id,
+                "count": 1,
+                "cost": 1.0,
+                "node": "local",
+                "devices": ["GPU-a-0"],
+                "since": now(),
+                **fields,
+            }
+            if idle is not None:
+                allocation["idle"] = {
+                    "utilisation": {d: 0 for d in allocation["devices"]},
+                    "idle_since": None,
+                    "action": "stop",
+                    "warning": None,
+                    **idle,
+                }
+            self.allocations.append(allocation)
+            return dict(allocation)
 
     def _job(self, job_id: str) -> dict[str, Any]:
         """The job, waiting (a little) for a submission still on its way; call under the lock."""
@@ -299,6 +339,14 @@ class FakeHub:
                         return self.send_json(200, OFFERS)
                     if (method, parts) == ("GET", ["teams"]):
                         return self.send_json(200, {"teams": TEAMS})
+                    if (method, parts) == ("GET", ["allocations"]):
+                        if hub.allocations_fail is not None:
+                            raise HttpError(hub.allocations_fail, "allocations are unavailable")
+                        everyone = query.get("all") in ("1", "true", "yes")
+                        if everyone and user not in ADMINS:
+                            raise HttpError(403, "Listing everyone's allocations needs admin.")
+                        mine = [a for a in hub.allocations if everyone or a["user"] == user]
+                        return self.send_json(200, {"allocations": mine})
                     if (method, parts) == ("GET", ["jobs"]):
                         jobs = [
                             j for j in hub.jobs.values() if j["owner"] == user or user in ADMINS
@@ -420,6 +468,19 @@ def test_client_configures_itself_from_the_single_user_environment(hub: FakeHub)
     assert client.offers() == OFFERS
     assert client.teams() == TEAMS
     assert client.jobs() == []
+    assert client.allocations() == []
+
+
+def test_client_allocations_are_the_users_own_with_the_idle_warning(hub: FakeHub) -> None:
+    warning = {"reclaim_at": "2025-01-01T14:05:00+00:00", "action": "stop", "message": "idle"}
+    mine = hub.add_allocation("alice", idle={"warning": warning})
+    hub.add_allocation("bob")
+    assert Client().allocations() == [mine]
+    assert mine["idle"]["warning"] == warning
+    assert len(Client(token="admin-token").allocations()) == 0
+    hub.allocations_fail = 403
+    with pytest.raises(HubError, match="allocations are unavailable"):
+        Client().allocations()
 
 
 def test_hub_api_url_accepts_the_hub_address_in_several_forms() -> None:

@@ -30,7 +30,7 @@ from pytest_jupyter import jupyter_server as jupyter_server_fixtures
 from tornado.httpclient import HTTPClientError
 
 import gpupool_lab
-from gpupool_lab.server import allocation_info, log_reply
+from gpupool_lab.server import allocation_info, idle_state, log_reply
 from tests.lab.test_client_cli import OFFERS, FakeHub, hub
 
 globals().update(
@@ -480,8 +480,17 @@ def test_allocation_label(
         monkeypatch.setenv("JUPYTERHUB_API_URL", "http://127.0.0.1:9/hub/api")
     status, reply = api("GET", "allocation")
     assert status == 200
-    assert set(reply) == {"label", "offer", "team", "simulated", "allocation"}
+    assert set(reply) == {
+        "label",
+        "offer",
+        "team",
+        "simulated",
+        "allocation",
+        "idle_since",
+        "warning",
+    }
     assert reply["allocation"] == "alloc-7"
+    assert (reply["idle_since"], reply["warning"]) == (None, None)  # the hub lists none
     assert {key: reply[key] for key in expected} == expected
 
 
@@ -532,3 +541,90 @@ def test_allocation_answers_while_the_hub_hangs(
     with hub.lock:  # the stand-in cannot answer while the test holds its lock
         status, reply = api("GET", "allocation")
     assert (status, reply["label"]) == (200, "h100 ×1")
+
+
+# -- the idle reclaimer's warning -----------------------------------------------------------------
+
+WARNING = {
+    "reclaim_at": "2025-01-01T14:05:00+00:00",
+    "action": "cpu",
+    "message": "This server's GPU (h100) has been idle; at 14:05 UTC it will be restarted "
+    "without a GPU (CPU only).",
+}
+
+
+def gpu_server(monkeypatch: pytest.MonkeyPatch, allocation: str = "alloc-2") -> None:
+    for key in ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in {
+        "GPUPOOL_ALLOCATION": allocation,
+        "GPUPOOL_OFFER": "h100",
+        "GPUPOOL_TEAM": "vision",
+        "CUDA_VISIBLE_DEVICES": "GPU-a",
+    }.items():
+        monkeypatch.setenv(key, value)
+
+
+def test_allocation_passes_on_this_servers_idle_warning(
+    api: Api, hub: FakeHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gpu_server(monkeypatch)
+    hub.add_allocation("alice", id="alloc-1", idle={"idle_since": "2025-01-01T13:00:00+00:00"})
+    hub.add_allocation(
+        "alice", id="alloc-2", idle={"idle_since": "2025-01-01T13:35:00+00:00", "warning": WARNING}
+    )
+    status, reply = api("GET", "allocation")
+    assert status == 200
+    assert (reply["label"], reply["allocation"]) == ("1× H100 · vision", "alloc-2")
+    assert reply["warning"] == WARNING
+    assert reply["idle_since"] == "2025-01-01T13:35:00+00:00"
+
+    hub.allocations[1]["idle"].update(warning=None, idle_since=None)  # the GPU is used again
+    status, reply = api("GET", "allocation")
+    assert (status, reply["warning"], reply["idle_since"]) == (200, None, None)
+
+
+@pytest.mark.parametrize("failure", [403, 500, "unreachable"])
+def test_allocation_answers_without_a_warning_when_the_hubs_allocations_fail(
+    api: Api,
+    hub: FakeHub,
+    monkeypatch: pytest.MonkeyPatch,
+    failure: int | str,
+) -> None:
+    gpu_server(monkeypatch)
+    hub.add_allocation("alice", id="alloc-2", idle={"warning": WARNING})
+    if failure == "unreachable":
+        monkeypatch.setenv("JUPYTERHUB_API_URL", "http://127.0.0.1:9/hub/api")
+    else:
+        hub.allocations_fail = int(failure)
+    status, reply = api("GET", "allocation")
+    assert status == 200
+    assert reply["allocation"] == "alloc-2" and reply["label"].endswith(" · vision")
+    assert (reply["warning"], reply["idle_since"]) == (None, None)
+
+
+def test_idle_state_of_this_servers_allocation() -> None:
+    def listed(allocation_id: str, idle: Any = None) -> dict[str, Any]:
+        return {
+            "id": allocation_id,
+            "kind": "notebook",
+            **({"idle": idle} if idle is not None else {}),
+        }
+
+    idle = {"idle_since": "2025-01-01T13:35:00+00:00", "action": "stop", "warning": WARNING}
+    none = {"idle_since": None, "warning": None}
+    assert idle_state([listed("a", {"warning": None}), listed("b", idle)], "b") == {
+        "idle_since": "2025-01-01T13:35:00+00:00",
+        "warning": WARNING,
+    }
+    assert idle_state([listed("b", idle)], "a") == none  # not this server's
+    assert idle_state([listed("b", idle)], "") == none  # a server without an allocation
+    assert idle_state(None, "b") == none  # the hub did not answer
+    assert idle_state([listed("b")], "b") == none  # CPU: nothing for the reclaimer to watch
+    partial = {"warning": {"reclaim_at": "soon"}, "idle_since": 5}
+    assert idle_state([listed("b", partial)], "b") == none  # not the contract's shape
+    extra = {"warning": {**WARNING, "extra": 1}}
+    assert idle_state([listed("b", extra)], "b")["warning"] == WARNING
+    assert allocation_info({"GPUPOOL_ALLOCATION": "b"}, None, [listed("b", idle)])["warning"] == (
+        WARNING
+    )

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import json
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pynvml
@@ -58,8 +60,10 @@ class SimulatedNVML:
         node: str | None = None,
         driver_version: str = "550.127.05",
         privileged: bool = True,
+        activity_file: str | Path | None = None,
     ) -> None:
         specs = parse_spec(spec) if isinstance(spec, str) else tuple(spec)
+        self.activity_file = Path(activity_file) if activity_file else None
         self._machines = {s.name: build(s) for s in specs}
         self._names: dict[str, str] = {}  # profile name -> name the "driver" shows
         self.driver_version = driver_version
@@ -89,6 +93,24 @@ class SimulatedNVML:
     def set_processes(self, uuid: str, pids: Iterable[int], used_mib: int = 1024) -> None:
         """The compute processes running on a GPU or MIG device (by UUID) from now on."""
         self._owner(uuid).processes[uuid] = [(pid, used_mib << 20) for pid in pids]
+
+    def _load_activity(self, path: Path) -> None:
+        """Apply an activity file: ``{uuid: {"gpu": 37, "memory": 10, "pids": [4242],
+        "used_mib": 2048}}`` (all keys optional), so a test or a demo can drive a hub that runs
+        in another process. Read at every ``nvmlInit``; a missing file means no activity, and
+        UUIDs not on this spec's machines are ignored."""
+        try:
+            activity = json.loads(path.read_text())
+        except FileNotFoundError:
+            return
+        for uuid, state in activity.items():
+            try:
+                machine = self._owner(uuid)
+            except KeyError:
+                continue
+            machine.utilisation[uuid] = (int(state.get("gpu", 0)), int(state.get("memory", 0)))
+            used = int(state.get("used_mib", 1024)) << 20
+            machine.processes[uuid] = [(int(pid), used) for pid in state.get("pids", [])]
 
     def rename_profile(self, profile: str, shown_as: str) -> None:
         """Make the "driver" name a profile differently (``3g.40gb`` as ``3g.39gb``)."""
@@ -142,6 +164,8 @@ class SimulatedNVML:
 
     def nvmlInit(self) -> None:
         self._machines[self.node_name].refs += 1
+        if self.activity_file is not None:
+            self._load_activity(self.activity_file)
 
     def nvmlShutdown(self) -> None:
         self._machine().refs -= 1

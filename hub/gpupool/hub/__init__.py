@@ -5,9 +5,12 @@ Vocabulary
   use (:func:`get_pool`) and shared by every spawner and handler, so both doors (notebooks and
   jobs) meet the same allocator and the same lock.
 - *the job manager*: one :class:`gpupool.jobs.manager.JobManager` over that pool (:func:`get_jobs`).
+- *the reclaimer*: one :class:`gpupool.hub.reclaim.IdleReclaimer` (:func:`get_reclaimer`), acting
+  as the ``gpupool-reclaimer`` service with a token made at start.
 - ``setup(c)``: called at the end of ``jupyterhub_config.py``; it validates ``c.GPUPool`` right
   away (a bad key stops the hub at start, named), builds the pool, adds the REST API
-  (``/hub/api/gpupool/...``), its custom scopes and roles, and starts the job manager.
+  (``/hub/api/gpupool/...``), its custom scopes and roles, the pages, the metrics collector
+  and the reclaimer's service, and starts the job manager and the reclaimer.
 
 Contract: nothing here blocks on the network; NVML discovery and SQLite are local and quick.
 """
@@ -16,18 +19,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from typing import Any
 
 from traitlets.config import Config
 
+from .. import metrics
 from ..config import GPUPool
 from ..jobs.manager import JobManager
 from ..pool import Pool
+from .reclaim import SERVICE, SERVICE_SCOPES, IdleReclaimer
 from .reconcile import release_orphans
 
 log = logging.getLogger("gpupool")
 _pool: Pool | None = None
 _jobs: JobManager | None = None
+_reclaimer: IdleReclaimer | None = None
 JOBS_SCOPE = "custom:gpupool:jobs"
 ADMIN_SCOPE = "custom:gpupool:admin"
 SERVER_SCOPES = ["users:activity!user", "access:servers!server", JOBS_SCOPE, ADMIN_SCOPE]
@@ -50,6 +57,16 @@ def get_jobs(config: Config | None = None, logger: logging.Logger = log) -> JobM
     return _jobs
 
 
+def get_reclaimer(config: Config | None = None, logger: logging.Logger = log) -> IdleReclaimer:
+    """The hub's idle GPU reclaimer over :func:`get_pool`, with its service token."""
+    global _reclaimer
+    if _reclaimer is None:
+        pool = get_pool(config, logger)
+        token = secrets.token_hex(32)
+        _reclaimer = IdleReclaimer(pool, token, config=config or Config(), log=logger)
+    return _reclaimer
+
+
 def setup(c: Any, logger: logging.Logger = log) -> Pool:
     """Validate ``c.GPUPool`` and build the pool now, so bad config stops the hub at start; then
     release notebook allocations no running server holds (see :mod:`gpupool.hub.reconcile`).
@@ -59,13 +76,44 @@ def setup(c: Any, logger: logging.Logger = log) -> Pool:
     pool = get_pool(c, logger)
     release_orphans(pool, c.JupyterHub.get("db_url", "sqlite:///jupyterhub.sqlite"))
     _add_api(c)
+    _add_pages(c)
     manager = get_jobs(c, logger)
+    reclaimer = get_reclaimer(c, logger)
+    _add_reclaimer_service(c, reclaimer.token)
+    metrics.register(metrics.PoolCollector(pool, get_running_jobs, reclaimer.idle))
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # not inside a running hub (e.g. ``python -m gpupool.inspect``)
         return pool
     manager.starting = loop.create_task(manager.start())
+    reclaimer.start()
     return pool
+
+
+def get_running_jobs() -> JobManager | None:
+    """The job manager if it exists (the metrics collector must not build one)."""
+    return _jobs
+
+
+def _add_reclaimer_service(c: Any, token: str) -> None:
+    """The reclaimer acts through the hub's REST API as a service of its own."""
+    services = [s for s in c.JupyterHub.get("services", []) if s.get("name") != SERVICE]
+    c.JupyterHub.services = [*services, {"name": SERVICE, "api_token": token, "display": False}]
+    roles = [r for r in c.JupyterHub.get("load_roles", []) if r.get("name") != SERVICE]
+    roles.append({"name": SERVICE, "scopes": SERVICE_SCOPES, "services": [SERVICE]})
+    c.JupyterHub.load_roles = roles
+
+
+def _add_pages(c: Any) -> None:
+    """The admin page ``/hub/gpupool`` and "My GPUs" ``/hub/gpupool/mine``, with their templates."""
+    from pathlib import Path
+
+    from .pages import pages
+
+    c.JupyterHub.extra_handlers = [*c.JupyterHub.get("extra_handlers", []), *pages()]
+    templates = str(Path(__file__).parent / "templates")
+    paths = list(c.JupyterHub.get("template_paths", []))
+    c.JupyterHub.template_paths = paths if templates in paths else [*paths, templates]
 
 
 def _add_api(c: Any) -> None:

@@ -23,8 +23,9 @@ from tornado import web
 
 from ..core.errors import InvalidRequest, PoolError
 from ..core.jobs import Job
+from ..core.ledger import Allocation
 from ..core.units import fmt
-from . import get_jobs, get_pool
+from . import get_jobs, get_pool, get_reclaimer
 from .errors import http_error
 from .menu import menu
 
@@ -68,6 +69,24 @@ def job_model(job: Job, position: int | None) -> dict[str, Any]:
         "exit_codes": {str(r): c for r, c in job.exit_codes},
         "queue_position": position,
         "devices": [d for ds in devices for d in ds.split(",") if d],
+    }
+
+
+def allocation_model(a: Allocation) -> dict[str, Any]:
+    """One allocation as the API and the pages show it, with what the idle reclaimer knows."""
+    return {
+        "id": a.id,
+        "user": a.user,
+        "team": a.team,
+        "offer": a.offer,
+        "kind": a.kind,
+        "ref": a.ref,
+        "count": a.count,
+        "cost": _num(a.cost_milli),
+        "node": a.node,
+        "devices": [d.visible_id for d in a.devices],
+        "since": _iso(a.created),
+        **({"idle": get_reclaimer().status(a)} if a.kind == "notebook" and a.devices else {}),
     }
 
 
@@ -164,6 +183,26 @@ class TeamsHandler(GPUPoolHandler):
         self.write_json({"teams": teams})
 
 
+class AllocationsHandler(GPUPoolHandler):
+    def get(self) -> None:
+        """Your allocations (notebooks and jobs), with idle warnings; ``?all=1`` for an admin
+        lists everyone's."""
+        user, _, admin = self.caller()
+        everyone = self.get_argument("all", "") in ("1", "true", "yes")
+        if everyone and not admin:
+            raise web.HTTPError(403, f"Listing everyone's allocations needs {ADMIN_SCOPE}.")
+        allocations = sorted(
+            get_pool().ledger.allocations.values(), key=lambda a: (a.created, a.id)
+        )
+        self.write_json(
+            {
+                "allocations": [
+                    allocation_model(a) for a in allocations if everyone or a.user == user
+                ]
+            }
+        )
+
+
 class JobsHandler(GPUPoolHandler):
     def get(self) -> None:
         user, _, admin = self.caller()
@@ -240,6 +279,7 @@ def handlers() -> list[tuple[str, type[GPUPoolHandler]]]:
     return [
         (r"/api/gpupool/offers", OffersHandler),
         (r"/api/gpupool/teams", TeamsHandler),
+        (r"/api/gpupool/allocations", AllocationsHandler),
         (r"/api/gpupool/jobs", JobsHandler),
         (r"/api/gpupool/jobs/([^/]+)", JobHandler),
         (r"/api/gpupool/jobs/([^/]+)/logs", JobLogsHandler),

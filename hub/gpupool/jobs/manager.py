@@ -29,6 +29,7 @@ from typing import Any
 from traitlets import Float, Int, Type
 from traitlets.config import LoggingConfigurable
 
+from .. import metrics
 from ..clock import utcnow
 from ..core.errors import InvalidRequest, PoolError, QuotaExceeded, UnknownAllocation
 from ..core.jobs import Job, JobSpec, transition
@@ -255,6 +256,7 @@ class JobManager(LoggingConfigurable):
             self._save(replace(job, reason=e.message))
             return
         allocations = [self.pool.ledger.allocations[a] for a in taken]
+        metrics.QUEUE_WAIT_SECONDS.labels(team=job.team).observe(max(0.0, self.now() - job.created))
         job = self._save(
             transition(
                 job, "starting", "GPUs granted; starting", self.now(), allocations=tuple(taken)

@@ -2,12 +2,14 @@ import type { IJob } from '../api';
 import {
   allocationLabel,
   formatAge,
+  formatClock,
   formatGpuEq,
   formatLimit,
   formatSpan,
   jobDuration,
   jobResources,
   quotaLine,
+  reclaimLabel,
   utf8Length
 } from '../format';
 
@@ -42,13 +44,36 @@ describe('format', () => {
   });
 
   it('labels the allocation, marking a simulated one', () => {
-    const base = { offer: 'h100', team: 'vision', allocation: 'GPU 0' };
+    const base = {
+      offer: 'h100',
+      team: 'vision',
+      allocation: 'GPU 0',
+      idle_since: null,
+      warning: null
+    };
     expect(allocationLabel({ ...base, label: 'H100-80GB ×1 · vision', simulated: false })).toBe(
       'H100-80GB ×1 · vision'
     );
     expect(allocationLabel({ ...base, label: 'MIG 3g.40gb', simulated: true })).toBe(
       'MIG 3g.40gb · simulated'
     );
+  });
+
+  it('labels the idle warning with the local time the GPU goes', () => {
+    // 14:05 local time, whatever the time zone the tests run in
+    const reclaimAt = new Date(2025, 0, 1, 14, 5, 30).toISOString();
+    const message = 'This server’s GPU (h100) has been idle; at 13:05 UTC it is reclaimed.';
+    expect(reclaimLabel({ reclaim_at: reclaimAt, action: 'stop', message })).toBe(
+      'GPU idle · stops 14:05'
+    );
+    expect(reclaimLabel({ reclaim_at: reclaimAt, action: 'cpu', message })).toBe(
+      'GPU idle · to CPU 14:05'
+    );
+    expect(reclaimLabel({ reclaim_at: 'not a time', action: 'stop', message })).toBe(
+      'GPU idle · stops soon'
+    );
+    expect(formatClock(new Date(2025, 0, 1, 9, 0).toISOString())).toBe('09:00');
+    expect(formatClock(null)).toBe('');
   });
 
   it('writes a quota line', () => {

@@ -1,0 +1,86 @@
+"""Device activity: what each GPU or MIG device is doing now, read through NVML.
+
+Vocabulary
+- *sample*: one reading of one device (by UUID): utilisation in percent (``None`` where NVML
+  measures none: MIG devices, and GPUs in MIG mode), memory used and total in bytes, and the PIDs
+  of its compute processes.
+- *monitor*: :class:`DeviceMonitor`, the one seam through which the hub reads activity; it holds
+  an ``nvml`` (``pynvml`` or a :class:`~gpupool.discovery.simulated.SimulatedNVML` view) per node
+  it can read. Nodes it has none for (Kubernetes nodes: NVML is on the node, not in the hub pod)
+  give no samples.
+
+Contract: :meth:`DeviceMonitor.sample` initialises NVML once per node per call and always shuts it
+down again; a device NVML cannot read (gone, or an NVML error) is left out of the result rather
+than failing the whole reading, and the error is logged once per device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+log = logging.getLogger("gpupool")
+
+
+@dataclass(frozen=True)
+class DeviceSample:
+    uuid: str
+    utilisation: int | None
+    memory_used: int
+    memory_total: int
+    pids: tuple[int, ...]
+
+
+class DeviceMonitor:
+    """Reads device activity through one ``nvml`` per node (see the module docstring)."""
+
+    def __init__(self, nvml_by_node: Mapping[str, Any] | None = None) -> None:
+        self.nvml_by_node = dict(nvml_by_node or {})
+        self._failed: set[str] = set()
+
+    def can_read(self, node: str | None) -> bool:
+        return node is not None and node in self.nvml_by_node
+
+    def sample(self, node: str, uuids: Iterable[str]) -> dict[str, DeviceSample]:
+        """Samples of the devices ``uuids`` on ``node`` (empty where the node cannot be read)."""
+        nvml = self.nvml_by_node.get(node)
+        wanted = list(uuids)
+        if nvml is None or not wanted:
+            return {}
+        try:
+            nvml.nvmlInit()
+        except pynvml.NVMLError as e:
+            self._once(node, f"NVML on {node} cannot be read: {e}")
+            return {}
+        out: dict[str, DeviceSample] = {}
+        try:
+            for uuid in wanted:
+                try:
+                    out[uuid] = _read(nvml, uuid)
+                except pynvml.NVMLError as e:
+                    self._once(uuid, f"NVML cannot read device {uuid} on {node}: {e}")
+        finally:
+            with contextlib.suppress(pynvml.NVMLError):
+                nvml.nvmlShutdown()
+        return out
+
+    def _once(self, key: str, message: str) -> None:
+        if key not in self._failed:
+            self._failed.add(key)
+            log.warning("gpupool: %s", message)
+
+
+def _read(nvml: Any, uuid: str) -> DeviceSample:
+    handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+    try:
+        utilisation: int | None = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    except pynvml.NVMLError_NotSupported:
+        utilisation = None
+    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    pids = tuple(sorted(int(p.pid) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)))
+    return DeviceSample(uuid, utilisation, int(memory.used), int(memory.total), pids)

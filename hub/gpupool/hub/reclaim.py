@@ -1,0 +1,375 @@
+"""The idle GPU reclaimer: a loop in the hub that takes GPUs back from notebooks left idle.
+
+Vocabulary
+- *look*: one pass over every GPU notebook allocation (``kind == "notebook"`` with devices; jobs
+  are never reclaimed): device activity from the pool's :class:`DeviceMonitor` (NVML), kernel
+  activity from the server's own ``/api/kernels``, judged by :func:`gpupool.core.idle.observe`
+  under the team's policy.
+- *warning*: shown to the user in JupyterLab (the extension's status item reads it through
+  ``GET /hub/api/gpupool/allocations``) and on the "my GPUs" page, with the time the GPUs go
+  and a reminder that saving work is the user's.
+- *reclaim*: stopping the server through the hub's REST API (so the spawner releases the
+  allocation as on any stop), or, with ``action = "cpu"``, stopping it and starting it again on
+  the ``cpu`` offer. Logged and counted (``gpupool_reclaims_total``) with its reason.
+
+Seams: ``clock`` (default :func:`gpupool.clock.utcnow`) and the HTTP client. The reclaimer talks
+to the hub as the ``gpupool-reclaimer`` service, whose token :func:`gpupool.hub.setup` makes at
+start (random, in memory, never logged), with the scopes to list users, stop and start servers
+and read servers' kernels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from traitlets import Callable, Dict, Float, validate
+from traitlets.config import LoggingConfigurable
+
+from .. import metrics
+from ..clock import utcnow
+from ..core.idle import ACTIONS, DeviceReading, IdlePolicy, Reading, Watch, observe
+from ..core.ledger import Allocation
+from ..pool import Pool
+from ..settings import ConfigError
+
+SERVICE = "gpupool-reclaimer"
+SERVICE_SCOPES = ["list:users", "read:users", "servers", "access:servers"]
+DEFAULT_POLICY = {"threshold": 5, "idle_minutes": 120, "warn_minutes": 30, "action": "stop"}
+_POLICY_KEYS = set(DEFAULT_POLICY)
+
+
+def parse_policies(value: Any) -> dict[str, IdlePolicy]:
+    """``{"*": {...}, "vision": {...}}`` as policies; each team's over ``*`` over the defaults."""
+    if not isinstance(value, dict):
+        raise ConfigError("IdleReclaimer.policies", f"must be a dict by team, got {value!r}")
+    base = {**DEFAULT_POLICY, **value.get("*", {})}
+    out = {}
+    for team, spec in {"*": {}, **value}.items():
+        path = f"IdleReclaimer.policies[{team!r}]"
+        if not isinstance(spec, dict):
+            raise ConfigError(path, f"must be a dict like {DEFAULT_POLICY}, got {spec!r}")
+        unknown = sorted(set(spec) - _POLICY_KEYS)
+        if unknown:
+            raise ConfigError(path, f"unknown key(s) {unknown}; use {sorted(_POLICY_KEYS)}")
+        merged = {**base, **spec}
+        action = merged["action"]
+        if action not in ACTIONS:
+            raise ConfigError(f"{path}.action", f"must be one of {ACTIONS}, got {action!r}")
+        numbers = {k: merged[k] for k in ("threshold", "idle_minutes", "warn_minutes")}
+        for key, number in numbers.items():
+            if isinstance(number, bool) or not isinstance(number, int | float) or number < 0:
+                raise ConfigError(f"{path}.{key}", f"must be a number >= 0, got {number!r}")
+        if numbers["warn_minutes"] > numbers["idle_minutes"]:
+            raise ConfigError(f"{path}.warn_minutes", "must not be more than idle_minutes")
+        out[team] = IdlePolicy(
+            int(numbers["threshold"]),
+            float(numbers["idle_minutes"]) * 60,
+            float(numbers["warn_minutes"]) * 60,
+            action,
+        )
+    return out
+
+
+class IdleReclaimer(LoggingConfigurable):
+    """Watches GPU notebooks and reclaims idle ones (see the module docstring)."""
+
+    period = Float(
+        60.0,
+        config=True,
+        help="""Seconds between looks at every GPU notebook. Example:
+        ``c.IdleReclaimer.period = 30``""",
+    )
+    policies = Dict(
+        {},
+        config=True,
+        help="""Idle policy per team (JupyterHub group name; ``*`` for every team, and
+        ``everyone`` for users in no team): ``threshold`` (GPU utilisation in percent below which
+        a GPU counts as idle), ``idle_minutes`` (how long idle before the GPUs are taken back),
+        ``warn_minutes`` (how long before that the user is warned in JupyterLab) and
+        ``action``: ``stop`` (stop the server; unsaved work is lost, and the warning says so),
+        ``cpu`` (stop it and start it again without a GPU) or ``off``. A notebook with a busy
+        kernel is never idle; running jobs are never reclaimed. Defaults: threshold 5,
+        idle_minutes 120, warn_minutes 30, action stop. Example::
+
+            c.IdleReclaimer.policies = {
+                "*": {"idle_minutes": 60, "warn_minutes": 15},
+                "vision": {"action": "cpu"},
+                "nlp": {"action": "off"},
+            }
+        """,
+    )
+    clock = Callable(
+        utcnow,
+        config=True,
+        help="""The time seam: a callable returning an aware ``datetime``. Example:
+        ``c.IdleReclaimer.clock = gpupool.clock.OffsetClock(".run/clock-offset")``""",
+    )
+    request_timeout = Float(
+        10.0, config=True, help="Seconds one call to the hub or a server may take. Example: 5"
+    )
+
+    @validate("policies")
+    def _valid_policies(self, proposal: dict[str, Any]) -> Any:
+        parse_policies(proposal["value"])
+        return proposal["value"]
+
+    def __init__(self, pool: Pool, token: str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pool = pool
+        self.token = token
+        self.watches: dict[str, Watch] = {}
+        self._policies = parse_policies(self.policies)
+        self._task: asyncio.Task[None] | None = None
+        self.hub_api = ""
+        """The hub's REST API URL (``.../hub/api``), known once the hub runs."""
+        self.last_look: float | None = None
+        """When the last complete pass began (the reclaimer's clock)."""
+
+    def policy(self, team: str) -> IdlePolicy:
+        return self._policies.get(team, self._policies["*"])
+
+    def now(self) -> float:
+        return self.clock().timestamp()
+
+    # -- what others read ----------------------------------------------------------------------
+    def idle(self) -> dict[str, str]:
+        """Allocation id -> team of every notebook idle now (for the metrics)."""
+        allocations = self.pool.ledger.allocations
+        return {
+            alloc_id: allocations[alloc_id].team
+            for alloc_id, watch in self.watches.items()
+            if watch.idle_since is not None and alloc_id in allocations
+        }
+
+    def status(self, allocation: Allocation) -> dict[str, Any]:
+        """What the reclaimer knows of one allocation: utilisation per device (percent, ``None``
+        where NVML measures none), since when it is idle, and the warning if one is due."""
+        watch = self.watches.get(allocation.id, Watch())
+        policy = self.policy(allocation.team)
+        devices = watch.last.devices if watch.last else {}
+        out: dict[str, Any] = {
+            "utilisation": {uuid: d.utilisation for uuid, d in devices.items()},
+            "checked": _iso(self.last_look) if allocation.id in self.watches else None,
+            "idle_since": _iso(watch.idle_since),
+            "action": policy.action,
+            "warning": None,
+        }
+        reclaim_at = watch.reclaim_at(policy)
+        if watch.warned_at is not None and reclaim_at is not None:
+            out["warning"] = {
+                "reclaim_at": _iso(reclaim_at),
+                "action": policy.action,
+                "message": warning_text(allocation, policy, watch, reclaim_at),
+            }
+        return out
+
+    # -- the loop ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the loop in the hub's event loop; it waits for the hub to be up."""
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while not self.hub_api:
+            self.hub_api = hub_api_url()
+            await asyncio.sleep(0 if self.hub_api else 0.5)
+        while True:
+            try:
+                await self.look()
+            except Exception:
+                self.log.exception("gpupool: idle reclaim pass failed")
+            await asyncio.sleep(self.period)
+
+    async def look(self) -> list[tuple[Allocation, str]]:
+        """One pass; returns what was warned or reclaimed (``(allocation, "warn"|"reclaim")``)."""
+        notebooks = [
+            a
+            for a in list(self.pool.ledger.allocations.values())
+            if a.kind == "notebook" and a.devices
+        ]
+        for gone in set(self.watches) - {a.id for a in notebooks}:
+            del self.watches[gone]
+        began = self.now()
+        samples = self._samples(notebooks)
+        done = []
+        for allocation in notebooks:
+            kernels = await self._kernels(allocation)
+            reading = Reading(
+                {
+                    d.visible_id: samples[d.visible_id]
+                    for d in allocation.devices
+                    if d.visible_id in samples
+                },
+                *kernels,
+            )
+            policy = self.policy(allocation.team)
+            before = self.watches.get(allocation.id, Watch())
+            watch, verdict = observe(before, reading, policy, began)
+            self.watches[allocation.id] = watch
+            if verdict == "warn":
+                self._warn(allocation, policy, watch)
+                done.append((allocation, verdict))
+            elif verdict == "reclaim":
+                await self._reclaim(allocation, policy)
+                done.append((allocation, verdict))
+        self.last_look = began
+        return done
+
+    def _samples(self, notebooks: list[Allocation]) -> dict[str, DeviceReading]:
+        by_node: dict[str, list[str]] = defaultdict(list)
+        for a in notebooks:
+            if a.node is not None:
+                by_node[a.node] += [d.visible_id for d in a.devices]
+        out = {}
+        for node, uuids in by_node.items():
+            for uuid, s in self.pool.monitor.sample(node, uuids).items():
+                out[uuid] = DeviceReading(s.utilisation, s.memory_used, s.pids)
+        return out
+
+    async def _kernels(self, allocation: Allocation) -> tuple[bool | None, float | None]:
+        """(any kernel busy, newest kernel activity) from the server, or (None, None)."""
+        url = server_url(allocation)
+        if not url:
+            return None, None
+        try:
+            kernels = await self._call("GET", url + "api/kernels")
+        except (HTTPClientError, OSError) as e:
+            self.log.debug("gpupool: kernels of %s unreadable: %s", allocation.ref, e)
+            return None, None
+        busy = any(k.get("execution_state") == "busy" for k in kernels)
+        stamps = [_parse_time(k.get("last_activity")) for k in kernels]
+        newest = max((t for t in stamps if t is not None), default=None)
+        return busy, newest
+
+    def _warn(self, allocation: Allocation, policy: IdlePolicy, watch: Watch) -> None:
+        metrics.IDLE_WARNINGS.labels(team=allocation.team).inc()
+        reclaim_at = watch.reclaim_at(policy) or self.now()
+        self.log.info(
+            "gpupool: warned %s (%s, team %s): idle GPUs, %s at %s",
+            allocation.ref,
+            allocation.visible_devices,
+            allocation.team,
+            "restarted on cpu" if policy.action == "cpu" else "stopped",
+            _iso(reclaim_at),
+        )
+
+    async def _reclaim(self, allocation: Allocation, policy: IdlePolicy) -> None:
+        user, _, server = allocation.ref.partition("/")
+        action = policy.action
+        self.log.warning(
+            "gpupool: reclaiming %s of %s (%s, team %s): idle below %d%% for %d min; %s",
+            allocation.visible_devices,
+            allocation.ref,
+            allocation.offer,
+            allocation.team,
+            policy.threshold,
+            policy.idle_after // 60,
+            "restarting it on cpu" if action == "cpu" else "stopping the server",
+        )
+        path = f"/users/{quote(user)}/" + (f"servers/{quote(server)}" if server else "server")
+        try:
+            await self._call("DELETE", self.hub_api + path)
+            if action == "cpu":
+                await self._wait_stopped(user, server)
+                body = {"offer": "cpu", "team": allocation.team}
+                await self._call("POST", self.hub_api + path, body)
+        except (HTTPClientError, OSError, TimeoutError) as e:
+            self.log.error("gpupool: could not reclaim %s: %s", allocation.ref, e)
+            return
+        self.watches.pop(allocation.id, None)
+        metrics.RECLAIMS.labels(team=allocation.team, action=action, reason="idle").inc()
+
+    async def _wait_stopped(self, user: str, server: str, timeout: float = 120.0) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            model = await self._call("GET", f"{self.hub_api}/users/{quote(user)}")
+            if server not in (model.get("servers") or {}):
+                return
+            await asyncio.sleep(0.5)
+        raise TimeoutError(f"server {user}/{server} did not stop within {timeout:.0f} s")
+
+    async def _call(self, method: str, url: str, body: Any = None) -> Any:
+        request = HTTPRequest(
+            url,
+            method=method,
+            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+            body=None if body is None and method != "POST" else json.dumps(body or {}),
+            request_timeout=self.request_timeout,
+        )
+        response = await AsyncHTTPClient().fetch(request)
+        return json.loads(response.body) if response.body else None
+
+
+def warning_text(
+    allocation: Allocation, policy: IdlePolicy, watch: Watch, reclaim_at: float
+) -> str:
+    minutes = int((reclaim_at - (watch.idle_since or reclaim_at)) // 60)
+    when = datetime.fromtimestamp(reclaim_at, UTC).strftime("%H:%M UTC")
+    what = "restarted without a GPU (CPU only)" if policy.action == "cpu" else "stopped"
+    return (
+        f"This server's GPU ({allocation.offer}) has been idle (below {policy.threshold}% use, "
+        f"no busy kernel); after {minutes} min idle, at {when}, the server will be {what} so "
+        "others can use the GPU. Use the GPU to keep it. Save your work now: unsaved changes "
+        "and kernel state are lost when the server stops."
+    )
+
+
+def _hub() -> Any:
+    """The running JupyterHub application, or None (not started yet, or not in a hub)."""
+    from jupyterhub.app import JupyterHub
+
+    if not JupyterHub.initialized():
+        return None
+    app = JupyterHub.instance()
+    return app if getattr(app, "hub", None) is not None and getattr(app, "db", None) else None
+
+
+def hub_api_url() -> str:
+    """The hub's own REST API URL (``http://127.0.0.1:8081/hub/api``), once the hub runs."""
+    app = _hub()
+    return str(app.hub.api_url).rstrip("/") if app is not None else ""
+
+
+def server_url(allocation: Allocation) -> str | None:
+    """The notebook server's own URL (``http://host:port/user/ada/``), from the running hub."""
+    try:
+        from jupyterhub import orm
+
+        app = _hub()
+        if app is None:
+            return None
+        name, _, server = allocation.ref.partition("/")
+        found = orm.User.find(app.db, name)
+        if found is None:
+            return None
+        spawner = app.users[found].spawners.get(server)
+        if spawner is None or spawner.server is None or not spawner.ready:
+            return None
+        return str(spawner.server.url)
+    except Exception:  # the hub's internals moved: kernels unknown, devices still count
+        return None
+
+
+def _iso(ts: float | None) -> str | None:
+    return datetime.fromtimestamp(ts, UTC).isoformat() if ts is not None else None
+
+
+def _parse_time(text: Any) -> float | None:
+    if not isinstance(text, str):
+        return None
+    with contextlib.suppress(ValueError):
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    return None
