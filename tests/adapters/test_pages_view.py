@@ -19,7 +19,7 @@ from traitlets.config import Config
 import gpupool.hub as hub_module
 from gpupool.config import GPUPool
 from gpupool.core.idle import DeviceReading, Reading, Watch
-from gpupool.hub.pages import admin_view, mine_view, relative
+from gpupool.hub.pages_view import admin_view, mine_view, relative
 from gpupool.hub.reclaim import IdleReclaimer
 from gpupool.jobs.manager import JobManager
 from gpupool.pool import Pool

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -156,12 +157,14 @@ class Hub:
         return int(server["state"]["pid"])
 
     # -- the browser's path: log in, post the spawn form ----------------------------------------
-    def login(self, user: str) -> requests.Session:
+    def login(self, user: str, password: str = PASSWORD) -> requests.Session:
+        """A browser-like session logged in as ``user`` (the demo password by default; the
+        admin's is in the state dir)."""
         s = requests.Session()
         s.get(f"{self.url}/hub/login", timeout=30)
         r = s.post(
             f"{self.url}/hub/login",
-            data={"username": user, "password": PASSWORD, "_xsrf": s.cookies.get("_xsrf")},
+            data={"username": user, "password": password, "_xsrf": s.cookies.get("_xsrf")},
             timeout=30,
             allow_redirects=False,
         )
@@ -196,15 +199,21 @@ def refusal(response: requests.Response) -> str:
     return html.unescape(re.sub(r"\s+", " ", m.group(1)))
 
 
+@contextmanager
+def running(hub: Hub) -> Iterator[Hub]:
+    """Start ``hub``; stop it and every server it started at the end."""
+    hub.start()
+    try:
+        yield hub
+    finally:
+        hub.stop_hub()
+        kill_servers(hub)
+
+
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
-    h = Hub(tmp_path_factory.mktemp("hub"))
-    h.start()
-    try:
+    with running(Hub(tmp_path_factory.mktemp("hub"))) as h:
         yield h
-    finally:
-        h.stop_hub()
-        kill_servers(h)
 
 
 def kill_servers(hub: Hub) -> None:

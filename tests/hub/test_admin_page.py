@@ -33,24 +33,11 @@ def stop_servers_afterwards(hub: Hub) -> Iterator[None]:
     stop_all(hub, *USERS)
 
 
-def login(hub: Hub, user: str, password: str) -> requests.Session:
-    s = requests.Session()
-    s.get(f"{hub.url}/hub/login", timeout=30)
-    r = s.post(
-        f"{hub.url}/hub/login",
-        data={"username": user, "password": password, "_xsrf": s.cookies.get("_xsrf")},
-        timeout=30,
-        allow_redirects=False,
-    )
-    assert r.status_code == 302, f"login of {user} failed: {r.status_code}"
-    return s
-
-
 def admin(hub: Hub) -> requests.Session:
     password = os.environ.get("GPUPOOL_ADMIN_PASSWORD") or (
         (hub.state / "admin-password").read_text().strip()
     )
-    return login(hub, "admin", password)
+    return hub.login("admin", password)
 
 
 def page(s: requests.Session, hub: Hub, path: str = "/hub/gpupool") -> BeautifulSoup:
@@ -149,7 +136,7 @@ def test_my_gpus_shows_my_own_and_nobody_elses(hub: Hub) -> None:
     running(hub, "ada", "vision|h100|1")
     running(hub, "ben", "vision|cpu|1")
     held = hub.allocations()
-    soup = page(login(hub, "ada", "demo-pass-for-tests"), hub, "/hub/gpupool/mine")
+    soup = page(hub.login("ada"), hub, "/hub/gpupool/mine")
     rows = soup.select("#my-allocations tr[data-allocation]")
     assert [r["data-allocation"] for r in rows] == [held["ada/"].id]
     assert held["ada/"].devices[0].gpu in cells(rows[0])[4]
@@ -167,7 +154,7 @@ def test_my_gpus_shows_my_own_and_nobody_elses(hub: Hub) -> None:
 
 def test_users_get_403_for_the_admin_page_and_its_actions(hub: Hub) -> None:
     running(hub, "ben", "vision|cpu|1")
-    s = login(hub, "ada", "demo-pass-for-tests")
+    s = hub.login("ada")
     s.get(f"{hub.url}/hub/gpupool/mine", timeout=30)  # a fresh _xsrf cookie for ada
     token = s.cookies.get("_xsrf")
     r = s.get(f"{hub.url}/hub/gpupool", timeout=30)

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
-from tests.hub.conftest import TOKEN, Hub, kill_servers, wait_for
+from tests.hub.conftest import TOKEN, Hub, running, wait_for
 from tests.hub.test_jobs import submit, wait_job
 
 MINUTE = 60.0
@@ -28,12 +28,8 @@ MINUTE = 60.0
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     h = Hub(tmp_path_factory.mktemp("reclaim"))
     h.env["GPUPOOL_RECLAIM_PERIOD"] = "0.2"
-    h.start()
-    try:
+    with running(h):
         yield h
-    finally:
-        h.stop_hub()
-        kill_servers(h)
 
 
 class Clock:
