@@ -69,6 +69,7 @@ bench: install
 	$(BIN)/python -m benchmarks.allocator
 	$(BIN)/python -m benchmarks.spawn
 	$(BIN)/python -m benchmarks.jobs
+	$(BIN)/python -m benchmarks.operations
 
 # Regenerate the Helm chart's GPU-equivalents table after changing gpupool.core.mig.
 helm-table: install

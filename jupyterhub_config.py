@@ -139,6 +139,7 @@ print(
     f"\ngpupool demo hub on {c.JupyterHub.bind_url} with {pool.inventory.label}\n"
     f"  users: {', '.join(sorted(c.Authenticator.allowed_users))} ({teams}; eve: no team)\n"
     f"  shared demo password: {c.SharedPasswordAuthenticator.user_password}\n"
-    f"  admin: user 'admin', password in {STATE / 'admin-password'}\n",
+    f"  admin: user 'admin', password in {STATE / 'admin-password'};"
+    f" the pool: {c.JupyterHub.bind_url}/hub/gpupool\n",
     flush=True,
 )

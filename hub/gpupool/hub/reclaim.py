@@ -43,6 +43,8 @@ SERVICE = "gpupool-reclaimer"
 SERVICE_SCOPES = ["list:users", "read:users", "servers", "access:servers"]
 DEFAULT_POLICY = {"threshold": 5, "idle_minutes": 120, "warn_minutes": 30, "action": "stop"}
 _POLICY_KEYS = set(DEFAULT_POLICY)
+KERNEL_CALLS_AT_ONCE = 16
+"""How many servers' kernels one pass asks for at the same time."""
 
 
 def parse_policies(value: Any) -> dict[str, IdlePolicy]:
@@ -203,9 +205,15 @@ class IdleReclaimer(LoggingConfigurable):
             del self.watches[gone]
         began = self.now()
         samples = self._samples(notebooks)
+        limit = asyncio.Semaphore(KERNEL_CALLS_AT_ONCE)
+
+        async def kernels_of(a: Allocation) -> tuple[bool | None, float | None]:
+            async with limit:
+                return await self._kernels(a)
+
+        all_kernels = await asyncio.gather(*(kernels_of(a) for a in notebooks))
         done = []
-        for allocation in notebooks:
-            kernels = await self._kernels(allocation)
+        for allocation, kernels in zip(notebooks, all_kernels, strict=True):
             reading = Reading(
                 {
                     d.visible_id: samples[d.visible_id]
