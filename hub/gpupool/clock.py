@@ -13,6 +13,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def iso(ts: float | None) -> str | None:
+    """A POSIX timestamp as ISO 8601 in UTC (``None`` stays ``None``), as the API shows times."""
+    return datetime.fromtimestamp(ts, UTC).isoformat() if ts is not None else None
+
+
 class OffsetClock:
     """:func:`utcnow` moved forward by the number of seconds in a file, read at each call (a
     missing or empty file is 0). For tests and demos whose hub runs in another process: writing

@@ -95,7 +95,7 @@ class PoolCollector(Collector):
         capacity = GaugeMetricFamily(
             f"gpupool_capacity_{GPU_EQ}", "GPUs in the pool (a GPU is 1, whatever its MIG layout)."
         )
-        capacity.add_metric([], sum(len(n.gpus) for n in inventory.nodes))
+        capacity.add_metric([], len(inventory.gpus))
         yield capacity
 
         held = GaugeMetricFamily(
@@ -140,7 +140,7 @@ class PoolCollector(Collector):
                 ("guarantee", team.guarantee_milli),
                 ("borrow_limit", team.borrow_limit_milli),
                 ("used", used),
-                ("borrowed", max(0, used - team.guarantee_milli)),
+                ("borrowed", team.borrowed_milli(used)),
             ):
                 families[name].add_metric([team.name], value / GPU_MILLI)
             idle.add_metric([team.name], idle_by_team[team.name])

@@ -35,12 +35,16 @@ from .store import Store
 log = logging.getLogger("gpupool")
 
 
-def load_inventory(source: str, fallback: str = "", logger: logging.Logger = log) -> Inventory:
+def load_inventory(
+    source: str, fallback: str = "", logger: logging.Logger = log, activity_file: str = ""
+) -> tuple[Inventory, DeviceMonitor]:
     """The inventory named by ``GPUPool.inventory`` (``nvml``, ``kubernetes[:<selector>]`` or
-    ``simulated:<spec>``); when NVML finds no GPU and a ``fallback`` spec is set, that simulated
-    inventory instead. Kubernetes nodes are read on a worker thread's own event loop (this may
-    run inside the hub's loop); an unreachable cluster raises ``RuntimeError`` saying so."""
-    from .discovery import discover, simulated_inventory
+    ``simulated:<spec>``), and the monitor that reads its devices' activity through the same NVML
+    (none for Kubernetes nodes: NVML is on the nodes). When NVML finds no GPU and a ``fallback``
+    spec is set, that simulated inventory instead; a simulated NVML reads ``activity_file``.
+    Kubernetes nodes are read on a worker thread's own event loop (this may run inside the hub's
+    loop); an unreachable cluster raises ``RuntimeError`` saying so."""
+    from .discovery import SimulatedNVML, discover, simulated_inventory
 
     if source == "kubernetes" or source.startswith("kubernetes:"):
         from .discovery.kubernetes import load_kubernetes_inventory
@@ -49,35 +53,20 @@ def load_inventory(source: str, fallback: str = "", logger: logging.Logger = log
         for note in found.notes:
             logger.warning("gpupool: %s", note)
         logger.info("gpupool: Kubernetes inventory: %s", found.label)
-        return found
+        return found, DeviceMonitor()
     spec = source.removeprefix("simulated:") if source.startswith("simulated:") else ""
     if not spec:
         found = discover(log=logger)
         if found.gpus or not fallback:
-            return found
+            import pynvml
+
+            return found, DeviceMonitor({node.name: pynvml for node in found.nodes})
         logger.warning("gpupool: NVML found no GPU; using the simulated fallback %r", fallback)
         spec = fallback
-    inventory = simulated_inventory(spec)
+    sim = SimulatedNVML(spec, activity_file=activity_file or None)
+    inventory = simulated_inventory(sim)
     logger.warning("gpupool: SIMULATED inventory, no real GPUs: %s", inventory.label)
-    return inventory
-
-
-def load_monitor(config: GPUPool, inventory: Inventory) -> DeviceMonitor:
-    """The device monitor for ``inventory``: NVML on this machine, the simulated NVML of a
-    simulated inventory (reading ``simulated_activity_file``), none for Kubernetes nodes."""
-    if inventory.simulated:
-        from .discovery import SimulatedNVML
-
-        spec = config.inventory.removeprefix("simulated:")
-        if not config.inventory.startswith("simulated:"):
-            spec = config.simulated_fallback
-        sim = SimulatedNVML(spec, activity_file=config.simulated_activity_file or None)
-        return DeviceMonitor({name: sim.for_node(name) for name in sim.node_names})
-    if inventory.source == "nvml":
-        import pynvml
-
-        return DeviceMonitor({node.name: pynvml for node in inventory.nodes})
-    return DeviceMonitor()
+    return inventory, DeviceMonitor({name: sim.for_node(name) for name in sim.node_names})
 
 
 class Pool:
@@ -106,11 +95,12 @@ class Pool:
     def from_config(cls, config: GPUPool, logger: logging.Logger = log) -> Pool:
         """Validate the config, discover the inventory, open the store and restore the ledger."""
         settings = config.settings()
-        inventory = load_inventory(config.inventory, config.simulated_fallback, logger)
+        inventory, monitor = load_inventory(
+            config.inventory, config.simulated_fallback, logger, config.simulated_activity_file
+        )
         ledger = Ledger(
             inventory, settings.offers, settings.teams, settings.everyone, config.policy
         )
-        monitor = load_monitor(config, inventory)
         pool = cls(ledger, Store(config.db_url), logger=logger, monitor=monitor)
         pool.restore()
         return pool

@@ -455,7 +455,7 @@ def test_pool_loads_a_kubernetes_inventory_from_within_the_hubs_event_loop(
     api = serve([h100_node(), a100_mixed_node(), cordoned_node(), cpu_node()])
 
     async def in_the_hub() -> Inventory:
-        return load_inventory("kubernetes:nvidia.com/gpu.present=true")  # sync, loop running
+        return load_inventory("kubernetes:nvidia.com/gpu.present=true")[0]  # sync, loop running
 
     inv = asyncio.run(in_the_hub())
     assert [n.name for n in inv.nodes] == ["dgx-a100-1", "dgx-h100-1"]

@@ -1,8 +1,8 @@
 """The views behind ``/hub/gpupool`` and ``/hub/gpupool/mine``: the slot drawing of each GPU, the
 holders, the team figures, the queue, and that the templates escape what users can name.
 
-A real pool over a simulated inventory (SQLite in ``tmp_path``); the hub's singletons are pointed
-at it, because the REST models the views reuse read them.
+A real pool over a simulated inventory (SQLite in ``tmp_path``), a job manager and a reclaimer,
+passed to the views as the hub passes its own.
 """
 
 from __future__ import annotations
@@ -29,8 +29,11 @@ SPEC = "simulated:n: 3x H100-80GB, mig=2:3g.40gb+2g.20gb+1g.10gb"
 """GPU 0 whole (MIG off); GPUs 1 and 2 with fixed instances 3g.40gb@0, 2g.20gb@4, 1g.10gb@6."""
 
 
+Parts = tuple[Pool, JobManager, IdleReclaimer]
+
+
 @pytest.fixture
-def pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Pool, JobManager]:
+def pool(tmp_path: Path) -> Parts:
     c = Config()
     c.GPUPool.inventory = SPEC
     c.GPUPool.db_url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
@@ -43,15 +46,12 @@ def pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Pool, JobMana
     c.GPUPool.teams = {"vision": {"guarantee": 1.5, "borrow_limit": 0.5}, "nlp": {"guarantee": 1}}
     c.LocalJobBackend.home_dir_template = str(tmp_path / "home" / "{username}")
     p = Pool.from_config(GPUPool(config=c))
-    jobs = JobManager(p, config=c)
-    monkeypatch.setattr(hub_module, "_pool", p)
-    monkeypatch.setattr(hub_module, "_jobs", jobs)
-    monkeypatch.setattr(hub_module, "_reclaimer", IdleReclaimer(p, config=c))
-    return p, jobs
+    return p, JobManager(p, config=c), IdleReclaimer(p, config=c)
 
 
-def view(p: Pool, jobs: JobManager) -> dict[str, Any]:
-    return admin_view(p, jobs, hub_module.get_reclaimer(), p.clock().timestamp())
+def view(parts: Parts) -> dict[str, Any]:
+    p, jobs, reclaimer = parts
+    return admin_view(p, jobs, reclaimer, p.clock().timestamp())
 
 
 def layout(gpu: dict[str, Any]) -> list[tuple[str, int, str, str | None]]:
@@ -62,10 +62,9 @@ def layout(gpu: dict[str, Any]) -> list[tuple[str, int, str, str | None]]:
 
 
 def test_fixed_mig_instances_are_drawn_over_their_slots_and_slot_7_is_free(
-    pool: tuple[Pool, JobManager],
+    pool: Parts,
 ) -> None:
-    p, jobs = pool
-    gpus = view(p, jobs)["nodes"][0]["gpus"]
+    gpus = view(pool)["nodes"][0]["gpus"]
     assert [g["mig_mode"] for g in gpus] == ["off", "fixed", "fixed"]
     assert layout(gpus[1]) == [
         ("0-3", 4, "3g.40gb", None),
@@ -79,12 +78,12 @@ def test_fixed_mig_instances_are_drawn_over_their_slots_and_slot_7_is_free(
 
 
 def test_holders_colour_their_cells_and_a_whole_gpu_fills_the_row(
-    pool: tuple[Pool, JobManager],
+    pool: Parts,
 ) -> None:
-    p, jobs = pool
+    p = pool[0]
     whole = p.allocate("ada", ["vision"], "h100", ref="ada/")
     mig = p.allocate("dee", ["nlp"], "mig-2g.20gb", ref="dee/")
-    v = view(p, jobs)
+    v = view(pool)
     gpus = {g["uuid"]: g for g in v["nodes"][0]["gpus"]}
     ada_gpu = gpus[whole.devices[0].gpu]
     assert layout(ada_gpu) == [("0-7", 8, "whole GPU", "ada")]
@@ -99,9 +98,7 @@ def test_holders_colour_their_cells_and_a_whole_gpu_fills_the_row(
     ]
 
 
-def test_a_dynamic_mig_gpu_draws_created_instances_at_their_start(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_dynamic_mig_gpu_draws_created_instances_at_their_start(tmp_path: Path) -> None:
     c = Config()
     c.GPUPool.inventory = "simulated:n: 1x H100-80GB, mig=1"
     c.GPUPool.db_url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
@@ -112,12 +109,9 @@ def test_a_dynamic_mig_gpu_draws_created_instances_at_their_start(
     c.GPUPool.teams = {"t": {"guarantee": 1}}
     c.LocalJobBackend.home_dir_template = str(tmp_path / "home" / "{username}")
     p = Pool.from_config(GPUPool(config=c))
-    monkeypatch.setattr(hub_module, "_pool", p)
-    monkeypatch.setattr(hub_module, "_reclaimer", IdleReclaimer(p, config=c))
-    jobs = JobManager(p, config=c)
     a = p.allocate("ann", ["t"], "mig-3g.40gb", ref="ann/")
     p.allocate("bob", ["t"], "mig-1g.10gb", kind="job", ref="job1")
-    gpu = view(p, jobs)["nodes"][0]["gpus"][0]
+    gpu = view((p, JobManager(p, config=c), IdleReclaimer(p, config=c)))["nodes"][0]["gpus"][0]
     assert gpu["mig_mode"] == "dynamic"
     start = a.devices[0].start
     cells = {c["start"]: c for c in gpu["cells"]}
@@ -130,12 +124,12 @@ def test_a_dynamic_mig_gpu_draws_created_instances_at_their_start(
     assert sum(c["free"] for c in gpu["cells"]) == 3  # 8 - 4 - 1, drawn one slot each
 
 
-def test_rows_teams_and_queue_carry_what_the_page_prints(pool: tuple[Pool, JobManager]) -> None:
-    p, jobs = pool
+def test_rows_teams_and_queue_carry_what_the_page_prints(pool: Parts) -> None:
+    p, jobs, _ = pool
     p.allocate("ada", ["vision"], "h100", ref="ada/")
     p.allocate("ben", ["vision"], "mig-2g.20gb", ref="ben/")
     queued = jobs.submit("cal", ["vision"], {"script": "print(1)", "offer": "h100", "gpus": 1})
-    v = view(p, jobs)
+    v = view(pool)
     ada = next(a for a in v["allocations"] if a["user"] == "ada")
     assert ada["action"]["kind"] == "stop"
     assert ada["action"]["fields"] == {"user": "ada", "server": ""}
@@ -155,28 +149,27 @@ def test_rows_teams_and_queue_carry_what_the_page_prints(pool: tuple[Pool, JobMa
     assert v["queue"][0]["action"]["fields"] == {"job": queued.id}
 
 
-def test_mine_shows_only_the_callers_own(pool: tuple[Pool, JobManager]) -> None:
-    p, jobs = pool
+def test_mine_shows_only_the_callers_own(pool: Parts) -> None:
+    p, jobs, reclaimer = pool
     p.allocate("ada", ["vision"], "h100", ref="ada/")
     p.allocate("dee", ["nlp"], "mig-1g.10gb", ref="dee/")
-    v = mine_view(p, jobs, "ada", ["vision"], p.clock().timestamp())
+    v = mine_view(p, jobs, reclaimer, "ada", ["vision"], p.clock().timestamp())
     assert [a["user"] for a in v["allocations"]] == ["ada"]
     assert "action" not in v["allocations"][0]
     assert [(t["name"], t["used"], t["left"], t["mine"]) for t in v["teams"]] == [
         ("vision", "1", "1", "1")
     ]
-    eve = mine_view(p, jobs, "eve", [], p.clock().timestamp())
+    eve = mine_view(p, jobs, reclaimer, "eve", [], p.clock().timestamp())
     assert eve["allocations"] == [] and [t["name"] for t in eve["teams"]] == ["everyone"]
 
 
 def test_idle_state_utilisation_and_the_warning_come_from_the_reclaimer(
-    pool: tuple[Pool, JobManager],
+    pool: Parts,
 ) -> None:
-    p, jobs = pool
+    p, jobs, reclaimer = pool
     whole = p.allocate("ada", ["vision"], "h100", ref="ada/")
     mig = p.allocate("dee", ["nlp"], "mig-1g.10gb", ref="dee/")
     now = p.clock().timestamp()
-    reclaimer = hub_module.get_reclaimer()
     gpu, instance = whole.devices[0].visible_id, mig.devices[0].visible_id
     reclaimer.watches[whole.id] = Watch(last=Reading({gpu: DeviceReading(80, 0, ())}))
     reclaimer.watches[mig.id] = Watch(
@@ -184,17 +177,17 @@ def test_idle_state_utilisation_and_the_warning_come_from_the_reclaimer(
         warned_at=now - 5 * 60,
         last=Reading({instance: DeviceReading(None, 0, ())}),
     )
-    rows = {a["user"]: a for a in view(p, jobs)["allocations"]}
+    rows = {a["user"]: a for a in view(pool)["allocations"]}
     assert rows["ada"]["device_rows"] == [{"id": gpu, "utilisation": "80%"}]
     assert rows["ada"]["state"] == {"level": "active", "text": "in use"}
     assert rows["dee"]["device_rows"] == [{"id": instance, "utilisation": "n/a (MIG)"}]
     assert rows["dee"]["state"]["level"] == "warning"
     assert rows["dee"]["state"]["short"].startswith("stop at ")
     assert rows["dee"]["action"]["kind"] == "stop"
-    mine = mine_view(p, jobs, "dee", ["nlp"], now)["allocations"][0]
+    mine = mine_view(p, jobs, reclaimer, "dee", ["nlp"], now)["allocations"][0]
     assert mine["state"]["text"].startswith("This server's GPU (mig-1g.10gb) has been idle")
     reclaimer.watches.clear()
-    assert view(p, jobs)["allocations"][0]["state"]["text"] == "not checked yet"
+    assert view(pool)["allocations"][0]["state"]["text"] == "not checked yet"
 
 
 def test_relative_times() -> None:
@@ -206,10 +199,10 @@ def test_relative_times() -> None:
 
 
 def test_the_admin_template_escapes_names_and_the_confirm_text(
-    pool: tuple[Pool, JobManager],
+    pool: Parts,
 ) -> None:
     """What users can name (server names, job names) reaches HTML and a JavaScript string."""
-    p, jobs = pool
+    p = pool[0]
     evil = "x'\"><script>alert(1)</script>"
     p.allocate("ada", ["vision"], "h100", ref=f"ada/{evil}")
     env = jinja2.Environment(
@@ -228,7 +221,7 @@ def test_the_admin_template_escapes_names_and_the_confirm_text(
         autoescape=True,  # as JupyterHub's
     )
     html = env.get_template("gpupool-admin.html").render(
-        view=view(p, jobs), flash="", base_url="/hub/", xsrf="TOKEN", pool_admin=True
+        view=view(pool), flash="", base_url="/hub/", xsrf="TOKEN", pool_admin=True
     )
     assert "<script>alert(1)" not in html
     form = re.search(r"<form method=\"post\"[^>]*onsubmit='return confirm\((.*?)\)'>", html)

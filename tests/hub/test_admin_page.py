@@ -73,7 +73,7 @@ def inventory() -> Any:
     text = (ROOT / "jupyterhub_config.py").read_text()
     fallback = re.search(r'simulated_fallback = "([^"]+)"', text)
     assert fallback
-    return load_inventory("nvml", fallback.group(1))
+    return load_inventory("nvml", fallback.group(1))[0]
 
 
 def post(s: requests.Session, hub: Hub, action: str, data: dict[str, str]) -> requests.Response:

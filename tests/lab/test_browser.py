@@ -16,7 +16,7 @@ import nbformat
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from tests.hub.conftest import PASSWORD, ROOT, Hub, kill_servers
+from tests.hub.conftest import PASSWORD, ROOT, Hub, running
 from tests.hub.test_jobs import TRAIN, TRAIN_CELL
 
 CHROMIUM = "/usr/bin/chromium"
@@ -45,12 +45,8 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     }
     nb.cells = [nbformat.v4.new_code_cell(TRAIN), nbformat.v4.new_code_cell(TRAIN_CELL)]
     nbformat.write(nb, home / "train.ipynb")
-    h.start()
-    try:
+    with running(h):
         yield h
-    finally:
-        h.stop_hub()
-        kill_servers(h)
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,10 @@ class Team:
         """The most this team may hold: guarantee plus borrowing limit."""
         return self.guarantee_milli + self.borrow_limit_milli
 
+    def borrowed_milli(self, used_milli: int) -> int:
+        """What of ``used_milli`` lies beyond the guarantee (borrowed, so preemptible)."""
+        return max(0, used_milli - self.guarantee_milli)
+
     def allows(self, offer: str) -> bool:
         return self.offers is None or offer in self.offers
 

@@ -329,11 +329,14 @@ class SimulatedNVML:
         return info
 
 
-def simulated_inventory(spec: str, log: Any = None) -> Inventory:
-    """The inventory of a simulated spec, found by :func:`discover` one node at a time."""
+def simulated_inventory(spec: str | SimulatedNVML, log: Any = None) -> Inventory:
+    """The inventory of a simulated spec (or of a :class:`SimulatedNVML` already built), found
+    by :func:`discover` one node at a time."""
     from .nvml import discover
 
-    sim = SimulatedNVML(spec.removeprefix("simulated:"))
+    sim = (
+        spec if isinstance(spec, SimulatedNVML) else SimulatedNVML(spec.removeprefix("simulated:"))
+    )
     found = [discover(sim.for_node(n), node_name=n, log=log) for n in sim.node_names]
     return Inventory(
         nodes=tuple(node for inv in found for node in inv.nodes),

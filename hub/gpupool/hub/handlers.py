@@ -15,34 +15,32 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import UTC, datetime
 from typing import Any
 
 from jupyterhub.apihandlers.base import APIHandler
 from tornado import web
 
+from ..clock import iso
 from ..core.errors import InvalidRequest, PoolError
 from ..core.jobs import Job
 from ..core.ledger import Allocation
 from ..core.units import fmt
+from ..pool import Pool
 from . import get_jobs, get_pool, get_reclaimer
 from .errors import http_error
 from .menu import menu
+from .reclaim import IdleReclaimer
 
 JOBS_SCOPE = "custom:gpupool:jobs"
 ADMIN_SCOPE = "custom:gpupool:admin"
-
-
-def _iso(ts: float | None) -> str | None:
-    return datetime.fromtimestamp(ts, UTC).isoformat() if ts is not None else None
 
 
 def _num(milli: int | None) -> float | None:
     return None if milli is None else float(fmt(milli))
 
 
-def job_model(job: Job, position: int | None) -> dict[str, Any]:
-    pool = get_pool()
+def job_model(job: Job, position: int | None, pool: Pool) -> dict[str, Any]:
+    """One job as the API and the pages show it (``position``: its place in the queue)."""
     devices = [
         pool.ledger.allocations[a].visible_devices
         for a in job.allocations
@@ -63,16 +61,16 @@ def job_model(job: Job, position: int | None) -> dict[str, Any]:
         "time_limit": job.spec.time_limit,
         "max_restarts": job.spec.max_restarts,
         "restarts": job.restarts,
-        "created": _iso(job.created),
-        "started": _iso(job.started),
-        "finished": _iso(job.finished),
+        "created": iso(job.created),
+        "started": iso(job.started),
+        "finished": iso(job.finished),
         "exit_codes": {str(r): c for r, c in job.exit_codes},
         "queue_position": position,
         "devices": [d for ds in devices for d in ds.split(",") if d],
     }
 
 
-def allocation_model(a: Allocation) -> dict[str, Any]:
+def allocation_model(a: Allocation, reclaimer: IdleReclaimer) -> dict[str, Any]:
     """One allocation as the API and the pages show it, with what the idle reclaimer knows."""
     return {
         "id": a.id,
@@ -85,8 +83,8 @@ def allocation_model(a: Allocation) -> dict[str, Any]:
         "cost": _num(a.cost_milli),
         "node": a.node,
         "devices": [d.visible_id for d in a.devices],
-        "since": _iso(a.created),
-        **({"idle": get_reclaimer().status(a)} if a.kind == "notebook" and a.devices else {}),
+        "since": iso(a.created),
+        **({"idle": reclaimer.status(a)} if a.kind == "notebook" and a.devices else {}),
     }
 
 
@@ -175,7 +173,7 @@ class TeamsHandler(GPUPoolHandler):
                     "guarantee": _num(t.guarantee_milli),
                     "borrow_limit": _num(t.borrow_limit_milli),
                     "used": _num(used),
-                    "borrowed": _num(max(0, used - t.guarantee_milli)),
+                    "borrowed": _num(t.borrowed_milli(used)),
                     "jobs_queued": sum(j.team == t.name and j.state == "queued" for j in jobs),
                     "jobs_running": sum(j.team == t.name and j.active for j in jobs),
                 }
@@ -194,10 +192,13 @@ class AllocationsHandler(GPUPoolHandler):
         allocations = sorted(
             get_pool().ledger.allocations.values(), key=lambda a: (a.created, a.id)
         )
+        reclaimer = get_reclaimer()
         self.write_json(
             {
                 "allocations": [
-                    allocation_model(a) for a in allocations if everyone or a.user == user
+                    allocation_model(a, reclaimer)
+                    for a in allocations
+                    if everyone or a.user == user
                 ]
             }
         )
@@ -206,14 +207,10 @@ class AllocationsHandler(GPUPoolHandler):
 class JobsHandler(GPUPoolHandler):
     def get(self) -> None:
         user, _, admin = self.caller()
-        manager = get_jobs()
-        self.write_json(
-            {
-                "jobs": [
-                    job_model(j, manager.queue_position(j)) for j in manager.visible(user, admin)
-                ]
-            }
-        )
+        manager, pool = get_jobs(), get_pool()
+        positions = manager.queue_positions()
+        jobs = manager.visible(user, admin)
+        self.write_json({"jobs": [job_model(j, positions.get(j.id), pool) for j in jobs]})
 
     def post(self) -> None:
         user, groups, _ = self.caller()
@@ -222,13 +219,13 @@ class JobsHandler(GPUPoolHandler):
             job = manager.submit(user, groups, self.json_body())
         except PoolError as e:
             raise http_error(e) from None
-        self.write_json(job_model(job, manager.queue_position(job)), 201)
+        self.write_json(job_model(job, manager.queue_position(job), get_pool()), 201)
 
 
 class JobHandler(GPUPoolHandler):
     def get(self, job_id: str) -> None:
         job = self.job(job_id)
-        self.write_json(job_model(job, get_jobs().queue_position(job)))
+        self.write_json(job_model(job, get_jobs().queue_position(job), get_pool()))
 
     async def delete(self, job_id: str) -> None:
         user, _, admin = self.caller()
@@ -236,7 +233,7 @@ class JobHandler(GPUPoolHandler):
             job = await get_jobs().cancel(job_id, user, admin)
         except PoolError as e:
             raise http_error(e) from None
-        self.write_json(job_model(job, None))
+        self.write_json(job_model(job, None, get_pool()))
 
 
 class JobLogsHandler(GPUPoolHandler):

@@ -124,7 +124,8 @@ class MinePage(_Page):
         user = self.current_user
         pool = get_pool()
         groups = [g.name for g in getattr(user, "groups", [])]
-        view = mine_view(pool, get_jobs(), user.name, groups, pool.clock().timestamp())
+        now = pool.clock().timestamp()
+        view = mine_view(pool, get_jobs(), get_reclaimer(), user.name, groups, now)
         html = await self.render_template(
             "gpupool-mine.html", view=view, pool_admin=self.is_pool_admin()
         )

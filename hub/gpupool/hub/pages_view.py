@@ -55,9 +55,8 @@ def _parse(iso: str | None) -> float | None:
     return datetime.fromisoformat(iso).timestamp() if iso else None
 
 
-def _when(iso: str | None, now: float) -> dict[str, str]:
+def _when(ts: float | None, now: float) -> dict[str, str]:
     """A time as the pages print it: relative, with the ISO time for the title attribute."""
-    ts = _parse(iso)
     return {"relative": relative(ts, now), "iso": _iso(ts)}
 
 
@@ -185,8 +184,10 @@ def _teams(pool: Pool) -> list[Team]:
     return [*sorted(ledger.teams.values(), key=lambda t: t.name), ledger.everyone]
 
 
-def _allocation_row(a: Allocation, jobs: JobManager, now: float) -> dict[str, Any]:
-    model = allocation_model(a)
+def _allocation_row(
+    a: Allocation, jobs: JobManager, reclaimer: IdleReclaimer, now: float
+) -> dict[str, Any]:
+    model = allocation_model(a, reclaimer)
     idle = model.get("idle") or {}
     utilisation = idle.get("utilisation", {})
     warning = idle.get("warning")
@@ -223,7 +224,7 @@ def _allocation_row(a: Allocation, jobs: JobManager, now: float) -> dict[str, An
         verb = IDLE_ACTIONS.get(warning["action"], warning["action"])
         state = {"level": "warning", "text": warning["message"], "short": f"{verb} at {when}"}
     elif idle.get("idle_since"):
-        since = _when(idle["idle_since"], now)
+        since = _when(_parse(idle["idle_since"]), now)
         state = {"level": "idle", "text": f"idle since {since['relative']}"}
     elif utilisation:
         state = {"level": "active", "text": "in use"}
@@ -236,7 +237,7 @@ def _allocation_row(a: Allocation, jobs: JobManager, now: float) -> dict[str, An
         "what": what,
         "offer_label": f"{a.offer} ×{a.count}" if a.count > 1 else a.offer,
         "cost_label": fmt(a.cost_milli),
-        "since_when": _when(model["since"], now),
+        "since_when": _when(a.created, now),
         "device_rows": devices,
         "state": state,
         "action": action,
@@ -253,7 +254,7 @@ def _team_row(pool: Pool, team: Team, jobs: JobManager) -> dict[str, Any]:
         "borrow_limit": fmt(team.borrow_limit_milli),
         "limit": fmt(limit),
         "used": fmt(used),
-        "borrowed": fmt(max(0, used - team.guarantee_milli)),
+        "borrowed": fmt(team.borrowed_milli(used)),
         "left": fmt(max(0, limit - used)),
         "user_cap": fmt(team.user_cap_milli) if team.user_cap_milli is not None else "—",
         "percent": percent,
@@ -287,15 +288,15 @@ def admin_view(
         }
         for node in pool.inventory.nodes
     ]
-    queued = [j for j in jobs.jobs.values() if j.state == "queued"]
+    positions = jobs.queue_positions()
     queue = []
-    for job in queued:
-        model = job_model(job, jobs.queue_position(job))
+    for job_id, position in sorted(positions.items(), key=lambda item: item[1]):
+        job = jobs.jobs[job_id]
         queue.append(
             {
-                **model,
+                **job_model(job, position, pool),
                 "shape": f"{job.spec.offer} ×{job.spec.gpus} ×{job.spec.nodes}",
-                "waiting": _when(model["created"], now),
+                "waiting": _when(job.created, now),
                 "action": {
                     "kind": "cancel",
                     "label": "Cancel job",
@@ -304,7 +305,6 @@ def admin_view(
                 },
             }
         )
-    queue.sort(key=lambda q: q["queue_position"] or 0)
     team_rows = []
     for t in teams:
         policy = reclaimer.policy(t.name)
@@ -320,7 +320,7 @@ def admin_view(
     return {
         "pool": _pool_header(pool),
         "nodes": nodes,
-        "allocations": [_allocation_row(a, jobs, now) for a in allocations],
+        "allocations": [_allocation_row(a, jobs, reclaimer, now) for a in allocations],
         "teams": team_rows,
         "queue": queue,
         "totals": {
@@ -332,7 +332,12 @@ def admin_view(
 
 
 def mine_view(
-    pool: Pool, jobs: JobManager, user: str, groups: Iterable[str], now: float
+    pool: Pool,
+    jobs: JobManager,
+    reclaimer: IdleReclaimer,
+    user: str,
+    groups: Iterable[str],
+    now: float,
 ) -> dict[str, Any]:
     """What "My GPUs" shows ``user``: their allocations, their unfinished jobs, their teams."""
     ledger = pool.ledger
@@ -342,9 +347,10 @@ def mine_view(
     )
     rows = []
     for a in allocations:
-        row = _allocation_row(a, jobs, now)
+        row = _allocation_row(a, jobs, reclaimer, now)
         row.pop("action")  # users stop their own server from the hub's home page
         rows.append(row)
+    positions = jobs.queue_positions()
     waiting = []
     for job in sorted(jobs.jobs.values(), key=lambda j: j.created):
         if job.owner != user or job.state != "queued":
@@ -355,9 +361,9 @@ def mine_view(
                 "name": job.spec.name,
                 "team": job.team,
                 "shape": f"{job.spec.offer} ×{job.spec.gpus} ×{job.spec.nodes}",
-                "position": jobs.queue_position(job),
+                "position": positions.get(job.id),
                 "reason": job.reason,
-                "waiting": _when(_iso(job.created), now),
+                "waiting": _when(job.created, now),
             }
         )
     mine = sorted(set(groups) & set(ledger.teams)) or [ledger.everyone.name]

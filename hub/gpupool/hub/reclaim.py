@@ -33,7 +33,7 @@ from traitlets import Callable, Dict, Float, validate
 from traitlets.config import LoggingConfigurable
 
 from .. import metrics
-from ..clock import utcnow
+from ..clock import iso, utcnow
 from ..core.idle import ACTIONS, DeviceReading, IdlePolicy, Reading, Watch, observe
 from ..core.ledger import Allocation
 from ..pool import Pool
@@ -158,15 +158,15 @@ class IdleReclaimer(LoggingConfigurable):
         devices = watch.last.devices if watch.last else {}
         out: dict[str, Any] = {
             "utilisation": {uuid: d.utilisation for uuid, d in devices.items()},
-            "checked": _iso(self.last_look) if allocation.id in self.watches else None,
-            "idle_since": _iso(watch.idle_since),
+            "checked": iso(self.last_look) if allocation.id in self.watches else None,
+            "idle_since": iso(watch.idle_since),
             "action": policy.action,
             "warning": None,
         }
         reclaim_at = watch.reclaim_at(policy)
         if watch.warned_at is not None and reclaim_at is not None:
             out["warning"] = {
-                "reclaim_at": _iso(reclaim_at),
+                "reclaim_at": iso(reclaim_at),
                 "action": policy.action,
                 "message": warning_text(allocation, policy, watch, reclaim_at),
             }
@@ -270,7 +270,7 @@ class IdleReclaimer(LoggingConfigurable):
             allocation.visible_devices,
             allocation.team,
             "restarted on cpu" if policy.action == "cpu" else "stopped",
-            _iso(reclaim_at),
+            iso(reclaim_at),
         )
 
     async def _reclaim(self, allocation: Allocation, policy: IdlePolicy) -> None:
@@ -369,10 +369,6 @@ def server_url(allocation: Allocation) -> str | None:
         return str(spawner.server.url)
     except Exception:  # the hub's internals moved: kernels unknown, devices still count
         return None
-
-
-def _iso(ts: float | None) -> str | None:
-    return datetime.fromtimestamp(ts, UTC).isoformat() if ts is not None else None
 
 
 def _parse_time(text: Any) -> float | None:

@@ -205,12 +205,15 @@ class JobManager(LoggingConfigurable):
         self.kick()
         return job
 
-    def queue_position(self, job: Job) -> int | None:
-        """1 for the job the queue serves first (the queue's own order), None if not queued."""
-        if job.state != "queued":
-            return None
+    def queue_positions(self) -> dict[str, int]:
+        """Queued job id -> its place in the queue's own order (1 is served first)."""
         queued = [self._queued(j) for j in self.jobs.values() if j.state == "queued"]
-        return [q.id for q in order(self.pool.ledger, queued)].index(job.id) + 1
+        return {q.id: i for i, q in enumerate(order(self.pool.ledger, queued), 1)}
+
+    def queue_position(self, job: Job) -> int | None:
+        """1 for the job the queue serves first, None if not queued (one job: for many, ask
+        :meth:`queue_positions` once)."""
+        return self.queue_positions().get(job.id) if job.state == "queued" else None
 
     # -- scheduling --------------------------------------------------------------------------
     async def schedule_pass(self) -> None:
