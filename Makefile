@@ -1,5 +1,8 @@
 # gpupool: every target installs what it needs and is safe to run twice.
-PYTHON ?= python3
+# As root, user code runs as unprivileged accounts that must be able to run the venv's Python:
+# a system Python (not one under /root, such as pyenv's) makes the venv usable by them.
+ROOT   := $(filter 0,$(shell id -u))
+PYTHON ?= $(if $(and $(ROOT),$(wildcard /usr/bin/python3)),/usr/bin/python3,python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -42,8 +45,10 @@ chromium:
 $(CHP):
 	npm install --no-save --no-package-lock --no-audit --no-fund configurable-http-proxy@5.3.0
 
-# The demo hub on http://127.0.0.1:8000 (Ctrl-C stops the hub, its proxy and its servers).
+# The demo hub on http://127.0.0.1:8000 (Ctrl-C stops the hub, its proxy and its servers). As
+# root, servers and jobs run as the unprivileged account gpupool-demo, created here.
 run: install
+	scripts/demo-account gpupool-demo $(BIN)/python
 	$(BIN)/jupyterhub -f jupyterhub_config.py
 
 test: install

@@ -1,29 +1,35 @@
 # gpupool: the runnable LOCAL / DEV default. `make run` starts JupyterHub with this file.
 #
 # It is a complete hub for one machine: JupyterHub + configurable-http-proxy on
-# http://127.0.0.1:8000, JupyterLab servers as local processes (run as the hub's own user), demo
+# http://127.0.0.1:8000, JupyterLab servers as local processes (all in one shared unix account:
+# the hub's own, or the unprivileged `gpupool-demo` when the hub runs as root, never root), demo
 # users with one shared password, and the GPU pool: offers (what users may pick), teams
 # (JupyterHub groups) with quotas in GPU-equivalents, and where the GPUs come from. Not for
-# production: every demo user shares one password and servers are not isolated from each other.
+# production: every demo user shares one password and servers are not isolated from each other
+# (they share one account); the hub's secrets and databases in the state dir are the hub's only.
 #
 # Environment knobs (for tests and demos): GPUPOOL_STATE_DIR (databases, secrets; default ./.run),
+# GPUPOOL_HOMES (the users' homes; default <state dir>/home, or ~gpupool-demo/homes as root),
 # GPUPOOL_PORT (8000), GPUPOOL_HUB_PORT (8081), GPUPOOL_PROXY_API_PORT (8001),
 # GPUPOOL_INVENTORY (default "nvml"), GPUPOOL_DEMO_PASSWORD (default: generated, kept in the
 # state dir), GPUPOOL_RECLAIM_PERIOD (seconds between idle checks; 30).
 import logging
 import os
+import pwd
 import secrets
 import sys
 from pathlib import Path
 
 from gpupool.clock import OffsetClock
 from gpupool.hub import setup
+from gpupool.usercode import DEMO_ACCOUNT
 
 c = get_config()  # noqa: F821  (injected by JupyterHub / traitlets)
 
 ROOT = Path(__file__).resolve().parent
 STATE = Path(os.environ.get("GPUPOOL_STATE_DIR", ROOT / ".run")).resolve()
 STATE.mkdir(parents=True, exist_ok=True)
+STATE.chmod(0o700)  # secrets and databases: readable by the hub only
 
 
 def _secret(name: str, env: str, size: int) -> str:
@@ -64,13 +70,20 @@ c.JupyterHub.load_groups = {team: {"users": users} for team, users in TEAMS.item
 c.JupyterHub.spawner_class = "gpupool-local"
 c.Spawner.cmd = [str(Path(sys.executable).parent / "jupyterhub-singleuser")]
 c.Spawner.default_url = "/lab"
-c.LocalGPUSpawner.home_dir_template = str(STATE / "home" / "{username}")
+if os.geteuid() == 0:  # user code never runs as root: `make run` creates this account for it
+    c.LocalGPUSpawner.shared_account = DEMO_ACCOUNT
+    try:
+        HOMES = Path(pwd.getpwnam(DEMO_ACCOUNT).pw_dir) / "homes"
+    except KeyError:  # setup() below stops the hub and says how to create the account
+        HOMES = Path("/var/lib") / DEMO_ACCOUNT / "homes"
+else:
+    HOMES = STATE / "home"
+c.LocalGPUSpawner.home_dir_template = str(
+    Path(os.environ.get("GPUPOOL_HOMES", HOMES)) / "{username}"
+)
 # Batch jobs ("Run distributed", `gpupool submit`) run as local torchrun process groups, as the
-# hub's user, with their files under the same homes: ~/.gpupool/jobs/<id>/.
+# same account as the servers, with their files under the same homes: ~/.gpupool/jobs/<id>/.
 c.JobManager.backend_class = "gpupool.jobs.local.LocalJobBackend"
-c.LocalJobBackend.home_dir_template = c.LocalGPUSpawner.home_dir_template
-if os.geteuid() == 0:  # servers run as the hub's own user; as root Jupyter needs to be told
-    c.Spawner.args = ["--ServerApp.allow_root=True"]
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 90
 
@@ -134,11 +147,14 @@ c.GPUPool.simulated_activity_file = str(STATE / "activity.json")
 
 # Validate all of the above now and build the pool: a bad key stops the hub here, named.
 pool = setup(c, logging.getLogger("JupyterHub").getChild("gpupool"))
+RUNS_AS = c.LocalGPUSpawner.get("shared_account") or pwd.getpwuid(os.geteuid()).pw_name
+HOMES_TEMPLATE = c.LocalGPUSpawner.home_dir_template
 teams = "; ".join(f"{team}: {', '.join(users)}" for team, users in TEAMS.items())
 print(
     f"\ngpupool demo hub on {c.JupyterHub.bind_url} with {pool.inventory.label}\n"
     f"  users: {', '.join(sorted(c.Authenticator.allowed_users))} ({teams}; eve: no team)\n"
     f"  shared demo password: {c.SharedPasswordAuthenticator.user_password}\n"
+    f"  servers and jobs run as the unix account {RUNS_AS}, homes in {HOMES_TEMPLATE}\n"
     f"  admin: user 'admin', password in {STATE / 'admin-password'};"
     f" the pool: {c.JupyterHub.bind_url}/hub/gpupool\n",
     flush=True,

@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.accounts import homes
 from tests.hub.conftest import Hub, free_port, kill_servers
 from tests.hub.test_jobs import TRAIN, TRAIN_CELL
 
@@ -83,8 +84,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     ours: list[tuple[float, float]] = []
     theirs: list[tuple[float, float]] = []
-    with tempfile.TemporaryDirectory(prefix="gpupool-jobs-bench-") as tmp:
-        hub = Hub(Path(tmp))
+    with tempfile.TemporaryDirectory(prefix="gpupool-jobs-bench-") as tmp, homes() as home_root:
+        hub = Hub(Path(tmp), home_root)
         hub.start()
         try:
             token = hub.token("ada")

@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.accounts import homes
 from tests.hub.conftest import Hub, kill_servers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,8 +45,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--spawns", type=int, default=10, help="spawns of each kind (default 10)")
     parser.add_argument("--json", action="store_true", help="print a JSON object")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="gpupool-spawn-bench-") as tmp:
-        hub = Hub(Path(tmp))
+    with tempfile.TemporaryDirectory(prefix="gpupool-spawn-bench-") as tmp, homes() as home_root:
+        hub = Hub(Path(tmp), home_root)
         hub.env["PYTHONPATH"] = str(ROOT)
         with hub.config.open("a") as f:
             f.write(
@@ -53,6 +54,10 @@ def main(argv: list[str]) -> int:
                 "c.Authenticator.allowed_users.add('plain')\n"
                 "c.SimpleLocalProcessSpawner.home_dir_template = "
                 "c.LocalGPUSpawner.home_dir_template\n"
+                # the baseline is JupyterHub's own spawner, which runs servers as the hub's user
+                "import os\n"
+                "if os.geteuid() == 0:\n"
+                "    c.SimpleLocalProcessSpawner.args = ['--ServerApp.allow_root=True']\n"
             )
         hub.start()
         try:

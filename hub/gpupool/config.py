@@ -45,11 +45,15 @@ class GPUPool(LoggingConfigurable):
         3g.40gb MIG instance 0.5). ``guarantee``: always available while the pool has it;
         ``borrow_limit``: how much more the team may use while others leave theirs idle;
         ``user_cap``: the most one member may hold; ``offers``: which offers it may request
-        (default: all). Example::
+        (default: all); ``min_priority`` (-100..0, default -100) and ``max_priority`` (0..100,
+        default 0): the priorities its members may give their jobs, which order only the team's
+        own queued jobs (across teams the queue goes by fair share, then submission time); by
+        default members may lower a job, not raise it; admins may set any from -100 to 100.
+        Example::
 
             c.GPUPool.teams = {
                 "vision": {"guarantee": 2, "borrow_limit": 1, "user_cap": 1,
-                           "offers": ["cpu", "h100", "mig-3g.40gb"]},
+                           "offers": ["cpu", "h100", "mig-3g.40gb"], "max_priority": 10},
                 "nlp": {"guarantee": 1, "offers": ["cpu", "mig-1g.10gb"]},
             }
         """,
@@ -58,9 +62,11 @@ class GPUPool(LoggingConfigurable):
     everyone = Dict(
         {"offers": ["cpu"]},
         config=True,
-        help="""What users in no team get, as a team spec. Default: CPU only. Example::
+        help="""What users in no team get, as a team spec (the keys of ``teams``). Default: CPU
+        only. Example::
 
-            c.GPUPool.everyone = {"guarantee": 0.25, "offers": ["cpu", "mig-1g.10gb"]}
+            c.GPUPool.everyone = {"guarantee": 0.25, "offers": ["cpu", "mig-1g.10gb"],
+                                  "max_priority": 0}
         """,
     )
 

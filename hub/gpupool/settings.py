@@ -25,7 +25,7 @@ from .core.units import to_milli
 
 _MODEL = re.compile(r"^[A-Z][A-Z0-9]*-\d+GB$")
 _OFFER_KEYS = {"kind", "description", "model", "max_count", "nvlink", "profile"}
-_TEAM_KEYS = {"guarantee", "borrow_limit", "user_cap", "offers"}
+_TEAM_KEYS = {"guarantee", "borrow_limit", "user_cap", "offers", "min_priority", "max_priority"}
 
 
 class ConfigError(TraitError):
@@ -64,6 +64,13 @@ def _gpu_eq(path: str, value: Any, *, positive: bool = False) -> int:
         bound = "> 0" if positive else ">= 0"
         raise ConfigError(path, f"must be a number {bound} (GPU-equivalents), got {value!r}")
     return to_milli(value)
+
+
+def _priority(path: str, value: Any, low: int, high: int) -> int:
+    """A bound of a team's priority range; the range always holds 0, a job's default."""
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigError(path, f"must be a whole number from {low} to {high}, got {value!r}")
+    return value
 
 
 def parse_offer(name: str, spec: Any) -> Offer:
@@ -117,7 +124,8 @@ def parse_offers(offers: Any) -> dict[str, Offer]:
 
 
 def parse_team(name: str, spec: Any, path: str | None = None) -> Team:
-    """One team from ``{"guarantee": 2, "borrow_limit": 1, "user_cap": 1, "offers": [...]}``."""
+    """One team from ``{"guarantee": 2, "borrow_limit": 1, "user_cap": 1, "offers": [...],
+    "min_priority": -100, "max_priority": 0}`` (the priorities its users may give their jobs)."""
     path = path or f"GPUPool.teams[{name!r}]"
     spec = _mapping(path, spec, '{"guarantee": 2, "borrow_limit": 1, "offers": ["mig-3g.40gb"]}')
     _unknown_keys(path, spec, _TEAM_KEYS)
@@ -133,6 +141,8 @@ def parse_team(name: str, spec: Any, path: str | None = None) -> Team:
         _gpu_eq(f"{path}.borrow_limit", spec.get("borrow_limit", 0)),
         None if cap is None else _gpu_eq(f"{path}.user_cap", cap, positive=True),
         None if offers is None else frozenset(offers),
+        _priority(f"{path}.min_priority", spec.get("min_priority", -100), -100, 0),
+        _priority(f"{path}.max_priority", spec.get("max_priority", 0), 0, 100),
     )
 
 

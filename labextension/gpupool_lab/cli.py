@@ -469,7 +469,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--team", help="team to charge (default: the hub's choice)")
     s.add_argument("--time-limit", type=parse_duration, help="seconds, or 30m, 2h, 1h30m")
     s.add_argument("--max-restarts", type=_non_negative, help="torchrun restarts on failure")
-    s.add_argument("--priority", type=int, help="priority within your team's queue")
+    s.add_argument(
+        "--priority",
+        type=int,
+        help="order among your team's jobs, higher first (default 0); your team allows -100 to "
+        "0 (lower only) unless an admin set another range; other teams' jobs are unaffected",
+    )
     s.add_argument("--name", help="job name (default: the file's stem)")
     s.add_argument("--workdir", help="working folder of the job (default: the file's folder)")
     s.add_argument("-e", "--env", type=_env_pair, action="append", default=[], metavar="KEY=VALUE")

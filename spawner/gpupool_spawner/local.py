@@ -1,10 +1,13 @@
 """``LocalGPUSpawner`` (``gpupool-local``): JupyterHub's local-process spawner, with GPUs.
 
 Vocabulary
-- *run as hub user*: servers run as the hub's own unix user, in a home directory made from
-  ``home_dir_template`` (JupyterHub's ``SimpleLocalProcessSpawner`` behaviour): the local
-  default, since demo users have no unix accounts. Turn it off to run each server as the real
-  unix user of the same name (``LocalProcessSpawner``; the hub must then run as root).
+- *shared mode* (``run_as_hub_user``, the default): every server runs as one unix account, in a
+  home directory made from ``home_dir_template`` (JupyterHub's ``SimpleLocalProcessSpawner``
+  behaviour), since demo users have no unix accounts. That account is the hub's own, or
+  ``shared_account`` when the hub runs as root: a server never runs as root.
+- *per-user mode* (``run_as_hub_user = False``): each server runs as the real unix user of the
+  same name, in its unix home (``LocalProcessSpawner``; the hub must run as root). A hub user
+  without a unix account, or one whose account is root, is refused.
 - *visible devices*: ``CUDA_VISIBLE_DEVICES`` holds the allocated GPU or MIG UUIDs, never indexes
   (indexes change with MIG and between processes); empty for CPU-only servers.
 
@@ -24,6 +27,8 @@ from traitlets import Bool, Unicode, default
 
 from gpupool.core.ledger import Allocation
 from gpupool.hub.errors import refuse
+from gpupool.settings import ConfigError
+from gpupool.usercode import Account, account, check_shared_mode
 
 from .mixin import GPUSpawnerMixin
 
@@ -35,6 +40,15 @@ class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         help="""Run every server as the hub's own unix user (no per-user accounts needed; no
         isolation between users: for a single-user machine or a demo). Example:
         ``c.LocalGPUSpawner.run_as_hub_user = False`` to run as real unix users.""",
+    )
+
+    shared_account = Unicode(
+        "",
+        config=True,
+        help="""The unprivileged unix account every server runs as in the shared mode when the
+        hub runs as root (empty: the hub's own account, refused when that is root; user code
+        never runs as root). ``make run`` creates and uses ``gpupool-demo``. Example:
+        ``c.LocalGPUSpawner.shared_account = "gpupool-demo"``""",
     )
 
     home_dir_template = Unicode(
@@ -67,15 +81,34 @@ class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         env["CUDA_VISIBLE_DEVICES"] = allocation.visible_devices if allocation else ""
         return env
 
-    # -- running as the hub's user (SimpleLocalProcessSpawner's behaviour) --------------------
+    def code_account(self) -> Account:
+        """The account this server runs as; a 403 naming what to do if it would be root or
+        does not exist (the hub checks the shared mode's setting at start as well)."""
+        try:
+            if self.run_as_hub_user:
+                return check_shared_mode(self.shared_account, "LocalGPUSpawner.shared_account")
+            return account(self.user.name, "LocalGPUSpawner.run_as_hub_user")
+        except ConfigError as e:
+            raise refuse(403, f"{self.user.name}'s server cannot start here: {e}") from None
+
+    async def start(self) -> Any:
+        self.code_account()  # before any allocation: refuse at once, naming the setting
+        return await super().start()
+
+    # -- the shared mode (SimpleLocalProcessSpawner's behaviour, never as root) -------------
     def make_preexec_fn(self, name: str) -> Callable[[], None]:
         if not self.run_as_hub_user:
             fn: Callable[[], None] = super().make_preexec_fn(name)
             return fn
-        home = self.home_dir
+        home, shared = self.home_dir, self.code_account()
+        switch = shared.uid != os.geteuid()
 
         def preexec() -> None:
-            os.makedirs(home, 0o755, exist_ok=True)
+            if switch:  # the hub is root: become the shared account before touching the home
+                os.setgid(shared.gid)
+                os.setgroups(list(shared.groups))
+                os.setuid(shared.uid)
+            os.makedirs(home, 0o700, exist_ok=True)
             os.chdir(home)
 
         return preexec

@@ -11,6 +11,8 @@ Vocabulary
 Contract: an allocation is taken before the server starts and released when it stops, when a
 start fails, and when ``poll`` finds the server gone. Refusals become 4xx HTTP errors carrying
 the pool's sentence (see :mod:`gpupool.hub.errors`); nothing waits out ``start_timeout``.
+Options over ``max_user_options_bytes`` are refused (413) before anything reads them, and a
+refused start leaves no options in JupyterHub's database (it stores them before ``start``).
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import contextlib
 from typing import Any
 
 from jupyterhub.spawner import Spawner
-from traitlets import Unicode, default
+from sqlalchemy.orm import object_session
+from traitlets import Int, Unicode, default
 
-from gpupool.core.errors import InvalidRequest, PoolError, UnknownAllocation
+from gpupool.core.errors import InvalidRequest, PoolError, TooLarge, UnknownAllocation
 from gpupool.core.ledger import Allocation
 from gpupool.core.offers import Offer
+from gpupool.core.parse import check_size, clip, clip_names, json_size, whole_number
 from gpupool.hub import get_pool
 from gpupool.hub.errors import http_error
 from gpupool.hub.form import FIELD, render
@@ -31,24 +35,23 @@ from gpupool.hub.menu import menu
 from gpupool.hub.reconcile import STATE_KEY
 from gpupool.pool import Pool
 
+MAX_COUNT = 64
+"""The largest ``count`` a request may name at all (each offer has its own, smaller maximum)."""
+
 
 def parse_user_options(options: dict[str, Any]) -> tuple[str, int, str | None]:
     """``(offer, count, team)`` from user options, or :class:`InvalidRequest` saying why not."""
     offer = options.get("offer", "cpu")
-    count = options.get("count", 1)
     team = options.get("team") or None
     if not isinstance(offer, str) or not offer:
-        raise InvalidRequest(f"user_options.offer must be an offer name, got {offer!r}.")
-    if isinstance(count, str) and count.isdigit():
-        count = int(count)
-    if not isinstance(count, int) or isinstance(count, bool):
-        raise InvalidRequest(f"user_options.count must be a whole number, got {count!r}.")
+        raise InvalidRequest(f"user_options.offer must be an offer name, got {clip(offer)}.")
+    count = whole_number(options.get("count", 1), "user_options.count", 1, MAX_COUNT)
     if team is not None and not isinstance(team, str):
-        raise InvalidRequest(f"user_options.team must be a team name, got {team!r}.")
+        raise InvalidRequest(f"user_options.team must be a team name, got {clip(team)}.")
     unknown = sorted(set(options) - {"offer", "count", "team"})
     if unknown:
         raise InvalidRequest(
-            f"Unknown user_options {', '.join(unknown)}; use offer, count and team."
+            f"Unknown user_options {clip_names(unknown)}; use offer, count and team."
         )
     return offer, count, team
 
@@ -57,6 +60,14 @@ class GPUSpawnerMixin(Spawner):
     """Mix in before a JupyterHub spawner: ``class X(GPUSpawnerMixin, LocalProcessSpawner)``."""
 
     gpupool_allocation_id = Unicode("", help="The pool allocation this server holds (state).")
+    max_user_options_bytes = Int(
+        4096,
+        config=True,
+        help="""The largest server options (``user_options`` from the REST API, or the spawn
+        form's fields) a start accepts, in bytes of JSON; bigger ones get HTTP 413 with the limit
+        before anything reads them. gpupool's own options take under 200 bytes. Example:
+        ``c.GPUSpawnerMixin.max_user_options_bytes = 16384``""",
+    )
 
     # -- the pool and this server's allocation ----------------------------------------------
     @property
@@ -100,18 +111,45 @@ class GPUSpawnerMixin(Spawner):
         return render(menus, pool.inventory.label, pool.inventory.simulated)
 
     def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
-        raw = (formdata.get(FIELD) or [""])[0]
-        parts = raw.split("|")
-        if len(parts) != 3 or not parts[2].isdigit():
-            raise http_error(InvalidRequest("Choose one of the offers on the form."))
-        team, offer, count = parts
-        return {"team": team or None, "offer": offer, "count": int(count)}
+        try:
+            check_size(json_size(formdata), self.max_user_options_bytes, "The spawn form")
+            parts = (formdata.get(FIELD) or [""])[0].split("|")
+            if len(parts) != 3:
+                raise InvalidRequest("Choose one of the offers on the form.")
+            team, offer, count = parts
+            number = whole_number(count, "count", 1, MAX_COUNT)
+        except PoolError as e:
+            if not isinstance(e, TooLarge):
+                e = InvalidRequest("Choose one of the offers on the form.")
+            self.log.info("gpupool: refused the spawn form of %s: %s", self.gpupool_ref, e.message)
+            raise http_error(e) from None
+        return {"team": team or None, "offer": offer, "count": number}
+
+    @default("apply_user_options")
+    def _gpupool_apply_user_options(self) -> Any:
+        """gpupool reads ``user_options`` itself, in :meth:`start`; this keeps JupyterHub from
+        logging their (user-chosen, unbounded) keys as "unhandled" on every start."""
+        return _options_read_in_start
+
+    def gpupool_forget_options(self) -> None:
+        """Clear the options of a refused start: JupyterHub's ``User.spawn`` stores them in its
+        database (``orm_spawner.user_options``, committed) before it calls :meth:`start`, where
+        a refusal would leave them, however big, and offer them as the next start's defaults."""
+        self.user_options = {}
+        orm_spawner = self.orm_spawner
+        if orm_spawner is not None and orm_spawner.user_options:
+            orm_spawner.user_options = {}
+            session = object_session(orm_spawner)
+            if session is not None:
+                session.commit()
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> Any:
         pool = self.gpupool
         try:
-            offer, count, team = parse_user_options(dict(self.user_options or {}))
+            options = dict(self.user_options or {})
+            check_size(json_size(options), self.max_user_options_bytes, "user_options")
+            offer, count, team = parse_user_options(options)
             stale = [a.id for a in pool.ledger.allocations.values() if a.ref == self.gpupool_ref]
             for alloc_id in stale:  # left by a start the hub did not finish (e.g. a crash)
                 pool.release(alloc_id)
@@ -126,6 +164,7 @@ class GPUSpawnerMixin(Spawner):
             )
         except PoolError as e:
             self.log.info("gpupool: refused %s: %s", self.gpupool_ref, e.message)
+            self.gpupool_forget_options()
             raise http_error(e) from None
         self.gpupool_allocation_id = allocation.id
         try:
@@ -179,3 +218,7 @@ class GPUSpawnerMixin(Spawner):
     def clear_state(self) -> None:
         super().clear_state()
         self.gpupool_allocation_id = ""
+
+
+def _options_read_in_start(spawner: Spawner, user_options: dict[str, Any]) -> None:
+    """``Spawner.apply_user_options`` of gpupool's spawners: nothing (see ``start``)."""

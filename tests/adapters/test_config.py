@@ -92,6 +92,26 @@ def load(**pool: Any) -> GPUPool:
             "unknown key",
         ),
         ({"teams": {"everyone": {}}}, "GPUPool.teams['everyone']", "is reserved"),
+        (
+            {"teams": {"vision": {"max_priority": 150}}},
+            "GPUPool.teams['vision'].max_priority",
+            "must be a whole number from 0 to 100, got 150",
+        ),
+        (
+            {"teams": {"vision": {"max_priority": -10}}},
+            "GPUPool.teams['vision'].max_priority",
+            "must be a whole number from 0 to 100",
+        ),
+        (
+            {"teams": {"vision": {"min_priority": 5}}},
+            "GPUPool.teams['vision'].min_priority",
+            "must be a whole number from -100 to 0, got 5",
+        ),
+        (
+            {"everyone": {"max_priority": True}},
+            "GPUPool.everyone.max_priority",
+            "must be a whole number from 0 to 100",
+        ),
         ({"policy": "random"}, "GPUPool.policy", "must be one of first-fit, best-fit, gpupool"),
         ({"inventory": "cuda"}, "GPUPool.inventory", "must be one of nvml, simulated:<spec>"),
         ({"inventory": "simulated:node1 4x H100-80GB"}, "GPUPool.inventory", "expected"),
@@ -135,3 +155,10 @@ def test_a_config_file_loads_into_settings(tmp_path: Path) -> None:
 def test_a_drifted_profile_name_in_an_offer_resolves() -> None:
     pool = load(offers={"mig-3g.39gb": {"model": "H100-80GB"}})
     assert pool.settings().offers["mig-3g.39gb"].profile == "3g.40gb"
+
+
+def test_a_team_priority_range_defaults_to_lowering_only() -> None:
+    s = load(teams={"vision": {"max_priority": 10, "min_priority": -5}, "nlp": {}}).settings()
+    assert (s.teams["vision"].min_priority, s.teams["vision"].max_priority) == (-5, 10)
+    assert (s.teams["nlp"].min_priority, s.teams["nlp"].max_priority) == (-100, 0)
+    assert (s.everyone.min_priority, s.everyone.max_priority) == (-100, 0)

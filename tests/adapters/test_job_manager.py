@@ -5,17 +5,23 @@ started by the next pass once it fits."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import pytest
 from traitlets.config import Config
 
 from gpupool.config import GPUPool
+from gpupool.core.errors import InvalidRequest
 from gpupool.jobs.local import group_alive, job_pids
 from gpupool.jobs.manager import JobManager
 from gpupool.pool import Pool
+from tests.accounts import shared_mode
 
 SLEEPER = "import time\nwhile True:\n    time.sleep(0.5)\n"
 
@@ -26,7 +32,7 @@ def manager(tmp_path: Path) -> JobManager:
     c.GPUPool.db_url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
     c.GPUPool.offers = {"gpu": {"kind": "gpu", "max_count": 2}}
     c.GPUPool.teams = {"a": {"guarantee": 1, "borrow_limit": 1}, "b": {"guarantee": 1}}
-    c.LocalJobBackend.home_dir_template = str(tmp_path / "home" / "{username}")
+    shared_mode(c)
     c.LocalJobBackend.kill_grace = 2.0
     c.JobManager.watch_interval = 0.5
     return JobManager(Pool.from_config(GPUPool(config=c)), config=c)
@@ -105,3 +111,66 @@ def test_a_job_whose_processes_vanished_while_the_hub_was_down_is_lost(tmp_path:
             await again.stop()
 
     asyncio.run(scenario())
+
+
+def queue_only(tmp_path: Path, teams: dict[str, Any]) -> JobManager:
+    """A manager that is never started: jobs stay queued; its clock ticks a second a call."""
+    c = Config()
+    c.GPUPool.inventory = "simulated:n: 2x H100-80GB"
+    c.GPUPool.db_url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
+    c.GPUPool.offers = {"gpu": {"kind": "gpu", "max_count": 2}}
+    c.GPUPool.teams = teams
+    shared_mode(c)
+    c.LocalJobBackend.run_as_hub_user = os.geteuid() != 0  # what the hub may do; nothing runs
+    ticks = itertools.count()
+    start = datetime(2025, 1, 1, tzinfo=UTC)
+    pool = Pool.from_config(GPUPool(config=c))
+    return JobManager(pool, clock=lambda: start + timedelta(seconds=next(ticks)), config=c)
+
+
+JOB = {"script": "print(1)", "offer": "gpu", "gpus": 1}
+
+
+def test_a_user_may_lower_a_priority_but_not_raise_it_by_default(tmp_path: Path) -> None:
+    m = queue_only(tmp_path, {"a": {"guarantee": 1}})
+    with pytest.raises(InvalidRequest) as err:
+        m.submit("ann", ["a"], {**JOB, "priority": 1})
+    assert err.value.message == (
+        "Team a lets its users set a priority from -100 to 0 (higher runs first among the "
+        "team's own jobs), not 1; a gpupool admin can submit the job with it or change the "
+        "team's range."
+    )
+    assert m.jobs == {}  # nothing was queued
+    low = m.submit("ann", ["a"], {**JOB, "priority": -100})
+    assert m.jobs[low.id].spec.priority == -100 and m.jobs[low.id].state == "queued"
+
+
+def test_an_admin_may_set_any_priority(tmp_path: Path) -> None:
+    m = queue_only(tmp_path, {"a": {"guarantee": 1}})
+    job = m.submit("root", ["a"], {**JOB, "priority": 100}, admin=True)
+    assert m.jobs[job.id].spec.priority == 100
+    with pytest.raises(InvalidRequest, match="priority must be a whole number from -100 to 100"):
+        m.submit("root", ["a"], {**JOB, "priority": 101}, admin=True)
+
+
+def test_the_range_an_admin_sets_for_a_team_holds_for_its_users(tmp_path: Path) -> None:
+    m = queue_only(tmp_path, {"a": {"guarantee": 1, "min_priority": -5, "max_priority": 10}})
+    assert m.submit("ann", ["a"], {**JOB, "priority": 10}).spec.priority == 10
+    assert m.submit("ann", ["a"], {**JOB, "priority": -5}).spec.priority == -5
+    for bad in (11, -6):
+        with pytest.raises(InvalidRequest, match=f"from -5 to 10 .*, not {bad};"):
+            m.submit("ann", ["a"], {**JOB, "priority": bad})
+
+
+def test_a_high_priority_job_does_not_jump_another_teams_older_job(tmp_path: Path) -> None:
+    teams = {"a": {"guarantee": 1, "max_priority": 100}, "b": {"guarantee": 1}}
+    m = queue_only(tmp_path, teams)
+    b_old = m.submit("bob", ["b"], JOB)
+    a_plain = m.submit("ann", ["a"], JOB)
+    a_urgent = m.submit("ann", ["a"], {**JOB, "priority": 100})
+    b_new = m.submit("bob", ["b"], JOB)
+    # equal fair share: submission time across teams; a's priority orders only a's jobs
+    assert m.queue_positions() == {b_old.id: 1, a_urgent.id: 2, a_plain.id: 3, b_new.id: 4}
+    # once team b holds its guarantee, team a is further below its own and goes first
+    m.pool.allocate("bob", ["b"], "gpu", 1, team="b")
+    assert m.queue_positions() == {a_urgent.id: 1, a_plain.id: 2, b_old.id: 3, b_new.id: 4}

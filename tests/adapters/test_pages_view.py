@@ -23,6 +23,7 @@ from gpupool.hub.pages_view import admin_view, mine_view, relative
 from gpupool.hub.reclaim import IdleReclaimer
 from gpupool.jobs.manager import JobManager
 from gpupool.pool import Pool
+from tests.accounts import shared_mode
 
 TEMPLATES = Path(hub_module.__file__).parent / "templates"
 SPEC = "simulated:n: 3x H100-80GB, mig=2:3g.40gb+2g.20gb+1g.10gb"
@@ -44,7 +45,7 @@ def pool(tmp_path: Path) -> Parts:
         "mig-1g.10gb": {"model": "H100-80GB"},
     }
     c.GPUPool.teams = {"vision": {"guarantee": 1.5, "borrow_limit": 0.5}, "nlp": {"guarantee": 1}}
-    c.LocalJobBackend.home_dir_template = str(tmp_path / "home" / "{username}")
+    shared_mode(c)
     p = Pool.from_config(GPUPool(config=c))
     return p, JobManager(p, config=c), IdleReclaimer(p, config=c)
 
@@ -107,7 +108,7 @@ def test_a_dynamic_mig_gpu_draws_created_instances_at_their_start(tmp_path: Path
         "mig-1g.10gb": {"model": "H100-80GB"},
     }
     c.GPUPool.teams = {"t": {"guarantee": 1}}
-    c.LocalJobBackend.home_dir_template = str(tmp_path / "home" / "{username}")
+    shared_mode(c)
     p = Pool.from_config(GPUPool(config=c))
     a = p.allocate("ann", ["t"], "mig-3g.40gb", ref="ann/")
     p.allocate("bob", ["t"], "mig-1g.10gb", kind="job", ref="job1")

@@ -160,6 +160,11 @@ def test_helm_lint_strict_is_clean(name: str, tmp_path: Path) -> None:
 BAD_VALUES = [
     pytest.param({"gpupool": {"teams": {"lab": {"guarantee": -1}}}}, "guarantee", id="negative"),
     pytest.param({"gpupool": {"teams": {"lab": {"gaurantee": 2}}}}, "gaurantee", id="typo-team"),
+    pytest.param(
+        {"gpupool": {"teams": {"lab": {"max_priority": 101}}}},
+        "/gpupool/teams/lab/max_priority': maximum: got 101, want 100",
+        id="priority-range",
+    ),
     pytest.param({"gpupol": {}}, "gpupol", id="typo-top"),
     pytest.param({"kueue": {"enabeld": True}}, "enabeld", id="typo-kueue"),
     pytest.param({"gpupool": {"offers": {"h100": {"kind": "tpu"}}}}, "kind", id="bad-kind"),
@@ -226,6 +231,14 @@ def test_kueue_quotas_equal_what_the_hub_enforces(chart: helm.Chart, tmp_path: P
         quota = next(r for r in flavor["resources"] if r["name"] == resource)
         assert quantity_milli(quota["nominalQuota"]) == team.guarantee_milli, name
         assert quantity_milli(quota["borrowingLimit"]) == team.borrow_limit_milli, name
+
+
+def test_a_team_priority_range_reaches_the_hub(chart: helm.Chart, tmp_path: Path) -> None:
+    priorities = {"min_priority": -10, "max_priority": 20}
+    values = merge(values_of("large"), {"gpupool": {"teams": {"vision": priorities}}})
+    teams = GPUPool(config=hub_config(render(chart, values), tmp_path)).settings().teams
+    assert (teams["vision"].min_priority, teams["vision"].max_priority) == (-10, 20)
+    assert (teams["nlp"].min_priority, teams["nlp"].max_priority) == (-100, 0)
 
 
 def test_kueue_counts_each_gpu_resource_as_the_hub_does(chart: helm.Chart) -> None:

@@ -1,9 +1,11 @@
 """A real JupyterHub (with configurable-http-proxy and real JupyterLab servers) for the hub tests.
 
 The hub runs the repository's own ``jupyterhub_config.py`` as a subprocess, on free ports, with
-its state in a temporary directory; a small extra config adds a test service with the admin role
-(to read server state and drive the REST API) and a short poll interval. Waiting is always for a
-condition with a deadline, never a bare sleep.
+its state in a temporary directory and the users' homes in another (owned by the account that
+runs user code: ``gpupool-demo`` when the tests run as root, see :mod:`tests.accounts`); a small
+extra config adds a test service with the admin role (to read server state and drive the REST
+API) and a short poll interval. Waiting is always for a condition with a deadline, never a bare
+sleep.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import requests
 
 from gpupool.core.ledger import Allocation
 from gpupool.store import Store
+from tests.accounts import homes
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "demo-pass-for-tests"
@@ -51,11 +54,27 @@ def wait_for(condition: Callable[[], T], timeout: float = 60, what: str = "condi
         time.sleep(0.1)
 
 
+def demo_config(in_same_config: bool) -> str:
+    """Config text that loads the demo's ``jupyterhub_config.py``: as a subconfig (its own fresh
+    ``c``, merged afterwards), or run in this file's ``c`` so that what was set before it is
+    what its ``setup(c)`` sees."""
+    path = str(ROOT / "jupyterhub_config.py")
+    if in_same_config:
+        code = f"compile(open({path!r}).read(), {path!r}, 'exec')"
+        return f"exec({code}, dict(globals(), __file__={path!r}))\n"
+    return f"load_subconfig({path!r})\n"
+
+
 class Hub:
     """One hub process and the helpers tests use against it."""
 
-    def __init__(self, state: Path) -> None:
+    def __init__(
+        self, state: Path, home_root: Path, extra_config: str = "", prelude: str = ""
+    ) -> None:
+        """``prelude``: config set before the demo's runs (what its ``setup(c)`` must see);
+        ``extra_config``: config read after it."""
         self.state = state
+        self.homes = home_root
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
@@ -65,17 +84,19 @@ class Hub:
             "GPUPOOL_HUB_PORT": str(free_port()),
             "GPUPOOL_PROXY_API_PORT": str(free_port()),
             "GPUPOOL_DEMO_PASSWORD": PASSWORD,
+            "GPUPOOL_HOMES": str(home_root),
             "GPUPOOL_INVENTORY": "nvml",  # no driver here: the simulated fallback
         }
         self.config = state / "test_config.py"
         self.config.write_text(
-            f"load_subconfig({str(ROOT / 'jupyterhub_config.py')!r})\n"
-            "c.JupyterHub.services = [*c.JupyterHub.services,"
+            prelude
+            + demo_config(in_same_config=bool(prelude))
+            + "c.JupyterHub.services = [*c.JupyterHub.services,"
             f" {{'name': 'tester', 'api_token': {TOKEN!r}}}]\n"
             "c.JupyterHub.load_roles = [*c.JupyterHub.load_roles,"
             " {'name': 'admin', 'services': ['tester']}]\n"
             "c.JupyterHub.cleanup_servers = False\n"
-            "c.Spawner.poll_interval = 1\n"
+            "c.Spawner.poll_interval = 1\n" + extra_config
         )
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = state / "hub.log"
@@ -212,17 +233,17 @@ def running(hub: Hub) -> Iterator[Hub]:
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
-    with running(Hub(tmp_path_factory.mktemp("hub"))) as h:
+    with homes() as home_root, running(Hub(tmp_path_factory.mktemp("hub"), home_root)) as h:
         yield h
 
 
 def kill_servers(hub: Hub) -> None:
-    """End every single-user server this hub's state directory started."""
+    """End every single-user server this hub started (found by their homes)."""
     out = subprocess.run(["pgrep", "-f", "jupyterhub-singleuser"], capture_output=True, text=True)
     for pid in out.stdout.split():
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
             continue
-        if f"HOME={hub.state}".encode() in environ:
+        if f"HOME={hub.homes}".encode() in environ:
             os.kill(int(pid), signal.SIGKILL)

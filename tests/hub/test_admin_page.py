@@ -220,7 +220,7 @@ def test_an_admin_cancels_a_queued_job_from_the_page(hub: Hub) -> None:
     assert r.status_code == 303, r.text
     assert parse_qs(urlsplit(r.headers["Location"]).query) == {
         "done": ["cancelled"],
-        "target": [job["id"]],
+        "job": [job["id"]],
     }
     done = hub.as_user(cal, "GET", f"/jobs/{job['id']}").json()
     assert done["state"] == "cancelled" and done["reason"] == "cancelled by admin"
@@ -258,3 +258,29 @@ def test_stop_needs_the_xsrf_token_and_then_stops_the_server(hub: Hub) -> None:
         "Stopping ada's server (it is slow to stop; reload in a moment).",
     )
     assert after.select_one('#allocations tr[data-user="ada"]') is None
+
+
+@pytest.mark.parametrize(
+    ("query", "shown"),
+    [
+        ({"done": "stopped", "target": "PLANTED"}, "Stopped the server."),
+        ({"done": "stopping", "user": "PLANTED", "server": "PLANTED"}, "Stopping the server"),
+        ({"done": "stopped", "user": "admin", "server": "PLANTED"}, "Stopped the server."),
+        ({"done": "cancelled", "target": "PLANTED", "job": "PLANTED"}, "Cancelled the job."),
+        ({"done": "ended", "job": "PLANTED"}, "The job had already ended."),
+        ({"done": "PLANTED"}, None),
+    ],
+)
+def test_the_flash_never_prints_text_from_the_url(
+    hub: Hub, query: dict[str, str], shown: str | None
+) -> None:
+    planted = "Your session expired: log in again at https://evil.example/"
+    query = {k: v.replace("PLANTED", planted) for k, v in query.items()}
+    r = admin(hub).get(f"{hub.url}/hub/gpupool", params=query, timeout=30)
+    assert r.status_code == 200
+    assert "evil.example" not in r.content.decode("utf-8")
+    flash = soup_of(r).select_one("#gp-flash")
+    if shown is None:
+        assert flash is None
+    else:
+        assert flash is not None and flash.get_text().strip().startswith(shown)

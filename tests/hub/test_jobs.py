@@ -224,6 +224,7 @@ def test_users_see_and_touch_only_their_own_jobs(hub: Hub, ada: str) -> None:
         ({"script": ""}, 400, "script must be the job's Python code"),
         ({"team": "nlp"}, 403, "You are not in team 'nlp'"),
         ({"time_limit": 10**9}, 400, "time_limit must be a whole number"),
+        ({"priority": 5}, 400, "Team vision lets its users set a priority from -100 to 0"),
     ],
 )
 def test_invalid_specs_get_a_4xx_with_the_reason(
@@ -233,6 +234,16 @@ def test_invalid_specs_get_a_4xx_with_the_reason(
     assert r.status_code == status, r.text
     schema("Error", r.json())
     assert message in r.json()["message"]
+
+
+def test_only_an_admin_may_raise_a_priority(hub: Hub, ada: str) -> None:
+    body = {"script": "print(1)", "offer": "cpu", "priority": 50, "time_limit": 60}
+    r = hub.as_user(ada, "POST", "/jobs", json=body)
+    assert r.status_code == 400 and "from -100 to 0" in r.json()["message"]
+    admin = hub.token("admin", ["custom:gpupool:admin"])
+    r = hub.as_user(admin, "POST", "/jobs", json=body)
+    assert r.status_code == 201 and r.json()["priority"] == 50, r.text
+    wait_job(hub, admin, r.json()["id"], FINAL)
 
 
 def test_offers_match_the_document(hub: Hub, ada: str) -> None:

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
+from tests.accounts import homes
 from tests.hub.conftest import TOKEN, Hub, running, wait_for
 from tests.hub.test_jobs import submit, wait_job
 
@@ -26,10 +27,11 @@ MINUTE = 60.0
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
-    h = Hub(tmp_path_factory.mktemp("reclaim"))
-    h.env["GPUPOOL_RECLAIM_PERIOD"] = "0.2"
-    with running(h):
-        yield h
+    with homes() as home_root:
+        h = Hub(tmp_path_factory.mktemp("reclaim"), home_root)
+        h.env["GPUPOOL_RECLAIM_PERIOD"] = "0.2"
+        with running(h):
+            yield h
 
 
 class Clock:

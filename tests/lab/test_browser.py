@@ -16,6 +16,7 @@ import nbformat
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from tests.accounts import give_to_shared_account, homes
 from tests.hub.conftest import PASSWORD, ROOT, Hub, running
 from tests.hub.test_jobs import TRAIN, TRAIN_CELL
 
@@ -34,19 +35,21 @@ SLOW = 180_000  # ms: a server start or a DDP job on two CPU cores
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
-    h = Hub(tmp_path_factory.mktemp("browser-hub"))
-    home = h.state / "home" / "ada"
-    home.mkdir(parents=True)
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    nb.cells = [nbformat.v4.new_code_cell(TRAIN), nbformat.v4.new_code_cell(TRAIN_CELL)]
-    nbformat.write(nb, home / "train.ipynb")
-    with running(h):
-        yield h
+    with homes() as home_root:
+        h = Hub(tmp_path_factory.mktemp("browser-hub"), home_root)
+        home = home_root / "ada"
+        home.mkdir()
+        nb = nbformat.v4.new_notebook()
+        nb.metadata["kernelspec"] = {
+            "name": "python3",
+            "display_name": "Python 3",
+            "language": "python",
+        }
+        nb.cells = [nbformat.v4.new_code_cell(TRAIN), nbformat.v4.new_code_cell(TRAIN_CELL)]
+        nbformat.write(nb, home / "train.ipynb")
+        give_to_shared_account(home)
+        with running(h):
+            yield h
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -57,15 +58,78 @@ def test_a_gang_starts_whole_or_not_at_all_and_holds_nothing_while_queued() -> N
     assert set(ledger.allocations) == {"notebook"}  # planning changed nothing
 
 
-def test_order_is_priority_then_fair_share_then_submission() -> None:
+def test_across_teams_fair_share_decides_and_priority_does_not() -> None:
     ledger = two_gpu_ledger(a=Team("a", 2000), b=Team("b", 2000))
     ledger.allocate(Request("x", "a", "gpu", 1), "a-notebook")  # team a uses half its guarantee
     jobs = [
         q("a-old", team="a", created=1),
         q("b-new", team="b", created=5),
-        q("a-urgent", team="a", created=9, priority=5),
+        q("a-urgent", team="a", created=9, priority=100),
     ]
-    assert [j.id for j in order(ledger, jobs)] == ["a-urgent", "b-new", "a-old"]
+    assert [j.id for j in order(ledger, jobs)] == ["b-new", "a-urgent", "a-old"]
+
+
+def test_within_a_team_priority_then_age_and_never_ahead_of_an_older_job_of_another_team() -> None:
+    ledger = two_gpu_ledger(a=Team("a", 2000), b=Team("b", 2000))  # equal fair share
+    jobs = [
+        q("a-old", team="a", created=1),
+        q("b-mid", team="b", created=2),
+        q("a-urgent", team="a", created=3, priority=50),
+        q("a-later", team="a", created=3.5, priority=50),
+        q("b-late", team="b", created=4),
+        q("a-low", team="a", created=0, priority=-5),
+    ]
+    # a-urgent goes first among a's jobs but not before b-mid, which is older; a-old and
+    # a-low, ordered after it by priority, wait with it (priority never gains a team places)
+    assert [j.id for j in order(ledger, jobs)] == [
+        "b-mid",
+        "a-urgent",
+        "a-later",
+        "a-old",
+        "a-low",
+        "b-late",
+    ]
+
+
+QUEUES = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b", "c"]),
+        st.integers(-2, 2),
+        st.integers(0, 6).map(float),
+    ),
+    max_size=12,
+)
+
+
+@given(data=QUEUES, used=st.sampled_from([0, 1, 2]), team=st.sampled_from(["a", "b", "c"]))
+@settings(max_examples=300, deadline=None)
+def test_priority_orders_only_its_own_team_and_never_passes_another_teams_job(
+    data: list[tuple[str, int, float]], used: int, team: str
+) -> None:
+    ledger = two_gpu_ledger(4, a=Team("a", 2000), b=Team("b", 2000), c=Team("c", 0, 4000))
+    if used:
+        ledger.allocate(Request("x", "a", "gpu", used), "a-notebook")
+    jobs = [q(f"j{i}", team=t, priority=p, created=c) for i, (t, p, c) in enumerate(data)]
+    ordered = [j.id for j in order(ledger, jobs)]
+    assert sorted(ordered) == sorted(j.id for j in jobs)
+    place = {job_id: i for i, job_id in enumerate(ordered)}
+    for t in "abc":  # a team's own jobs: priority (higher first), then submission time
+        mine = [j for j in jobs if j.team == t]
+        by_rule = sorted(mine, key=lambda j: (-j.priority, j.created, j.id))
+        assert [j.id for j in by_rule] == [j.id for j in sorted(mine, key=lambda j: place[j.id])]
+    # with the team's priorities at 0, none of its jobs is behind a job of another team that
+    # it is now ahead of: its priorities gained it nothing against the other teams
+    level = [replace(j, priority=0) if j.team == team else j for j in jobs]
+    plain = {j.id: i for i, j in enumerate(order(ledger, level))}
+    for x in jobs:
+        for y in jobs:
+            if x.team == team != y.team and place[x.id] < place[y.id]:
+                assert plain[x.id] < plain[y.id], f"{x} passed {y} by priority"
+    # without priorities at all, the order across teams is fair share, then submission time
+    flat = order(ledger, [replace(j, priority=0) for j in jobs])
+    share = {"a": used / 2, "b": 0.0, "c": float("inf")}
+    keys = [(share[j.team], j.created) for j in flat]
+    assert keys == sorted(keys)
 
 
 def test_backfill_only_when_it_cannot_delay_the_head() -> None:

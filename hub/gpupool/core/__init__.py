@@ -12,6 +12,7 @@ from .errors import (
     OfferNotAllowed,
     PoolError,
     QuotaExceeded,
+    TooLarge,
     UnknownAllocation,
 )
 from .inventory import GPU, Inventory, MigInstance, Node, model_key
@@ -46,6 +47,7 @@ __all__ = [
     "QuotaExceeded",
     "Request",
     "Team",
+    "TooLarge",
     "UnknownAllocation",
     "fmt",
     "geometry_for",

@@ -28,6 +28,12 @@ class UnknownAllocation(InvalidRequest):
     code = "unknown_allocation"
 
 
+class TooLarge(InvalidRequest):
+    """The request is bigger than the hub accepts (its options, a job's body); says the limit."""
+
+    code = "too_large"
+
+
 class OfferNotAllowed(PoolError):
     """The offer exists but this team (or a user in no team) may not request it."""
 

@@ -28,6 +28,7 @@ from .inventory import Inventory
 from .mig import GEOMETRIES
 from .occupancy import Occupancy
 from .offers import Offer, Request
+from .parse import clip
 from .placement import Demand, Pick, PlacementPolicy, make_policy
 from .quota import EVERYONE, Team, check_offer, check_quota
 from .units import fmt
@@ -97,7 +98,7 @@ class Ledger:
         try:
             return self.teams[name]
         except KeyError:
-            raise InvalidRequest(f"Unknown team {name!r}.") from None
+            raise InvalidRequest(f"Unknown team {clip(name)!r}.") from None
 
     def placeable(self, offer: Offer) -> int:
         """How many of ``offer`` could be granted right now, ignoring quotas.

@@ -3,8 +3,11 @@
 Vocabulary
 - *gang*: a job's ``nodes`` requests of ``gpus`` each are granted all together or not at all; a
   queued job holds nothing.
-- *order*: priority (higher first), then team fair share (the team furthest below its guarantee
-  first: the smallest used / guarantee), then submission time.
+- *order*: within a team, priority (higher first), then submission time; across teams, team
+  fair share (the team furthest below its guarantee first: the smallest used / guarantee), then
+  *place time*: the latest submission time among a job and its team's jobs ordered before it.
+  A job's place is never earlier than its own submission, so priority orders only a team's own
+  jobs and never moves one ahead of another team's job (it can cost the team places, not gain).
 - *head*: the first job in order that cannot start. Its *shadow time* is the earliest moment it
   could start if the running jobs end at their time limits (never, if notebooks or quotas keep it
   out).
@@ -69,8 +72,23 @@ def fair_share(ledger: Ledger, team: str) -> float:
     return ledger.team_used[team] / guarantee if guarantee else float("inf")
 
 
+def team_order(jobs: Iterable[Queued]) -> list[Queued]:
+    """One team's own jobs in order: priority (higher first), then submission time."""
+    return sorted(jobs, key=lambda q: (-q.priority, q.created, q.id))
+
+
 def order(ledger: Ledger, queued: Iterable[Queued]) -> list[Queued]:
-    return sorted(queued, key=lambda q: (-q.priority, fair_share(ledger, q.team), q.created, q.id))
+    """The queue's order (see *order* above): fair share, then place time, across teams."""
+    teams: dict[str, list[Queued]] = {}
+    for job in queued:
+        teams.setdefault(job.team, []).append(job)
+    keyed: list[tuple[tuple[float, float, str, int], Queued]] = []
+    for team, jobs in teams.items():
+        share, place = fair_share(ledger, team), float("-inf")
+        for rank, job in enumerate(team_order(jobs)):
+            place = max(place, job.created)  # never earlier than a job of the team it passed
+            keyed.append(((share, place, team, rank), job))
+    return [job for _, job in sorted(keyed, key=lambda kj: kj[0])]
 
 
 def try_gang(ledger: Ledger, job: Queued, tag: str = "") -> str:

@@ -3,7 +3,8 @@
 Vocabulary
 - *team*: a JupyterHub group with a *guarantee* (GPU-equivalents it can always use when the pool
   has them), a *borrow limit* (how much more it may use while others leave theirs idle), an
-  optional per-user *cap*, and the offers it may request (``None``: all).
+  optional per-user *cap*, the offers it may request (``None``: all), and the *priority range*
+  its users may give their jobs (default -100 to 0: lower, not raise; admins may set any).
 - *everyone*: the pseudo-team for users in no team; by default it may request only ``cpu``.
 - *usage*: the GPU-equivalents a team (or user) holds now, in thousandths.
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 from .errors import InvalidRequest, NotATeamMember, OfferNotAllowed, QuotaExceeded
 from .offers import Offer
+from .parse import clip
 from .units import fmt
 
 EVERYONE = "everyone"
@@ -29,6 +31,8 @@ class Team:
     borrow_limit_milli: int = 0
     user_cap_milli: int | None = None
     offers: frozenset[str] | None = None
+    min_priority: int = -100
+    max_priority: int = 0
 
     @property
     def limit_milli(self) -> int:
@@ -63,7 +67,7 @@ def resolve_team(
         if requested == everyone.name and not mine:
             return everyone
         choices = ", ".join(mine) or "none"
-        raise NotATeamMember(f"You are not in team {requested!r} (your teams: {choices}).")
+        raise NotATeamMember(f"You are not in team {clip(requested)!r} (your teams: {choices}).")
     if not mine:
         return everyone
     if len(mine) == 1:
@@ -76,7 +80,7 @@ def check_offer(team: Team, offers: Mapping[str, Offer], offer: str, count: int)
     found = offers.get(offer)
     if found is None:
         known = ", ".join(sorted(offers)) or "none"
-        raise InvalidRequest(f"Unknown offer {offer!r}; offers are: {known}.")
+        raise InvalidRequest(f"Unknown offer {clip(offer)!r}; offers are: {known}.")
     if not team.allows(offer):
         allowed = ", ".join(sorted(o for o in offers if team.allows(o))) or "none"
         who = "Users in no team" if team.name == EVERYONE else f"Team {team.name}"
@@ -85,6 +89,31 @@ def check_offer(team: Team, offers: Mapping[str, Offer], offer: str, count: int)
     if not 1 <= count <= top:
         raise InvalidRequest(f"Offer {offer} takes a count from 1 to {top}, not {count}.")
     return found
+
+
+PRIORITY_RANGE = (-100, 100)
+"""The priorities a job may have at all (what an admin may set)."""
+
+
+def check_priority(team: Team, priority: int, admin: bool = False) -> None:
+    """Refuse a priority outside the team's range for its users (admins: any in PRIORITY_RANGE).
+
+    A priority orders only the team's own queued jobs (see :mod:`gpupool.core.queue`).
+    """
+    low, high = PRIORITY_RANGE if admin else (team.min_priority, team.max_priority)
+    if low <= priority <= high:
+        return
+    if admin:
+        raise InvalidRequest(f"priority must be a whole number from {low} to {high}.")
+    if team.name == EVERYONE:
+        who, whose = "Users in no team may", "their"
+    else:
+        who, whose = f"Team {team.name} lets its users", "the team's"
+    raise InvalidRequest(
+        f"{who} set a priority from {low} to {high} (higher runs first among {whose} own "
+        f"jobs), not {priority}; a gpupool admin can submit the job with it or change "
+        f"{whose} range."
+    )
 
 
 def check_quota(

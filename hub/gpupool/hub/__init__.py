@@ -10,7 +10,8 @@ Vocabulary
 - ``setup(c)``: called at the end of ``jupyterhub_config.py``; it validates ``c.GPUPool`` right
   away (a bad key stops the hub at start, named), builds the pool, adds the REST API
   (``/hub/api/gpupool/...``), its custom scopes and roles, the pages, the metrics collector
-  and the reclaimer's service, and starts the job manager and the reclaimer.
+  and the reclaimer's service, and starts the job manager and the reclaimer; it also keeps
+  JupyterHub from logging refused spawns as errors (:mod:`gpupool.hub.refusals`).
 
 Contract: nothing here blocks on the network; NVML discovery and SQLite are local and quick.
 """
@@ -28,6 +29,8 @@ from .. import metrics
 from ..config import GPUPool
 from ..jobs.manager import JobManager
 from ..pool import Pool
+from ..usercode import check_shared_mode, spawner_setting
+from . import refusals
 from .reclaim import SERVICE, SERVICE_SCOPES, IdleReclaimer
 from .reconcile import release_orphans
 
@@ -73,7 +76,9 @@ def setup(c: Any, logger: logging.Logger = log) -> Pool:
 
     Pass ``logging.getLogger("JupyterHub").getChild("gpupool")`` to log with the hub's handler.
     """
+    _check_local_spawner(c)
     pool = get_pool(c, logger)
+    refusals.install()
     release_orphans(pool, c.JupyterHub.get("db_url", "sqlite:///jupyterhub.sqlite"))
     _add_api(c)
     _add_pages(c)
@@ -88,6 +93,16 @@ def setup(c: Any, logger: logging.Logger = log) -> Pool:
     manager.starting = loop.create_task(manager.start())
     reclaimer.start()
     return pool
+
+
+def _check_local_spawner(c: Any) -> None:
+    """The local spawner's shared mode never runs servers as root: stop the hub at start."""
+    spawner = c.JupyterHub.get("spawner_class", "")
+    name = spawner if isinstance(spawner, str) else getattr(spawner, "__name__", "")
+    local = name in ("gpupool-local", "gpupool_spawner.local.LocalGPUSpawner", "LocalGPUSpawner")
+    if local and spawner_setting(c, "run_as_hub_user", True):
+        shared = spawner_setting(c, "shared_account", "")
+        check_shared_mode(shared, "LocalGPUSpawner.shared_account")
 
 
 def get_running_jobs() -> JobManager | None:

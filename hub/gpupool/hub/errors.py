@@ -13,6 +13,7 @@ from ..core import errors
 
 STATUS: dict[type[errors.PoolError], int] = {
     errors.UnknownAllocation: 404,
+    errors.TooLarge: 413,
     errors.InvalidRequest: 400,
     errors.NotATeamMember: 403,
     errors.OfferNotAllowed: 403,

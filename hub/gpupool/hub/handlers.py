@@ -24,6 +24,7 @@ from ..clock import iso
 from ..core.errors import InvalidRequest, PoolError
 from ..core.jobs import Job
 from ..core.ledger import Allocation
+from ..core.parse import check_size, whole_number
 from ..core.units import fmt
 from ..pool import Pool
 from . import get_jobs, get_pool, get_reclaimer
@@ -101,7 +102,13 @@ class GPUPoolHandler(APIHandler):
         groups = [g.name for g in getattr(user, "groups", [])]
         return user.name, groups, admin
 
-    def json_body(self) -> dict[str, Any]:
+    def json_body(self, limit: int) -> dict[str, Any]:
+        """The request's JSON object; 413 over ``limit`` bytes (checked before parsing), 400 if
+        it is not a JSON object."""
+        try:
+            check_size(len(self.request.body), limit, "The request body")
+        except PoolError as e:
+            raise http_error(e) from None
         try:
             body = json.loads(self.request.body or b"{}")
         except ValueError:
@@ -213,10 +220,11 @@ class JobsHandler(GPUPoolHandler):
         self.write_json({"jobs": [job_model(j, positions.get(j.id), pool) for j in jobs]})
 
     def post(self) -> None:
-        user, groups, _ = self.caller()
+        user, groups, admin = self.caller()
         manager = get_jobs()
         try:
-            job = manager.submit(user, groups, self.json_body())
+            body = self.json_body(manager.max_submission_bytes)
+            job = manager.submit(user, groups, body, admin=admin)
         except PoolError as e:
             raise http_error(e) from None
         self.write_json(job_model(job, manager.queue_position(job), get_pool()), 201)
@@ -239,10 +247,11 @@ class JobHandler(GPUPoolHandler):
 class JobLogsHandler(GPUPoolHandler):
     async def get(self, job_id: str) -> None:
         job = self.job(job_id)
-        rank = self._int("rank", 0)
-        offset = self._int("offset", 0)
-        if rank >= job.spec.ranks:
-            raise http_error(InvalidRequest(f"rank must be below {job.spec.ranks}."))
+        try:
+            rank = whole_number(self.get_argument("rank", "0"), "rank", 0, job.spec.ranks - 1)
+            offset = whole_number(self.get_argument("offset", "0"), "offset", 0)
+        except PoolError as e:
+            raise http_error(e) from None
         manager = get_jobs()
         data, size = manager.backend.read_log(job, rank, offset)
         self.set_header("Content-Type", "text/plain; charset=utf-8")
@@ -263,12 +272,6 @@ class JobLogsHandler(GPUPoolHandler):
                 await asyncio.sleep(0.5)
             data, _ = manager.backend.read_log(job, rank, offset)
         self.finish()
-
-    def _int(self, name: str, default: int) -> int:
-        value = self.get_argument(name, str(default))
-        if not value.isdigit():
-            raise http_error(InvalidRequest(f"{name} must be a whole number >= 0."))
-        return int(value)
 
 
 def handlers() -> list[tuple[str, type[GPUPoolHandler]]]:

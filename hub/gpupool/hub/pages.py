@@ -5,7 +5,11 @@ Vocabulary
 - *actions*: ``POST /hub/gpupool/stop`` (form fields ``user``, ``server``) and
   ``POST /hub/gpupool/cancel`` (``job``), from forms carrying JupyterHub's ``_xsrf`` token
   (JupyterHub's ``BaseHandler.prepare`` checks it for every cookie-authenticated POST); they
-  answer 303 back to the admin page with a short outcome in the query string.
+  answer 303 back to the admin page with an outcome code (``done``) and the ids of what they
+  acted on (``user`` and ``server``, or ``job``).
+- *flash*: the admin page's one-line outcome. Its text comes from :data:`OUTCOMES` only; the ids
+  in the query string are looked up in JupyterHub's users and the job manager, and only what
+  is found there is named. Nothing typed into the URL is ever printed.
 
 Who may do what: the admin page and cancelling any job need JupyterHub admin or the
 ``custom:gpupool:admin`` scope; stopping a server needs that *and* JupyterHub's own ``servers``
@@ -25,13 +29,17 @@ from . import ADMIN_SCOPE, get_jobs, get_pool, get_reclaimer
 from .errors import status_of
 from .pages_view import admin_view, mine_view
 
-OUTCOMES = {
-    "stopped": "Stopped {}.",
-    "stopping": "Stopping {} (it is slow to stop; reload in a moment).",
-    "cancelled": "Cancelled job {}.",
-    "ended": "Job {} had already ended.",
+OUTCOMES: dict[str, tuple[str, str]] = {
+    "stopped": ("Stopped {}.", "Stopped the server."),
+    "stopping": (
+        "Stopping {} (it is slow to stop; reload in a moment).",
+        "Stopping the server (it is slow to stop; reload in a moment).",
+    ),
+    "cancelled": ("Cancelled job {}.", "Cancelled the job."),
+    "ended": ("Job {} had already ended.", "The job had already ended."),
 }
-"""The only messages the ``done`` query argument can show (the target is printed, escaped)."""
+"""The only messages the ``done`` code can show: with what it acted on, when the page finds that
+in its own data, or else without."""
 
 
 # -- the handlers -------------------------------------------------------------------------------
@@ -46,8 +54,9 @@ class _Page(BaseHandler):
         if not self.is_pool_admin():
             raise web.HTTPError(403, "The GPU pool's admin page is for admins only.")
 
-    def back(self, done: str, target: str) -> None:
-        url = f"{self.hub.base_url}gpupool?{urlencode({'done': done, 'target': target})}"
+    def back(self, done: str, **ids: str) -> None:
+        """303 to the admin page with the outcome code ``done`` and the ids acted on."""
+        url = f"{self.hub.base_url}gpupool?{urlencode({'done': done, **ids})}"
         self.redirect(url, status=303)
 
     def field(self, name: str, required: bool = True) -> str:
@@ -66,14 +75,27 @@ class AdminPage(_Page):
         self.require_pool_admin()
         pool = get_pool()
         view = admin_view(pool, get_jobs(), get_reclaimer(), pool.clock().timestamp())
-        done = self.get_argument("done", "")
-        flash = ""
-        if done in OUTCOMES:
-            flash = OUTCOMES[done].format(self.get_argument("target", "")[:100])
         html = await self.render_template(
-            "gpupool-admin.html", view=view, flash=flash, pool_admin=True
+            "gpupool-admin.html", view=view, flash=self.flash(), pool_admin=True
         )
         self.finish(html)
+
+    def flash(self) -> str:
+        """The outcome of the action that sent the admin here (see :data:`OUTCOMES`)."""
+        done = self.get_argument("done", "")
+        if done not in OUTCOMES:
+            return ""
+        known, unknown = OUTCOMES[done]
+        if done in ("stopped", "stopping"):
+            user = self.find_user(self.get_argument("user", ""))
+            server = self.get_argument("server", "")
+            if user is not None and server in user.orm_spawners:
+                return known.format(f"{user.name}'s server" + (f" {server!r}" if server else ""))
+        else:
+            job = get_jobs().jobs.get(self.get_argument("job", ""))
+            if job is not None:
+                return known.format(job.id)
+        return unknown
 
 
 class StopServer(_Page):
@@ -95,7 +117,7 @@ class StopServer(_Page):
             raise web.HTTPError(409, f"{label} is busy ({spawner.pending}); try again shortly.")
         self.log.info("gpupool: %s stops %s from the admin page", self.current_user.name, label)
         future = await self.stop_single_user(user, server)
-        self.back("stopped" if future.done() else "stopping", label)
+        self.back("stopped" if future.done() else "stopping", user=user.name, server=server)
 
 
 class CancelJob(_Page):
@@ -115,7 +137,7 @@ class CancelJob(_Page):
             job.id,
             job.owner,
         )
-        self.back("ended" if before.final else "cancelled", job.id)
+        self.back("ended" if before.final else "cancelled", job=job.id)
 
 
 class MinePage(_Page):

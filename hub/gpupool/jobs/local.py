@@ -4,8 +4,10 @@ Vocabulary
 - *job directory*: ``<owner's home>/.gpupool/jobs/<job id>/`` with ``script.py``, the per-rank
   logs ``rank-<r>.log`` (written by ``python -m gpupool_lab.rank_log``), per-rank exit codes
   ``rank-<r>.exit``, torchrun's own output ``launcher.log`` and the group's ``exit-code``.
-- *owner's home*: ``home_dir_template`` with ``{username}``, the same rule as the local spawner
-  (jobs run as the hub's own user when ``run_as_hub_user``, else as the owner's unix account).
+- *owner's home*: the owner's unix home in the per-user mode, else ``home_dir_template`` with
+  ``{username}``: the same rules as the local spawner, whose settings are the defaults here.
+- *code account*: who runs the job (:mod:`gpupool.usercode`): the owner's own unix account in
+  the per-user mode, else the shared account; never root.
 
 Contract: one ``torchrun --nnodes 1 --nproc-per-node N`` per job, c10d rendezvous on a free
 loopback port, ``CUDA_VISIBLE_DEVICES`` = the allocated UUIDs, its own session (process group),
@@ -14,6 +16,12 @@ so cancel reaches every rank: SIGTERM to the group (torchrun passes it on), then
 ``GPUPOOL_JOB`` variable (torchrun starts each rank in a session of its own). The
 handle records pid and process start time, so a restarted hub re-attaches only to the very same
 process, never to a recycled pid. Subprocesses are started here and nowhere else.
+
+The hub never follows a path the user controls: the job's first process, already running as the
+code account, makes the job directory, writes the script it reads from its stdin and opens its
+own log (:data:`PREPARE_AND_RUN`); the hub reads logs and exit codes only as files owned by the
+code account, never through a link, at most ``max_log_chunk`` bytes at a time. Jobs get the
+hub's environment only through ``env_keep``.
 """
 
 from __future__ import annotations
@@ -22,21 +30,39 @@ import asyncio
 import contextlib
 import json
 import os
-import pwd
 import signal
 import socket
 import sys
 from pathlib import Path
 from typing import Any
 
-from traitlets import Bool, Float, Unicode
+from traitlets import Bool, Float, Int, List, Unicode, default
 
 from ..core.errors import InvalidRequest
 from ..core.jobs import Job, JobSpec
 from ..core.ledger import Allocation
+from ..settings import ConfigError
+from ..usercode import (
+    Account,
+    UnsafeFile,
+    check_shared_mode,
+    code_account,
+    owned_size,
+    read_owned,
+    spawner_setting,
+)
 from .backend import JobBackend, Observation
 
-HIDDEN_ENV = ("JUPYTERHUB_API_TOKEN", "JPY_API_TOKEN", "CONFIGPROXY_AUTH_TOKEN", "JUPYTERHUB_")
+PREPARE_AND_RUN = """\
+(umask 077 && mkdir -p -- "$GPUPOOL_JOB_DIR" && cat > "$GPUPOOL_JOB_DIR/script.py") || exit 111
+exec </dev/null >>"$GPUPOOL_JOB_DIR/launcher.log" 2>&1 || exit 111
+cd -- "$GPUPOOL_WORKDIR" 2>/dev/null || cd -- "$HOME" 2>/dev/null || cd /
+"$@"
+echo $? > "$GPUPOOL_JOB_DIR/exit-code"
+"""
+"""The job's first process (``/bin/sh``, as the code account): make the job directory (private),
+write the script from stdin, send everything after to ``launcher.log`` (which closes the pipe
+the hub reads set-up errors from), then run torchrun and record its exit code."""
 
 
 def process_start(pid: int) -> int | None:
@@ -59,14 +85,17 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def job_pids(job_id: str) -> list[int]:
+def job_pids(job_id: str, uid: int | None = None) -> list[int]:
     """Every live process of a job, found by the ``GPUPOOL_JOB`` variable it was started with
-    (torchrun puts each rank in a session of its own, so the launcher's group misses them)."""
+    (torchrun puts each rank in a session of its own, so the launcher's group misses them);
+    with ``uid``, only processes of that account (another user cannot claim a job's marker)."""
     marker = f"GPUPOOL_JOB={job_id}".encode()
     found = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
+                if uid is not None and entry.stat().st_uid != uid:
+                    continue
                 with open(f"/proc/{entry.name}/environ", "rb") as f:
                     if marker in f.read().split(b"\0"):
                         found.append(int(entry.name))
@@ -85,19 +114,34 @@ class LocalJobBackend(JobBackend):
     name = "local"
 
     home_dir_template = Unicode(
-        "/tmp/gpupool-home/{username}",
         config=True,
-        help="""The owner's home, where job directories go (``{username}`` is expanded); keep it
-        equal to ``LocalGPUSpawner.home_dir_template``. Example:
+        help="""The owner's home in the shared mode, where job directories go (``{username}`` is
+        expanded); default: ``LocalGPUSpawner.home_dir_template``. The per-user mode uses the
+        owner's unix home. Example:
         ``c.LocalJobBackend.home_dir_template = "/srv/homes/{username}"``""",
     )
     run_as_hub_user = Bool(
-        True,
         config=True,
-        help="""Run jobs as the hub's own unix user (as the local spawner's default does); False
-        runs them as the owner's unix account. Example:
+        help="""The shared mode: run every job as one account (``shared_account``, or the hub's
+        own when the hub is not root); False runs each job as the owner's unix account (the hub
+        must be root). Default: ``LocalGPUSpawner.run_as_hub_user``. Example:
         ``c.LocalJobBackend.run_as_hub_user = False``""",
     )
+    shared_account = Unicode(
+        config=True,
+        help="""The unprivileged unix account that runs jobs in the shared mode when the hub runs
+        as root (user code never runs as root). Default: ``LocalGPUSpawner.shared_account``.
+        Example: ``c.LocalJobBackend.shared_account = "gpupool-demo"``""",
+    )
+    env_keep = List(
+        Unicode(),
+        ["PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "CONDA_ROOT", "CONDA_DEFAULT_ENV",
+         "VIRTUAL_ENV", "LANG", "LC_ALL", "TZ"],
+        config=True,
+        help="""The hub's environment variables a job inherits (no others: the hub's secrets
+        stay in the hub). Example:
+        ``c.LocalJobBackend.env_keep = ["PATH", "LANG", "NCCL_SOCKET_IFNAME"]``""",
+    )  # fmt: skip
     python = Unicode(
         sys.executable,
         config=True,
@@ -109,10 +153,42 @@ class LocalJobBackend(JobBackend):
         config=True,
         help="Seconds between SIGTERM and SIGKILL on cancel. Example: ``5``",
     )
+    max_log_chunk = Int(
+        1 << 20,
+        config=True,
+        help="The most bytes of a rank's log one read returns. Example: ``262144``",
+    )
+
+    @default("home_dir_template")
+    def _default_home(self) -> str:
+        return str(
+            spawner_setting(self.config, "home_dir_template", "/tmp/gpupool-home/{username}")
+        )
+
+    @default("run_as_hub_user")
+    def _default_shared_mode(self) -> bool:
+        return bool(spawner_setting(self.config, "run_as_hub_user", True))
+
+    @default("shared_account")
+    def _default_shared_account(self) -> str:
+        return str(spawner_setting(self.config, "shared_account", ""))
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._procs: dict[str, asyncio.subprocess.Process] = {}
+        if self.run_as_hub_user:  # a shared mode that would run jobs as root stops the hub
+            check_shared_mode(self.shared_account, self._key("shared_account"))
+        elif os.geteuid() != 0:
+            raise ConfigError(
+                self._key("run_as_hub_user"),
+                "False runs each job as its owner's unix account, which needs the hub to run "
+                "as root; set it to True (jobs run as the hub's account) or run the hub as root",
+            )
+
+    def _key(self, name: str) -> str:
+        """The setting an admin should fix: this class's, or the spawner's it defaulted from."""
+        mine = "LocalJobBackend" in self.config and name in self.config["LocalJobBackend"]
+        return f"{'LocalJobBackend' if mine else 'LocalGPUSpawner'}.{name}"
 
     def validate(self, spec: JobSpec) -> None:
         super().validate(spec)
@@ -121,55 +197,87 @@ class LocalJobBackend(JobBackend):
                 f"The local backend runs jobs on this machine: nodes must be 1, not {spec.nodes}."
             )
 
+    def account(self, owner: str) -> Account:
+        """The unix account that runs ``owner``'s jobs (never root)."""
+        return code_account(
+            owner,
+            per_user=not self.run_as_hub_user,
+            shared_account=self.shared_account,
+            key=self._key("shared_account" if self.run_as_hub_user else "run_as_hub_user"),
+        )
+
+    def home(self, owner: str) -> Path:
+        if self.run_as_hub_user:
+            return Path(self.home_dir_template.format(username=owner))
+        return Path(self.account(owner).home)
+
     def job_dir(self, job: Job) -> Path:
-        home = Path(self.home_dir_template.format(username=job.owner))
-        return home / ".gpupool" / "jobs" / job.id
+        return self.home(job.owner) / ".gpupool" / "jobs" / job.id
 
     # -- start -------------------------------------------------------------------------------
     async def start(self, job: Job, allocations: list[Allocation]) -> str:
+        account = self.account(job.owner)
         jdir = self.job_dir(job)
-        jdir.mkdir(parents=True, exist_ok=True)
-        script = jdir / "script.py"
-        script.write_text(job.spec.script)
-        if not self.run_as_hub_user:  # the job runs as the owner and writes its logs here
-            pw = pwd.getpwnam(job.owner)
-            for path in (jdir.parents[1], jdir.parent, jdir, script):
-                os.chown(path, pw.pw_uid, pw.pw_gid)
         home = jdir.parents[2]
-        workdir = Path(job.spec.workdir) if job.spec.workdir else home
         port = free_port()
         torchrun = [
             self.python, "-m", "torch.distributed.run",
             "--nnodes", "1", "--nproc-per-node", str(job.spec.gpus),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
             "--max-restarts", "0",
-            "-m", "gpupool_lab.rank_log", str(jdir), str(script), *job.spec.args,
+            "-m", "gpupool_lab.rank_log", str(jdir), str(jdir / "script.py"), *job.spec.args,
         ]  # fmt: skip
-        wrapper = '"$@"; echo $? > "$GPUPOOL_JOB_DIR/exit-code"'
-        with (jdir / "launcher.log").open("ab") as log:
-            proc = await asyncio.create_subprocess_exec(
-                "/bin/sh", "-c", wrapper, "gpupool-job", *torchrun,
-                cwd=str(workdir if workdir.is_dir() else home),
-                env=self._env(job, allocations, jdir, home),
-                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-                start_new_session=True,
-                preexec_fn=None if self.run_as_hub_user else self._become(job.owner),
-            )  # fmt: skip
+        proc = await asyncio.create_subprocess_exec(
+            "/bin/sh", "-c", PREPARE_AND_RUN, "gpupool-job", *torchrun,
+            cwd="/",
+            env=self._env(job, allocations, jdir, home, account),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            **self._become(account),
+        )  # fmt: skip
         self._procs[job.id] = proc
-        self.log.info("gpupool: job %s started as pid %s in %s", job.id, proc.pid, jdir)
+        problem = await self._prepared(proc, job.spec.script.encode())
+        if problem:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 10)
+            self._procs.pop(job.id, None)
+            raise RuntimeError(f"the job directory could not be prepared as {account.name}: "
+                               f"{problem}")  # fmt: skip
+        self.log.info(
+            "gpupool: job %s started as pid %s (%s) in %s", job.id, proc.pid, account.name, jdir
+        )
         return json.dumps({"pid": proc.pid, "start": process_start(proc.pid), "dir": str(jdir)})
 
+    @staticmethod
+    async def _prepared(proc: asyncio.subprocess.Process, script: bytes) -> str:
+        """Hand the script to the job's first process and read what it says before its output
+        goes to ``launcher.log``: nothing when the job directory is ready, else why not."""
+        assert proc.stdin is not None and proc.stderr is not None
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            proc.stdin.write(script)
+            await proc.stdin.drain()
+        proc.stdin.close()
+        try:
+            said = await asyncio.wait_for(proc.stderr.read(4096), 60)
+        except TimeoutError:
+            return "it did not finish setting up within 60 s"
+        return said.decode(errors="replace").strip()
+
     def _env(
-        self, job: Job, allocations: list[Allocation], jdir: Path, home: Path
+        self, job: Job, allocations: list[Allocation], jdir: Path, home: Path, account: Account
     ) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(HIDDEN_ENV)}
+        env = {k: os.environ[k] for k in self.env_keep if k in os.environ}
         env.update(dict(job.spec.env))
         env.update(
             HOME=str(home),
             USER=job.owner,
+            LOGNAME=account.name,
             CUDA_VISIBLE_DEVICES=",".join(a.visible_devices for a in allocations if a.devices),
             GPUPOOL_JOB=job.id,
             GPUPOOL_JOB_DIR=str(jdir),
+            GPUPOOL_WORKDIR=job.spec.workdir or str(home),
             GPUPOOL_TEAM=job.team,
             OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
             PYTHONUNBUFFERED="1",
@@ -177,44 +285,67 @@ class LocalJobBackend(JobBackend):
         return env
 
     @staticmethod
-    def _become(user: str) -> Any:
-        pw = pwd.getpwnam(user)
-
-        def preexec() -> None:
-            os.setgid(pw.pw_gid)
-            os.initgroups(user, pw.pw_gid)
-            os.setuid(pw.pw_uid)
-
-        return preexec
+    def _become(account: Account) -> dict[str, Any]:
+        """``Popen`` arguments that run the child as ``account`` (none when that is us)."""
+        if account.uid == os.geteuid():
+            return {}
+        return {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups)}
 
     # -- watching ----------------------------------------------------------------------------
+    def _owned(self, job: Job) -> tuple[Path, Account | None]:
+        """The job's directory and the account whose files in it the hub reads (``None`` if the
+        account is gone: then nothing there is read)."""
+        handle = json.loads(job.handle or "{}")
+        try:
+            account = self.account(job.owner)
+        except ConfigError:
+            account = None
+        return Path(handle.get("dir") or self.job_dir(job)), account
+
+    def _read_small(self, path: Path, account: Account | None) -> str | None:
+        """A short owned file's text (an exit code), or ``None`` if missing or refused."""
+        if account is None:
+            return None
+        try:
+            return read_owned(path, account, 0, 64)[0].decode(errors="replace").strip()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            self.log.warning("gpupool: not reading %s: %s", path, e.strerror)
+            return None
+
     async def check(self, job: Job) -> Observation:
         handle = json.loads(job.handle or "{}")
-        jdir = Path(handle.get("dir") or self.job_dir(job))
-        codes = self._rank_codes(jdir, job.spec.ranks)
+        jdir, account = self._owned(job)
+        codes = self._rank_codes(jdir, job.spec.ranks, account)
         pid = handle.get("pid")
         proc = self._procs.get(job.id)
         leader_done = proc is not None and proc.returncode is not None
         if pid is not None and not leader_done and process_start(pid) == handle.get("start"):
-            up = all((jdir / f"rank-{r}.log").exists() for r in range(job.spec.ranks))
+            up = account is not None and all(
+                owned_size(jdir / f"rank-{r}.log", account) is not None
+                for r in range(job.spec.ranks)
+            )
             return Observation("running" if up else "starting", "", codes)
-        if (pid is not None and group_alive(pid)) or job_pids(job.id):
+        uid = account.uid if account else None
+        if (pid is not None and group_alive(pid)) or job_pids(job.id, uid):
             return Observation("running", "", codes)  # the launcher ended; ranks still exiting
         self._procs.pop(job.id, None)
-        exit_file = jdir / "exit-code"
-        if exit_file.exists():
-            return self._ended(int(exit_file.read_text().strip() or "1"), codes)
+        rc = _whole(self._read_small(jdir / "exit-code", account))
+        if rc is not None:
+            return self._ended(rc, codes)
         if proc is not None and proc.returncode is not None:
             return self._ended(proc.returncode, codes)
         return Observation("lost", "its processes are gone and left no exit code", codes)
 
-    @staticmethod
-    def _rank_codes(jdir: Path, ranks: int) -> tuple[tuple[int, int], ...]:
+    def _rank_codes(
+        self, jdir: Path, ranks: int, account: Account | None
+    ) -> tuple[tuple[int, int], ...]:
         codes = []
         for r in range(ranks):
-            f = jdir / f"rank-{r}.exit"
-            with contextlib.suppress(OSError, ValueError):
-                codes.append((r, int(f.read_text().strip())))
+            code = _whole(self._read_small(jdir / f"rank-{r}.exit", account))
+            if code is not None:
+                codes.append((r, code))
         return tuple(codes)
 
     @staticmethod
@@ -238,11 +369,13 @@ class LocalJobBackend(JobBackend):
         pid = handle.get("pid")
         if pid is None:
             return
+        _, account = self._owned(job)
+        uid = account.uid if account else None
         if process_start(pid) == handle.get("start"):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGTERM)  # torchrun passes it on to the ranks
         else:
-            for rank_pid in job_pids(job.id):  # the launcher is gone (e.g. killed): the ranks
+            for rank_pid in job_pids(job.id, uid):  # the launcher is gone (e.g. killed): ranks
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(rank_pid, signal.SIGTERM)
 
@@ -250,19 +383,33 @@ class LocalJobBackend(JobBackend):
             if process_start(pid) == handle.get("start"):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
-            for rank_pid in job_pids(job.id):  # ranks live in sessions of their own
+            for rank_pid in job_pids(job.id, uid):  # ranks live in sessions of their own
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(rank_pid, signal.SIGKILL)
 
         asyncio.get_running_loop().call_later(self.kill_grace, kill)
 
     def read_log(self, job: Job, rank: int, offset: int) -> tuple[bytes, int]:
-        handle = json.loads(job.handle or "{}")
-        path = Path(handle.get("dir") or self.job_dir(job)) / f"rank-{rank}.log"
+        """At most ``max_log_chunk`` bytes of the rank's log, read only as an owned file of the
+        job's account: a link or a file of anyone else reads as an empty log (and is logged)."""
+        jdir, account = self._owned(job)
+        path = jdir / f"rank-{rank}.log"
+        if account is None:
+            return b"", 0
         try:
-            with path.open("rb") as f:
-                size = f.seek(0, os.SEEK_END)
-                f.seek(min(offset, size))
-                return f.read(), size
+            return read_owned(path, account, offset, self.max_log_chunk)
         except FileNotFoundError:
             return b"", 0
+        except UnsafeFile as e:
+            self.log.warning("gpupool: not reading %s for job %s: %s", path, job.id, e.strerror)
+            return b"", 0
+
+
+def _whole(text: str | None) -> int | None:
+    """An exit code written by the job (``None`` if absent or not a number)."""
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None

@@ -33,14 +33,21 @@ from .. import metrics
 from ..clock import utcnow
 from ..core.errors import InvalidRequest, PoolError, QuotaExceeded, UnknownAllocation
 from ..core.jobs import Job, JobSpec, transition
+from ..core.parse import check_size, clip, clip_names, whole_number
 from ..core.queue import Queued, Running, order, schedule
-from ..core.quota import check_offer, resolve_team
+from ..core.quota import PRIORITY_RANGE, check_offer, check_priority, resolve_team
 from ..core.units import fmt
 from ..pool import Pool
 from .backend import JobBackend
 from .local import LocalJobBackend
 
 MAX_SCRIPT_BYTES = 1 << 20
+MAX_WORD_BYTES = 32 << 10
+"""The longest single argument or ``NAME=value`` a job may pass (Linux refuses to exec a process
+with one over 128 KiB, and the job would fail to start)."""
+MAX_ARGS_ENV_BYTES = 256 << 10
+"""All of a job's arguments and environment together (exec's own limit is about 2 MiB, shared
+with the environment every rank inherits)."""
 
 
 class JobManager(LoggingConfigurable):
@@ -66,6 +73,13 @@ class JobManager(LoggingConfigurable):
     )
     max_restarts_limit = Int(
         5, config=True, help="The most restarts (after preemption) a job may ask for. Example: 3"
+    )
+    max_submission_bytes = Int(
+        2 << 20,
+        config=True,
+        help="""The largest job submission (the request body, checked before it is parsed) the
+        REST API accepts, in bytes; bigger ones get HTTP 413 with the limit. A job's script may
+        be up to 1 MiB. Example: ``c.JobManager.max_submission_bytes = 4 << 20``""",
     )
 
     def __init__(self, pool: Pool, clock: Callable[[], datetime] = utcnow, **kwargs: Any) -> None:
@@ -122,11 +136,16 @@ class JobManager(LoggingConfigurable):
                 self.log.exception("gpupool: scheduling pass failed")
 
     # -- the user's side ---------------------------------------------------------------------
-    def submit(self, owner: str, groups: Iterable[str], fields: dict[str, Any]) -> Job:
+    def submit(
+        self, owner: str, groups: Iterable[str], fields: dict[str, Any], *, admin: bool = False
+    ) -> Job:
+        """Check and queue a job; ``admin`` (the caller holds ``custom:gpupool:admin``) may set
+        any priority, others only one in their team's range."""
         spec = self._spec(fields)
         ledger = self.pool.ledger
         team = resolve_team(ledger.teams, ledger.everyone, groups, spec.team)
         offer = check_offer(team, ledger.offers, spec.offer, 1 if _cpu(ledger, spec) else spec.gpus)
+        check_priority(team, spec.priority, admin)
         self.backend.validate(spec)
         need = offer.cost_milli(1 if offer.kind == "cpu" else spec.gpus) * spec.nodes
         most = min(team.limit_milli, team.user_cap_milli or team.limit_milli)
@@ -145,20 +164,15 @@ class JobManager(LoggingConfigurable):
     def _spec(self, f: dict[str, Any]) -> JobSpec:
         def whole(key: str, default: int, low: int, high: int) -> int:
             value = f.get(key, default)
-            if value is None:
-                value = default
-            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-                raise InvalidRequest(f"{key} must be a whole number from {low} to {high}.")
-            return value
+            return whole_number(default if value is None else value, key, low, high, text=False)
 
         unknown = sorted(set(f) - _FIELDS)
         if unknown:
-            raise InvalidRequest(f"Unknown job fields: {', '.join(unknown)}.")
+            raise InvalidRequest(f"Unknown job fields: {clip_names(unknown)}.")
         script = f.get("script")
         if not isinstance(script, str) or not script.strip():
             raise InvalidRequest("script must be the job's Python code (a non-empty string).")
-        if len(script.encode()) > MAX_SCRIPT_BYTES:
-            raise InvalidRequest(f"script is larger than {MAX_SCRIPT_BYTES} bytes.")
+        check_size(len(_utf8(script)), MAX_SCRIPT_BYTES, "The script")
         args, env = f.get("args") or [], f.get("env") or {}
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
             raise InvalidRequest("args must be a list of strings.")
@@ -166,6 +180,9 @@ class JobManager(LoggingConfigurable):
             isinstance(k, str) and isinstance(v, str) for k, v in env.items()
         ):
             raise InvalidRequest("env must map strings to strings.")
+        words = [len(_utf8(w)) for w in [*args, *(f"{k}={v}" for k, v in env.items())]]
+        check_size(max(words, default=0), MAX_WORD_BYTES, "The longest of args and env")
+        check_size(sum(words), MAX_ARGS_ENV_BYTES, "The total of args and env")
         texts = {k: f.get(k) or "" for k in ("name", "filename", "workdir", "offer", "team")}
         if not all(isinstance(v, str) for v in texts.values()):
             raise InvalidRequest("name, filename, workdir, offer and team must be strings.")
@@ -182,7 +199,7 @@ class JobManager(LoggingConfigurable):
             env=tuple(sorted(env.items())),
             time_limit=whole("time_limit", self.default_time_limit, 1, self.max_time_limit),
             max_restarts=whole("max_restarts", 0, 0, self.max_restarts_limit),
-            priority=whole("priority", 0, -100, 100),
+            priority=whole("priority", 0, *PRIORITY_RANGE),
         )
 
     def visible(self, user: str, admin: bool) -> list[Job]:
@@ -192,7 +209,7 @@ class JobManager(LoggingConfigurable):
     def get(self, job_id: str, user: str, admin: bool) -> Job:
         job = self.jobs.get(job_id)
         if job is None or not (admin or job.owner == user):
-            raise UnknownAllocation(f"No job {job_id}.")  # 404, whether it exists or not
+            raise UnknownAllocation(f"No job {clip(job_id)}.")  # 404, whether it exists or not
         return job
 
     async def cancel(self, job_id: str, user: str, admin: bool) -> Job:
@@ -364,6 +381,10 @@ _FIELDS = {
     "script", "name", "filename", "workdir", "args", "env", "offer", "gpus", "nodes", "team",
     "time_limit", "max_restarts", "priority",
 }  # fmt: skip
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
 
 
 def _cpu(ledger: Any, spec: JobSpec) -> bool:
