@@ -121,7 +121,6 @@ def queue_only(tmp_path: Path, teams: dict[str, Any]) -> JobManager:
     c.GPUPool.offers = {"gpu": {"kind": "gpu", "max_count": 2}}
     c.GPUPool.teams = teams
     shared_mode(c)
-    c.LocalJobBackend.run_as_hub_user = os.geteuid() != 0  # what the hub may do; nothing runs
     ticks = itertools.count()
     start = datetime(2025, 1, 1, tzinfo=UTC)
     pool = Pool.from_config(GPUPool(config=c))
