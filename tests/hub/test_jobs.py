@@ -225,6 +225,9 @@ def test_users_see_and_touch_only_their_own_jobs(hub: Hub, ada: str) -> None:
         ({"team": "nlp"}, 403, "You are not in team 'nlp'"),
         ({"time_limit": 10**9}, 400, "time_limit must be a whole number"),
         ({"priority": 5}, 400, "Team vision lets its users set a priority from -100 to 0"),
+        ({"filename": False}, 400, "name, filename, workdir, offer and team must be strings."),
+        ({"args": {}}, 400, "args must be a list of strings."),
+        ({"offer": "cpu", "gpus": 64}, 400, "A CPU-only job runs at most"),
     ],
 )
 def test_invalid_specs_get_a_4xx_with_the_reason(

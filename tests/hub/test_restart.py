@@ -54,7 +54,7 @@ def test_restart_reattaches_running_servers_and_releases_vanished_ones(hub: Hub)
 
 def test_a_job_running_across_a_hub_restart_finishes_and_frees_its_gpus(hub: Hub) -> None:
     ada = hub.token("ada")
-    flag = hub.state / "let-the-job-finish"
+    flag = hub.homes / "let-the-job-finish"  # where the job's account can look
     script = (
         "import os, time\nprint('started', flush=True)\n"
         f"while not os.path.exists({str(flag)!r}):\n    time.sleep(0.2)\n"

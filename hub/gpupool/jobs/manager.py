@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -73,6 +74,13 @@ class JobManager(LoggingConfigurable):
     )
     max_restarts_limit = Int(
         5, config=True, help="The most restarts (after preemption) a job may ask for. Example: 3"
+    )
+    max_cpu_ranks = Int(
+        os.cpu_count() or 1,
+        config=True,
+        help="""The most processes per node a CPU-only job may run (its ``gpus``); CPU jobs cost
+        no GPU-equivalents, so this is what bounds their load. Default: this machine's cores.
+        Example: ``c.JobManager.max_cpu_ranks = 4``""",
     )
     max_submission_bytes = Int(
         2 << 20,
@@ -146,6 +154,11 @@ class JobManager(LoggingConfigurable):
         team = resolve_team(ledger.teams, ledger.everyone, groups, spec.team)
         offer = check_offer(team, ledger.offers, spec.offer, 1 if _cpu(ledger, spec) else spec.gpus)
         check_priority(team, spec.priority, admin)
+        if offer.kind == "cpu" and spec.gpus > self.max_cpu_ranks:
+            raise InvalidRequest(
+                f"A CPU-only job runs at most {self.max_cpu_ranks} processes per node, not "
+                f"{spec.gpus} (JobManager.max_cpu_ranks)."
+            )
         self.backend.validate(spec)
         need = offer.cost_milli(1 if offer.kind == "cpu" else spec.gpus) * spec.nodes
         most = min(team.limit_milli, team.user_cap_milli or team.limit_milli)
@@ -173,7 +186,7 @@ class JobManager(LoggingConfigurable):
         if not isinstance(script, str) or not script.strip():
             raise InvalidRequest("script must be the job's Python code (a non-empty string).")
         check_size(len(_utf8(script)), MAX_SCRIPT_BYTES, "The script")
-        args, env = f.get("args") or [], f.get("env") or {}
+        args, env = _given(f, "args", []), _given(f, "env", {})
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
             raise InvalidRequest("args must be a list of strings.")
         if not isinstance(env, dict) or not all(
@@ -183,7 +196,7 @@ class JobManager(LoggingConfigurable):
         words = [len(_utf8(w)) for w in [*args, *(f"{k}={v}" for k, v in env.items())]]
         check_size(max(words, default=0), MAX_WORD_BYTES, "The longest of args and env")
         check_size(sum(words), MAX_ARGS_ENV_BYTES, "The total of args and env")
-        texts = {k: f.get(k) or "" for k in ("name", "filename", "workdir", "offer", "team")}
+        texts = {k: _given(f, k, "") for k in ("name", "filename", "workdir", "offer", "team")}
         if not all(isinstance(v, str) for v in texts.values()):
             raise InvalidRequest("name, filename, workdir, offer and team must be strings.")
         return JobSpec(
@@ -381,6 +394,13 @@ _FIELDS = {
     "script", "name", "filename", "workdir", "args", "env", "offer", "gpus", "nodes", "team",
     "time_limit", "max_restarts", "priority",
 }  # fmt: skip
+
+
+def _given(fields: dict[str, Any], key: str, default: Any) -> Any:
+    """A field's value, or ``default`` when it is absent or null (never for ``false``, ``0``,
+    ``[]``...: a value of the wrong type is refused by its check, not taken as "not given")."""
+    value = fields.get(key)
+    return default if value is None else value
 
 
 def _utf8(text: str) -> bytes:

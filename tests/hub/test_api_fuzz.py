@@ -1,0 +1,252 @@
+"""Property-based fuzz of the REST API from its own OpenAPI document, against a real hub.
+
+What is fuzzed: every operation of ``hub/gpupool/hub/openapi.yaml``, with the cases schemathesis
+generates from the document (its examples, coverage and fuzzing phases, valid and invalid data),
+sent to a real hub as ``ada`` (team vision) with her own API token (scope
+``custom:gpupool:jobs``); then a stateful run along the document's links (submit a job, then
+read it, its log, cancel it). Two hooks widen what generation reaches: an integer query
+parameter (``rank``, ``offset``) often carries numeric-looking text instead, which is what a
+query string really is (digits ``str.isdigit`` accepts and ``int()`` refuses, such as ``²``,
+digits of other scripts, signs, spaces, huge numbers); and ``job_id`` is mostly one of the jobs
+that exist (ada's queued and ended jobs, and one of ben's, which must answer 404 to her).
+
+Every response must hold to the document: no 5xx, a status code the operation declares, the
+declared content type and headers, a body that matches the declared schema (4xx error bodies
+included); a request the document forbids must be refused (4xx); and a 2xx must be refused when
+asked again without the token or with a wrong one.
+
+The hub: the repository's ``jupyterhub_config.py`` (simulated 4x H100) with ada's notebook
+holding her whole quota (2x H100), so the GPU jobs she submits queue and stay queued; CPU jobs
+really start (the job's directory and launcher, as the demo account) but with ``/bin/false``
+for the backend's Python, so they fail at once instead of starting torchrun with up to 64 ranks
+on this machine. The hub, its proxy and the notebook are stopped at the end.
+
+Bounds: ``GPUPOOL_FUZZ_EXAMPLES`` examples per operation (default 50) and as many stateful
+scenarios of at most 6 calls, no deadline, a fixed seed (``GPUPOOL_FUZZ_SEED``, default 11), no
+Hypothesis example database. The last test prints the run's figures. To fuzz longer::
+
+    GPUPOOL_FUZZ_EXAMPLES=1000 GPUPOOL_FUZZ_SEED=$RANDOM \\
+        .venv/bin/python -m pytest tests/hub/test_api_fuzz.py -s
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from schemathesis.checks import (
+    content_type_conformance,
+    ignored_auth,
+    negative_data_rejection,
+    not_a_server_error,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from tests.accounts import homes
+from tests.hub.conftest import ROOT, Hub, running
+from tests.hub.test_jobs import FINAL, wait_job
+from tests.hub.test_local_spawner import spawn
+
+DOCUMENT = ROOT / "hub/gpupool/hub/openapi.yaml"
+EXAMPLES = int(os.environ.get("GPUPOOL_FUZZ_EXAMPLES", "50"))
+SEED = int(os.environ.get("GPUPOOL_FUZZ_SEED", "11"))
+USER, OTHER = "ada", "ben"  # both in team vision
+
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    ignored_auth,
+    negative_data_rejection,
+]
+SETTINGS = {
+    "max_examples": EXAMPLES,
+    "deadline": None,
+    "database": None,
+    "suppress_health_check": list(HealthCheck),
+}
+
+schema = schemathesis.openapi.from_path(
+    DOCUMENT,
+    config=schemathesis.Config.from_dict(
+        {"seed": SEED, "generation": {"database": "none", "with-security-parameters": False}}
+    ),
+)
+
+
+# -- what generation reaches beyond the document ---------------------------------------------
+DIGITS = st.characters(categories=["Nd", "No"]).filter(str.isdigit)
+"""What ``str.isdigit`` calls a digit: ASCII, other scripts' (``٣``), and more (``²``, ``①``)."""
+NOT_DECIMAL = st.characters(categories=["No"]).filter(str.isdigit)
+"""Digits that ``int()`` refuses although ``str.isdigit`` accepts them: ``²``, ``①``, ``፩``."""
+NUMERIC_TEXT = st.one_of(
+    st.tuples(st.text(DIGITS, max_size=2), NOT_DECIMAL).map("".join),
+    st.text(DIGITS, min_size=1, max_size=3),
+    st.sampled_from(["０", "-1", "+1", " 1", "1.0", "1e3", "0x1", "1_0", "9" * 40, ""]),
+)
+"""Text a query parameter typed integer may carry: digits of any kind, and near misses."""
+
+
+@dataclass
+class Jobs:
+    """Jobs that exist in the hub, for ``job_id``: ada's and ben's."""
+
+    mine: list[str] = field(default_factory=list)
+    others: list[str] = field(default_factory=list)
+
+
+JOBS = Jobs()
+
+
+@schema.hook
+def flatmap_query(ctx: Any, query: Any) -> st.SearchStrategy[Any]:
+    names = [p.name for p in ctx.operation.query if p.definition["schema"].get("type") == "integer"]
+    if not names or not isinstance(query, dict):
+        return st.just(query)
+    one_as_text = st.sampled_from(names).flatmap(
+        lambda name: NUMERIC_TEXT.map(lambda text: {**query, name: text})
+    )
+    return st.one_of(one_as_text, st.just(query))
+
+
+@schema.hook
+def flatmap_path_parameters(ctx: Any, path_parameters: Any) -> st.SearchStrategy[Any]:
+    known_jobs = [*JOBS.mine, *JOBS.others]  # none yet while pytest collects
+    if not known_jobs or not isinstance(path_parameters, dict) or "job_id" not in path_parameters:
+        return st.just(path_parameters)
+    known = st.sampled_from(known_jobs).map(lambda j: {**path_parameters, "job_id": j})
+    return st.one_of(known, known, known, st.just(path_parameters))  # mostly a job that exists
+
+
+# -- the run's figures -----------------------------------------------------------------------
+@dataclass
+class Figures:
+    """Cases by phase and responses by status class, per operation (``undeclared methods``:
+    the coverage phase's calls with methods the document does not list, e.g. PUT /offers)."""
+
+    cases: Counter[str] = field(default_factory=Counter)
+    statuses: Counter[str] = field(default_factory=Counter)
+    by_operation: dict[str, Counter[str]] = field(default_factory=dict)
+    numeric_text: int = 0
+    failed: int = 0
+
+    def record(self, case: Any, status: int) -> None:
+        declared = case.method.upper() == case.operation.method.upper()
+        label = case.operation.label if declared else "undeclared methods"
+        self.cases[case.meta.phase.name.value if case.meta else "explicit"] += 1
+        self.statuses[f"{status // 100}xx"] += 1
+        self.by_operation.setdefault(label, Counter())[f"{status // 100}xx"] += 1
+        query = case.query if isinstance(case.query, dict) else {}
+        self.numeric_text += any(isinstance(v, str) and not v.isascii() for v in query.values())
+
+    def table(self) -> str:
+        def counts(c: Counter[str]) -> str:
+            return ", ".join(f"{k}: {v}" for k, v in sorted(c.items()))
+
+        operations = len(self.by_operation) - ("undeclared methods" in self.by_operation)
+        return "\n".join(
+            [
+                f"API fuzz: schemathesis {schemathesis.__version__}, seed {SEED}, "
+                f"{EXAMPLES} examples per operation and stateful scenarios",
+                f"{operations} operations, {self.cases.total()} cases ({counts(self.cases)}), "
+                f"{self.numeric_text} with non-ASCII text in the query",
+                f"responses: {counts(self.statuses)}; {self.failed} failed a check",
+                *(f"  {label:28} {counts(c)}" for label, c in sorted(self.by_operation.items())),
+            ]
+        )
+
+
+FIGURES = Figures()
+
+
+# -- the hub -----------------------------------------------------------------------------------
+CHEAP_JOBS = 'c.LocalJobBackend.python = "/bin/false"\n'
+"""Jobs start and fail at once (set before the demo's config builds the job manager)."""
+
+
+@dataclass
+class API:
+    base_url: str
+    headers: dict[str, str]
+
+    def check(self, case: Any, response: Any) -> None:
+        """``response`` to ``case`` holds to the document (and to who may see which job)."""
+        FIGURES.record(case, response.status_code)
+        try:
+            case.validate_response(response, checks=CHECKS, headers=self.headers)
+            if (case.path_parameters or {}).get("job_id") in JOBS.others:
+                assert response.status_code == 404, f"{USER} reached {OTHER}'s job"
+        except BaseException:
+            FIGURES.failed += 1
+            raise
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[API]:
+    state = tmp_path_factory.mktemp("fuzz-hub")
+    with homes() as home_root, running(Hub(state, home_root, prelude=CHEAP_JOBS)) as hub:
+        yield prepared(hub)
+        token = hub.token(USER)
+        for job in hub.as_user(token, "GET", "/jobs").json()["jobs"]:
+            hub.as_user(token, "DELETE", f"/jobs/{job['id']}")
+
+
+def prepared(hub: Hub) -> API:
+    """ada's notebook takes her whole quota; the jobs ``job_id`` points at: ada's CPU job (2
+    ranks, failed at once), her GPU job (2 ranks, queued behind her notebook), one of ben's."""
+    spawn(hub, USER, "vision|h100|2")
+    token = hub.token(USER)
+
+    def submit(token: str, **fields: Any) -> str:
+        r = hub.as_user(token, "POST", "/jobs", json={"script": "print('hi')", **fields})
+        assert r.status_code == 201, r.text
+        return str(r.json()["id"])
+
+    JOBS.mine += [submit(token, offer="cpu", gpus=2), submit(token, offer="h100", gpus=2)]
+    JOBS.others.append(submit(hub.token(OTHER), offer="cpu"))
+    failed = wait_job(hub, token, JOBS.mine[0], FINAL)
+    assert failed["reason"] == "torchrun exited 1 (see the rank logs)"  # /bin/false, not torch
+    assert hub.as_user(token, "GET", f"/jobs/{JOBS.mine[1]}").json()["state"] == "queued"
+    return API(f"{hub.url}/hub/api/gpupool", {"Authorization": f"token {token}"})
+
+
+# -- the fuzz ----------------------------------------------------------------------------------
+@schema.parametrize()
+@settings(**SETTINGS)
+def test_every_operation_answers_as_its_document_says(case: Any, api: API) -> None:
+    api.check(case, case.call(base_url=api.base_url, headers=api.headers, timeout=30))
+
+
+def test_linked_operations_answer_as_the_document_says(api: API) -> None:
+    """Scenarios along the document's links: POST /jobs, then GET, logs and DELETE of the job."""
+
+    class Scenarios(schema.as_state_machine()):  # type: ignore[misc]
+        def get_call_kwargs(self, case: Any) -> dict[str, Any]:
+            return {"base_url": api.base_url, "headers": api.headers, "timeout": 30}
+
+        def validate_response(self, response: Any, case: Any, **kwargs: Any) -> None:
+            api.check(case, response)
+
+    Scenarios.run(settings=settings(**SETTINGS, stateful_step_count=6, derandomize=True))
+
+
+def test_the_fuzz_reached_every_operation(capsys: pytest.CaptureFixture[str]) -> None:
+    with capsys.disabled():
+        print("\n" + FIGURES.table())
+    if FIGURES.failed:
+        pytest.skip("the fuzz failed (above): it stopped early")
+    for label in {o.ok().label for o in schema.get_all_operations()}:
+        assert FIGURES.by_operation.get(label, {}).get("2xx"), (
+            f"{label} never answered 2xx: the fuzz met only refusals there"
+        )
