@@ -34,6 +34,7 @@ def manager(tmp_path: Path) -> JobManager:
     c.GPUPool.teams = {"a": {"guarantee": 1, "borrow_limit": 1}, "b": {"guarantee": 1}}
     shared_mode(c)
     c.LocalJobBackend.kill_grace = 2.0
+    c.LocalJobBackend.max_ranks = 8  # preemption is about GPUs, whatever this machine's cores
     c.JobManager.watch_interval = 0.5
     return JobManager(Pool.from_config(GPUPool(config=c)), config=c)
 

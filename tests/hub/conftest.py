@@ -10,6 +10,7 @@ sleep.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 import re
@@ -238,12 +239,16 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
 
 
 def kill_servers(hub: Hub) -> None:
-    """End every single-user server this hub started (found by their homes)."""
-    out = subprocess.run(["pgrep", "-f", "jupyterhub-singleuser"], capture_output=True, text=True)
-    for pid in out.stdout.split():
+    """End every process this hub started for its users, servers and job ranks alike (found by
+    their homes), also those a failed test left running."""
+    mine = f"HOME={hub.homes}/".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            environ = (entry / "environ").read_bytes()
         except OSError:
             continue
-        if f"HOME={hub.homes}".encode() in environ:
-            os.kill(int(pid), signal.SIGKILL)
+        if any(item.startswith(mine) for item in environ.split(b"\0")):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)

@@ -18,6 +18,7 @@ from typing import Any
 import jsonschema
 import nbformat
 import pytest
+import requests
 import yaml
 
 from gpupool.hub.handlers import handlers
@@ -256,3 +257,18 @@ def test_offers_match_the_document(hub: Hub, ada: str) -> None:
     assert [t["team"] for t in offers["teams"]] == ["vision"]
     names = {(o["name"], o["count"]) for o in offers["teams"][0]["offers"]}
     assert names == {("cpu", 1), ("mig-3g.40gb", 1), ("h100", 1), ("h100", 2)}
+
+
+def test_a_followed_log_stops_when_the_client_leaves(hub: Hub, ada: str) -> None:
+    quiet = "import time\nwhile True:\n    time.sleep(1)\n"  # writes nothing: the stream idles
+    job = submit(hub, ada, quiet, offer="h100", gpus=1, time_limit=300)
+    wait_job(hub, ada, job["id"], {"running"})
+    url = f"{hub.url}/hub/api/gpupool/jobs/{job['id']}/logs"
+    with requests.get(
+        url, params={"follow": 1}, headers={"Authorization": f"token {ada}"}, stream=True,
+        timeout=30,
+    ) as r:  # fmt: skip
+        assert r.status_code == 200
+    left = f"the client following job {job['id']}'s log left; stopped"
+    wait_for(lambda: left in hub.log.read_text(), 30, "the hub to stop following")
+    assert hub.as_user(ada, "DELETE", f"/jobs/{job['id']}").json()["state"] == "cancelled"

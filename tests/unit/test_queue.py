@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupool.core import Inventory, Ledger, Node, Offer, PoolError, Request, Team
-from gpupool.core.queue import Queued, Running, order, schedule, try_gang
+from gpupool.core.queue import Limits, Queued, Running, order, schedule, try_gang
 from tests.factories import gpu
 
 OFFERS = {"gpu": Offer("gpu", "gpu", max_count=3), "cpu": Offer("cpu", "cpu")}
@@ -211,3 +211,32 @@ def test_a_plan_never_breaks_a_limit_and_its_starts_fit(
     after.check_invariants()
     assert set(plan.start).isdisjoint(plan.waiting)
     assert set(plan.start) | set(plan.waiting) == set(by_id)
+
+
+def cpu_job(job_id: str, user: str, procs: int = 1, created: float = 0.0) -> Queued:
+    return Queued(job_id, user, "t", "cpu", 1, 1, 0, created, 100.0, cpu=True, procs=procs)
+
+
+def test_the_machines_ranks_bound_every_job_and_the_rest_wait_saying_so() -> None:
+    ledger = two_gpu_ledger(gpus=4)
+    running = [replace(run(ledger, "r", 2), user="u", ranks=2)]
+    jobs = [q("gpu2", gpus=2, created=1), cpu_job("c1", "v", procs=1, created=2)]
+    plan = schedule(ledger, jobs, running, now=0, limits=Limits(ranks=3))
+    assert plan.start == ["c1"]  # two more ranks would be five; one more fits
+    assert plan.waiting["gpu2"] == (
+        "waiting for CPUs: this machine runs at most 3 ranks at once "
+        "(LocalJobBackend.max_ranks) and 2 are running"
+    )
+    assert plan.head is None  # a job waiting on a limit holds no reservation
+
+
+def test_a_user_runs_at_most_so_many_cpu_jobs_and_ranks_and_others_go_on() -> None:
+    ledger = two_gpu_ledger()
+    jobs = [cpu_job(f"a{i}", "ann", created=i) for i in range(5)] + [cpu_job("b", "bob", 4, 9)]
+    plan = schedule(ledger, jobs, [], now=0, limits=Limits(user_cpu_jobs=2, user_cpu_ranks=5))
+    assert plan.start == ["a0", "a1", "b"]
+    assert plan.waiting["a2"] == (
+        "waiting: you run 2 CPU-only jobs, the most at once (JobManager.max_cpu_jobs_per_user = 2)"
+    )
+    plan = schedule(ledger, [cpu_job("big", "ann", 6)], [], now=0, limits=Limits(user_cpu_ranks=5))
+    assert plan.waiting["big"].endswith("JobManager.max_cpu_ranks_per_user = 5")

@@ -13,6 +13,9 @@ Vocabulary
   out).
 - *backfill*: a later job may start ahead of the head only if it cannot delay it: it ends (by its
   time limit) before the shadow time, or the head still fits at the shadow time with it running.
+- *limits*: what bounds jobs that cost no GPU-equivalents (:class:`Limits`): the ranks the
+  machine runs at once (all jobs), and per user the CPU-only jobs and their ranks running at
+  once. A job over a limit waits with the limit named, and does not block the jobs behind it.
 - *preemption*: a head whose team is within its guarantee may take back capacity from running
   jobs of teams above their guarantee (borrowing), newest first, as few as it needs. Notebooks
   are never preempted.
@@ -42,6 +45,13 @@ class Queued:
     priority: int
     created: float
     time_limit: float
+    cpu: bool = False
+    procs: int = 0
+    """Processes per node when they are not ``gpus`` (a CPU-only job asks for 1 ``cpu``)."""
+
+    @property
+    def ranks(self) -> int:
+        return (self.procs or self.gpus) * self.nodes
 
     def requests(self) -> list[Request]:
         return [Request(self.user, self.team, self.offer, self.gpus, "job", self.id)] * self.nodes
@@ -54,6 +64,65 @@ class Running:
     allocations: tuple[str, ...]
     ends_at: float
     started: float
+    user: str = ""
+    ranks: int = 0
+    cpu: bool = False
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on load that quotas do not see (``None``: no bound)."""
+
+    ranks: int | None = None
+    """Ranks running at once on the machine, over all jobs (``LocalJobBackend.max_ranks``)."""
+    user_cpu_jobs: int | None = None
+    """CPU-only jobs one user runs at once (``JobManager.max_cpu_jobs_per_user``)."""
+    user_cpu_ranks: int | None = None
+    """Ranks of one user's CPU-only jobs at once (``JobManager.max_cpu_ranks_per_user``)."""
+
+
+@dataclass
+class Load:
+    """What runs now, as :class:`Limits` count it."""
+
+    ranks: int = 0
+    cpu_jobs: dict[str, int] = field(default_factory=dict)
+    cpu_ranks: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, running: Iterable[Running]) -> Load:
+        load = cls()
+        for r in running:
+            load.add(r.user, r.ranks, r.cpu)
+        return load
+
+    def add(self, user: str, ranks: int, cpu: bool, sign: int = 1) -> None:
+        self.ranks += sign * ranks
+        if cpu:
+            self.cpu_jobs[user] = self.cpu_jobs.get(user, 0) + sign
+            self.cpu_ranks[user] = self.cpu_ranks.get(user, 0) + sign * ranks
+
+    def over(self, job: Queued, limits: Limits) -> str:
+        """Why starting ``job`` now would break a limit ('' if it would not)."""
+        if limits.ranks is not None and self.ranks + job.ranks > limits.ranks:
+            return (
+                f"waiting for CPUs: this machine runs at most {limits.ranks} ranks at once "
+                f"(LocalJobBackend.max_ranks) and {self.ranks} are running"
+            )
+        if not job.cpu:
+            return ""
+        jobs, ranks = self.cpu_jobs.get(job.user, 0), self.cpu_ranks.get(job.user, 0)
+        if limits.user_cpu_jobs is not None and jobs + 1 > limits.user_cpu_jobs:
+            return (
+                f"waiting: you run {jobs} CPU-only jobs, the most at once "
+                f"(JobManager.max_cpu_jobs_per_user = {limits.user_cpu_jobs})"
+            )
+        if limits.user_cpu_ranks is not None and ranks + job.ranks > limits.user_cpu_ranks:
+            return (
+                f"waiting: your CPU-only jobs run {ranks} ranks; this one would exceed "
+                f"JobManager.max_cpu_ranks_per_user = {limits.user_cpu_ranks}"
+            )
+        return ""
 
 
 @dataclass
@@ -145,17 +214,27 @@ def victims(ledger: Ledger, head: Queued, running: Sequence[Running]) -> list[st
 
 
 def schedule(
-    ledger: Ledger, queued: Iterable[Queued], running: Sequence[Running], now: float
+    ledger: Ledger,
+    queued: Iterable[Queued],
+    running: Sequence[Running],
+    now: float,
+    limits: Limits = Limits(),
 ) -> Plan:
     plan = Plan()
     work = ledger.clone()
     live = list(running)
+    load = Load.of(live)
     head: Queued | None = None
     for job in order(ledger, queued):
+        over = load.over(job, limits)
+        if over:
+            plan.waiting[job.id] = over
+            continue
         if head is None:
             why = try_gang(work, job)
             if not why:
                 plan.start.append(job.id)
+                load.add(job.user, job.ranks, job.cpu)
                 continue
             chosen = victims(work, job, live)
             if chosen:
@@ -165,9 +244,13 @@ def schedule(
                         for alloc_id in r.allocations:
                             trial.release(alloc_id)
                 if not try_gang(trial, job):
+                    for r in live:
+                        if r.id in chosen:
+                            load.add(r.user, r.ranks, r.cpu, -1)
                     work, live = trial, [r for r in live if r.id not in chosen]
                     plan.preempt += chosen
                     plan.start.append(job.id)
+                    load.add(job.user, job.ranks, job.cpu)
                     continue
             head = job
             plan.head, plan.shadow = job.id, shadow_time(work, job, live, now)
@@ -179,6 +262,7 @@ def schedule(
             continue
         if now + job.time_limit <= plan.shadow or _head_still_fits(work, head, live, plan.shadow):
             plan.start.append(job.id)
+            load.add(job.user, job.ranks, job.cpu)
         else:
             release_job(work, job.id)
             plan.waiting[job.id] = f"would delay job {head.id}, which is first in the queue"

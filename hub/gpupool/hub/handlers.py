@@ -14,6 +14,7 @@ become HTTP statuses through :mod:`gpupool.hub.errors`, in one place.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -260,18 +261,27 @@ class JobLogsHandler(GPUPoolHandler):
         if self.get_argument("follow", "") not in ("1", "true", "yes"):
             self.finish(data)
             return
-        while True:  # stream until the job has ended and its log is drained
+        while not self.client_left.is_set():  # until the job has ended and its log is drained
             if data:
                 self.write(data)
                 await self.flush()
                 offset += len(data)
             job = manager.jobs[job.id]
             if job.final and not data:
-                break
-            if not data:
-                await asyncio.sleep(0.5)
+                self.finish()
+                return
+            if not data:  # wait for more, or for the client to leave
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.client_left.wait(), 0.5)
             data, _ = manager.backend.read_log(job, rank, offset)
-        self.finish()
+        self.log.info("gpupool: the client following job %s's log left; stopped", job.id)
+
+    async def prepare(self) -> None:
+        self.client_left = asyncio.Event()
+        await super().prepare()
+
+    def on_connection_close(self) -> None:
+        self.client_left.set()
 
 
 def handlers() -> list[tuple[str, type[GPUPoolHandler]]]:

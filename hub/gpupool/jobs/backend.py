@@ -39,6 +39,8 @@ class JobBackend(LoggingConfigurable):
     """Base class; see :class:`gpupool.jobs.local.LocalJobBackend`."""
 
     name = "base"
+    max_ranks = 0
+    """Ranks this backend runs at once over all jobs (0: no limit; the cluster decides)."""
 
     def validate(self, spec: JobSpec) -> None:
         """Refuse a spec this backend cannot run (raise :class:`InvalidRequest`)."""

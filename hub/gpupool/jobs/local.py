@@ -153,6 +153,13 @@ class LocalJobBackend(JobBackend):
         config=True,
         help="Seconds between SIGTERM and SIGKILL on cancel. Example: ``5``",
     )
+    max_ranks = Int(
+        os.cpu_count() or 1,
+        config=True,
+        help="""The most ranks (processes) of all jobs this machine runs at once; more wait in the
+        queue, saying so, and a job with more ranks is refused. Default: the machine's cores.
+        Example: ``c.LocalJobBackend.max_ranks = 16``""",
+    )
     max_log_chunk = Int(
         1 << 20,
         config=True,
@@ -195,6 +202,12 @@ class LocalJobBackend(JobBackend):
         if spec.nodes != 1:
             raise InvalidRequest(
                 f"The local backend runs jobs on this machine: nodes must be 1, not {spec.nodes}."
+            )
+        if spec.ranks > self.max_ranks:
+            raise InvalidRequest(
+                f"This machine runs at most {self.max_ranks} ranks at once "
+                f"(LocalJobBackend.max_ranks); the job asks for {spec.ranks}, so it could never "
+                "start."
             )
 
     def account(self, owner: str) -> Account:
@@ -332,6 +345,8 @@ class LocalJobBackend(JobBackend):
             return Observation("running", "", codes)  # the launcher ended; ranks still exiting
         self._procs.pop(job.id, None)
         rc = _whole(self._read_small(jdir / "exit-code", account))
+        if rc is None and len(codes) == job.spec.ranks:  # the launcher was stopped (e.g. with
+            rc = max((abs(c) for _, c in codes), default=0)  # the hub) after every rank ended
         if rc is not None:
             return self._ended(rc, codes)
         if proc is not None and proc.returncode is not None:
@@ -365,13 +380,14 @@ class LocalJobBackend(JobBackend):
             await asyncio.wait_for(proc.wait(), timeout)
 
     async def cancel(self, job: Job) -> None:
+        """SIGTERM to the job's process group (torchrun passes it on), or, when there is no
+        live launcher (it died, or its handle was never saved), to every process carrying the
+        job's marker; SIGKILL to all of them after ``kill_grace``."""
         handle = json.loads(job.handle or "{}")
         pid = handle.get("pid")
-        if pid is None:
-            return
         _, account = self._owned(job)
         uid = account.uid if account else None
-        if process_start(pid) == handle.get("start"):
+        if pid is not None and process_start(pid) == handle.get("start"):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGTERM)  # torchrun passes it on to the ranks
         else:
@@ -380,7 +396,7 @@ class LocalJobBackend(JobBackend):
                     os.kill(rank_pid, signal.SIGTERM)
 
         def kill() -> None:
-            if process_start(pid) == handle.get("start"):
+            if pid is not None and process_start(pid) == handle.get("start"):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
             for rank_pid in job_pids(job.id, uid):  # ranks live in sessions of their own

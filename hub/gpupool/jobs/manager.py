@@ -35,11 +35,11 @@ from ..clock import utcnow
 from ..core.errors import InvalidRequest, PoolError, QuotaExceeded, UnknownAllocation
 from ..core.jobs import Job, JobSpec, transition
 from ..core.parse import check_size, clip, clip_names, whole_number
-from ..core.queue import Queued, Running, order, schedule
+from ..core.queue import Limits, Queued, Running, order, schedule
 from ..core.quota import PRIORITY_RANGE, check_offer, check_priority, resolve_team
 from ..core.units import fmt
 from ..pool import Pool
-from .backend import JobBackend
+from .backend import JobBackend, Observation
 from .local import LocalJobBackend
 
 MAX_SCRIPT_BYTES = 1 << 20
@@ -75,12 +75,32 @@ class JobManager(LoggingConfigurable):
     max_restarts_limit = Int(
         5, config=True, help="The most restarts (after preemption) a job may ask for. Example: 3"
     )
+    max_concurrent_launches = Int(
+        4,
+        config=True,
+        help="""How many jobs a scheduling pass starts at the same time (their GPUs are granted
+        first, in the queue's order; starting processes is what runs concurrently). Example: 8""",
+    )
     max_cpu_ranks = Int(
         os.cpu_count() or 1,
         config=True,
         help="""The most processes per node a CPU-only job may run (its ``gpus``); CPU jobs cost
         no GPU-equivalents, so this is what bounds their load. Default: this machine's cores.
         Example: ``c.JobManager.max_cpu_ranks = 4``""",
+    )
+    max_cpu_jobs_per_user = Int(
+        4,
+        config=True,
+        help="""The most CPU-only jobs one user runs at once (0: no limit); more wait in the
+        queue, saying so. CPU-only jobs cost no GPU-equivalents, so quotas do not bound them.
+        Example: ``c.JobManager.max_cpu_jobs_per_user = 2``""",
+    )
+    max_cpu_ranks_per_user = Int(
+        0,
+        config=True,
+        help="""The most ranks of one user's CPU-only jobs running at once (0: no limit but the
+        machine's, ``LocalJobBackend.max_ranks``). Example:
+        ``c.JobManager.max_cpu_ranks_per_user = 8``""",
     )
     max_submission_bytes = Int(
         2 << 20,
@@ -98,6 +118,10 @@ class JobManager(LoggingConfigurable):
         self.jobs: dict[str, Job] = {j.id: j for j in pool.store.load_jobs()}
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._pass_lock = asyncio.Lock()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._launching = asyncio.Semaphore(self.max_concurrent_launches)
+        self.stopping = False
+        """Set when the hub shuts down: no pass starts anything any more."""
         self._kick: asyncio.Event | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self.starting: asyncio.Task[None] | None = None
@@ -117,12 +141,15 @@ class JobManager(LoggingConfigurable):
         for job in list(self.jobs.values()):
             if job.active:
                 self.log.info("gpupool: re-attaching job %s (%s)", job.id, job.state)
-                self._watch(job)
+                self._watch(job.id)
         self.pool.on_release.append(lambda _a: self.kick())
         self._kick = asyncio.Event()
         self._loop_task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
+        """Stop scheduling and watching (the hub is shutting down); running jobs keep running
+        and are re-attached at the next start."""
+        self.stopping = True
         for task in [self._loop_task, *self._watchers.values()]:
             if task:
                 task.cancel()
@@ -226,12 +253,21 @@ class JobManager(LoggingConfigurable):
         return job
 
     async def cancel(self, job_id: str, user: str, admin: bool) -> Job:
-        job = self.get(job_id, user, admin)
-        if job.final:
-            return job
-        if job.active:
-            await self._stop_processes(job)
-        job = self._end(job, "cancelled", f"cancelled by {user}")
+        """Cancel in any state: a queued job at once; a starting or running one once everything
+        it started is stopped. A job that ended first keeps its own final state."""
+        self.get(job_id, user, admin)
+        async with self._owner(job_id):
+            job = self.jobs[job_id]
+            if job.final:
+                return job
+            if job.state == "queued":
+                return self._finish(job_id, "cancelled", f"cancelled by {user}")
+            if job.handle:  # it may have ended on its own before the cancel: that is its state
+                seen = await self.backend.check(job)
+                if seen.ended:
+                    return self._finish(job_id, seen.state, seen.reason, seen.exit_codes)
+            await self._stop_processes(job)  # by its handle, or by its marker if it has none
+            job = self._finish(job_id, "cancelled", f"cancelled by {user}")
         self.kick()
         return job
 
@@ -247,34 +283,57 @@ class JobManager(LoggingConfigurable):
 
     # -- scheduling --------------------------------------------------------------------------
     async def schedule_pass(self) -> None:
+        """Plan, preempt, then start what the plan says: every planned job still queued gets its
+        GPUs at once, in the plan's order (no await in between), then its processes, several
+        at a time (``max_concurrent_launches``), each under its job's lock."""
         async with self._pass_lock:
+            if self.stopping:
+                return
             now = self.now()
             queued = [self._queued(j) for j in self.jobs.values() if j.state == "queued"]
             if not queued:
                 return
-            running = [
-                Running(j.id, j.team, j.allocations, j.ends_at(), j.started or now)
-                for j in self.jobs.values()
-                if j.active
-            ]
-            plan = schedule(self.pool.ledger, queued, running, now)
+            running = [self._running(j, now) for j in self.jobs.values() if j.active]
+            plan = schedule(self.pool.ledger, queued, running, now, self.limits())
             for job_id in plan.preempt:
-                await self._preempt(self.jobs[job_id])
-            for job_id in plan.start:
-                await self._launch(self.jobs[job_id])
+                await self._preempt(job_id)
+            granted = [job_id for job_id in plan.start if self._grant(job_id)]
             for job_id, why in plan.waiting.items():
                 job = self.jobs[job_id]
                 if job.state == "queued" and job.reason != why:
                     self._save(replace(job, reason=why))
+            await asyncio.gather(*(self._launch(job_id) for job_id in granted))
 
     def _queued(self, job: Job) -> Queued:
         cpu = _cpu(self.pool.ledger, job.spec)
         return Queued(
             job.id, job.owner, job.team, job.spec.offer, 1 if cpu else job.spec.gpus,
-            job.spec.nodes, job.spec.priority, job.created, job.spec.time_limit,
+            job.spec.nodes, job.spec.priority, job.created, job.spec.time_limit, cpu,
+            job.spec.gpus,
         )  # fmt: skip
 
-    async def _launch(self, job: Job) -> None:
+    def _running(self, job: Job, now: float) -> Running:
+        cpu = _cpu(self.pool.ledger, job.spec)
+        return Running(
+            job.id, job.team, job.allocations, job.ends_at(), job.started or now, job.owner,
+            job.spec.ranks, cpu,
+        )  # fmt: skip
+
+    def limits(self) -> Limits:
+        """The load limits the queue keeps (see :class:`gpupool.core.queue.Limits`)."""
+        return Limits(
+            ranks=self.backend.max_ranks or None,
+            user_cpu_jobs=self.max_cpu_jobs_per_user or None,
+            user_cpu_ranks=self.max_cpu_ranks_per_user or None,
+        )
+
+    def _grant(self, job_id: str) -> bool:
+        """Allocate a planned job's GPUs and mark it ``starting``, in one step without awaits;
+        False (nothing taken) if it is no longer queued (cancelled since the plan) or no longer
+        fits."""
+        job = self.jobs[job_id]
+        if job.state != "queued":
+            return False
         q = self._queued(job)
         taken: list[str] = []
         try:
@@ -287,77 +346,71 @@ class JobManager(LoggingConfigurable):
             for alloc_id in taken:
                 self.pool.release(alloc_id)
             self._save(replace(job, reason=e.message))
-            return
-        allocations = [self.pool.ledger.allocations[a] for a in taken]
+            return False
         metrics.QUEUE_WAIT_SECONDS.labels(team=job.team).observe(max(0.0, self.now() - job.created))
-        job = self._save(
+        self._save(
             transition(
                 job, "starting", "GPUs granted; starting", self.now(), allocations=tuple(taken)
             )
         )
-        try:
-            handle = await self.backend.start(job, allocations)
-        except Exception as e:
-            self.log.exception("gpupool: job %s failed to start", job.id)
-            self._end(job, "failed", f"could not start: {e}")
-            return
-        job = self._save(replace(job, handle=handle))
-        self._watch(job)
+        return True
+
+    async def _launch(self, job_id: str) -> None:
+        """Start a granted job's processes under its lock (a cancel waits for the handle)."""
+        async with self._launching, self._owner(job_id):
+            job = self.jobs[job_id]
+            if job.state != "starting" or job.handle:
+                return  # cancelled before its processes were started
+            allocations = [self.pool.ledger.allocations[a] for a in job.allocations]
+            try:
+                handle = await self.backend.start(job, allocations)
+            except Exception as e:
+                self.log.warning("gpupool: job %s could not start: %s", job_id, e)
+                await self._stop_processes(job)  # whatever it started, found by its marker
+                self._finish(job_id, "failed", f"could not start: {e}")
+                return
+            self._save(replace(self.jobs[job_id], handle=handle))
+        self._watch(job_id)
 
     async def _stop_processes(self, job: Job) -> None:
-        """Cancel ``job``'s processes and wait (bounded) until they are gone, so its devices
-        are free when they are released."""
+        """Stop everything ``job`` started (by its handle, or by its marker when it has none)
+        and wait (bounded) until it is gone, so its devices are free when they are released."""
         await self.backend.cancel(job)
         deadline = time.monotonic() + getattr(self.backend, "kill_grace", 10.0) + 5
         while time.monotonic() < deadline and not (await self.backend.check(job)).ended:
             await self.backend.wait(job, 0.5)
 
-    async def _preempt(self, job: Job) -> None:
-        self._stop_watching(job.id)
-        await self._stop_processes(job)
-        self._release(job)
-        if job.restarts >= job.spec.max_restarts:
-            self._end(job, "failed", "preempted (its team borrowed GPUs the lender needed back) "
-                      f"and out of restarts ({job.spec.max_restarts})")  # fmt: skip
-            return
-        requeued = transition(
-            job, "queued", "preempted: the lending team needed its guarantee back; requeued",
-            self.now(), restarts=job.restarts + 1,
-        )  # fmt: skip
-        self._save(requeued)
+    async def _preempt(self, job_id: str) -> None:
+        async with self._owner(job_id):
+            job = self.jobs[job_id]
+            if not job.active:
+                return
+            await self._stop_processes(job)
+            if job.restarts >= job.spec.max_restarts:
+                why = "preempted (its team borrowed GPUs the lender needed back)"
+                self._finish(
+                    job_id, "failed", f"{why} and out of restarts ({job.spec.max_restarts})"
+                )
+                return
+            self._finish(
+                job_id, "queued", "preempted: the lending team needed its guarantee back; requeued",
+                restarts=job.restarts + 1,
+            )  # fmt: skip
 
     # -- watching ----------------------------------------------------------------------------
-    def _watch(self, job: Job) -> None:
-        if job.id not in self._watchers:
-            self._watchers[job.id] = asyncio.create_task(self._watch_loop(job.id))
-
-    def _stop_watching(self, job_id: str) -> None:
-        task = self._watchers.pop(job_id, None)
-        if task and task is not asyncio.current_task():
-            task.cancel()
+    def _watch(self, job_id: str) -> None:
+        if job_id not in self._watchers:
+            self._watchers[job_id] = asyncio.create_task(self._watch_loop(job_id))
 
     async def _watch_loop(self, job_id: str) -> None:
+        """Look at an active job's processes until it ends (see :meth:`_observed`)."""
         try:
-            while True:
-                job = self.jobs[job_id]
-                if not job.active:
-                    return
-                seen = await self.backend.check(job)
-                job = self.jobs[job_id]
-                if not job.active:
-                    return
-                if seen.ended:
-                    self._end(job, seen.state, seen.reason, seen.exit_codes)  # type: ignore[arg-type]
+            while self.jobs[job_id].active:
+                seen = await self.backend.check(self.jobs[job_id])
+                if await self._observed(job_id, seen):
                     self.kick()
                     return
-                if seen.state == "running" and job.state == "starting":
-                    job = self._save(transition(job, "running", "all ranks running", self.now()))
-                if self.now() > job.ends_at():
-                    await self._stop_processes(job)
-                    self._end(job, "failed", f"time limit of {job.spec.time_limit} s reached")
-                    self.kick()
-                    return
-                # look often while ranks come up, then every watch_interval (or at the end)
+                job = self.jobs[job_id]  # look often while ranks come up, then less often
                 await self.backend.wait(
                     job, 0.2 if job.state == "starting" else self.watch_interval
                 )
@@ -369,20 +422,54 @@ class JobManager(LoggingConfigurable):
             if self._watchers.get(job_id) is asyncio.current_task():
                 self._watchers.pop(job_id, None)
 
-    # -- state -------------------------------------------------------------------------------
-    def _end(
-        self, job: Job, state: Any, reason: str, exit_codes: tuple[tuple[int, int], ...] = ()
-    ) -> Job:
-        self._release(job)
-        ended = transition(job, state, reason, self.now(), exit_codes=exit_codes or job.exit_codes)
-        self._stop_watching(job.id)
-        self.log.info("gpupool: job %s %s: %s", job.id, state, reason)
-        return self._save(ended)
+    async def _observed(self, job_id: str, seen: Observation) -> bool:
+        """Act on what the backend saw, under the job's lock and on the job as it is now (a
+        cancel may have ended it meanwhile); True once the job has ended."""
+        async with self._owner(job_id):
+            job = self.jobs[job_id]
+            if not job.active:
+                return True
+            if seen.ended:
+                self._finish(job_id, seen.state, seen.reason, seen.exit_codes)
+                return True
+            if seen.state == "running" and job.state == "starting":
+                job = self._save(transition(job, "running", "all ranks running", self.now()))
+            if self.now() > job.ends_at():
+                await self._stop_processes(job)
+                self._finish(job_id, "failed", f"time limit of {job.spec.time_limit} s reached")
+                return True
+            return False
 
-    def _release(self, job: Job) -> None:
+    # -- state -------------------------------------------------------------------------------
+    def _owner(self, job_id: str) -> asyncio.Lock:
+        """The job's lock: whoever holds it is the only one changing the job (launch, watch,
+        cancel, preempt); each re-reads the job inside it."""
+        lock = self._locks.get(job_id)
+        if lock is None:
+            lock = self._locks[job_id] = asyncio.Lock()
+        return lock
+
+    def _finish(
+        self,
+        job_id: str,
+        state: Any,
+        reason: str,
+        exit_codes: tuple[tuple[int, int], ...] = (),
+        **changes: Any,
+    ) -> Job:
+        """Move the job as it is now to a final state (or back to ``queued``), releasing its
+        GPUs in the same step; a job already final stays as it is (a final state is final)."""
+        job = self.jobs[job_id]
+        if job.final:
+            return job
         for alloc_id in job.allocations:
             with contextlib.suppress(UnknownAllocation):
                 self.pool.release(alloc_id)
+        ended = transition(
+            job, state, reason, self.now(), exit_codes=exit_codes or job.exit_codes, **changes
+        )
+        self.log.info("gpupool: job %s %s: %s", job_id, state, reason)
+        return self._save(ended)
 
     def _save(self, job: Job) -> Job:
         self.pool.store.save_job(job)
