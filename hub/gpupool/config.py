@@ -3,7 +3,9 @@
 Every setting is a traitlet with ``config=True`` and an example in its help. Each part is checked
 when it is set (``@validate``), and :meth:`GPUPool.settings` adds the checks across parts; a bad
 value raises :class:`gpupool.settings.ConfigError`, whose message starts with the key path, so the
-hub stops at start naming the key to fix.
+hub stops at start naming the key to fix. Settings that are valid but odd for the pool found at
+start (an offer it can never grant, a user cap above the team's limit, a guarantee larger than
+the pool) are logged as warnings when the pool is built (:func:`gpupool.settings.config_warnings`).
 """
 
 from __future__ import annotations
@@ -114,8 +116,12 @@ class GPUPool(LoggingConfigurable):
     db_url = Unicode(
         "sqlite:///gpupool.sqlite",
         config=True,
-        help="""SQLAlchemy URL of the allocation store. Example:
-        ``c.GPUPool.db_url = "postgresql+psycopg://gpupool@db/gpupool"``""",
+        help="""SQLAlchemy URL of the allocation store. Checked at start: it must open, be
+        empty, gpupool's, or another application's without gpupool tables (gpupool's own tables
+        and migration record are kept apart, so it may share JupyterHub's database), be at a
+        migration this gpupool knows (older ones are upgraded), and be writable (for SQLite, the
+        file and its directory); otherwise the hub stops with one line saying what to do.
+        Example: ``c.GPUPool.db_url = "postgresql+psycopg://gpupool@db/gpupool"``""",
     )
 
     @validate("offers")

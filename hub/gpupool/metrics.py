@@ -4,7 +4,8 @@
 Vocabulary
 - *event metrics*: counters and histograms updated where things happen: allocation latency and
   refusals (in :class:`gpupool.pool.Pool`), queue wait (in the job manager), idle warnings and
-  reclaims (in the reclaimer).
+  reclaims (in the reclaimer), reconciliation's actions and passes (in
+  :mod:`gpupool.hub.reconcile`).
 - *state metrics*: gauges computed at scrape time by :class:`PoolCollector` from the ledger, the
   job manager, the reclaimer and the device monitor, so they always equal what the pool holds.
 
@@ -60,6 +61,24 @@ RECLAIMS = PromCounter(
     "Idle notebook GPUs taken back, by team, action (stop or cpu: restarted CPU-only) and reason "
     "(idle: below the utilisation threshold and no busy kernel for the configured time).",
     ["team", "action", "reason"],
+)
+RECONCILE_ACTIONS = PromCounter(
+    "gpupool_reconcile_actions",
+    "What reconciliation did (at hub start and periodically), by action: released (an "
+    "allocation without a live holder), stopped (processes holding devices without an "
+    "allocation), adopted (a live server's allocation the pool database had lost, taken back), "
+    "reported (what it leaves alone: logged once).",
+    ["action"],
+)
+RECONCILE_SECONDS = Histogram(
+    "gpupool_reconcile_duration_seconds",
+    "Time one reconciliation pass took (reading JupyterHub's database, this hub's processes and "
+    "NVML, deciding, and stopping what it stops).",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+RECONCILE_FAILURES = PromCounter(
+    "gpupool_reconcile_failures",
+    "Reconciliation passes that failed (logged; the next pass tries again).",
 )
 
 

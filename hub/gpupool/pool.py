@@ -30,7 +30,8 @@ from .core.ledger import Allocation, Ledger
 from .core.offers import Request, RequestKind
 from .core.quota import resolve_team
 from .discovery.activity import DeviceMonitor
-from .store import Store
+from .settings import ConfigError, config_warnings
+from .store import Store, StoreError
 
 log = logging.getLogger("gpupool")
 
@@ -93,15 +94,26 @@ class Pool:
 
     @classmethod
     def from_config(cls, config: GPUPool, logger: logging.Logger = log) -> Pool:
-        """Validate the config, discover the inventory, open the store and restore the ledger."""
+        """Validate the config, open (and check) the store, discover the inventory, warn about
+        settings that are odd for it (one line each), and restore the ledger.
+
+        A database that cannot be the pool's store (see :mod:`gpupool.store`) raises
+        :class:`ConfigError` naming ``GPUPool.db_url``: the hub stops at start with that line.
+        """
         settings = config.settings()
+        try:
+            store = Store(config.db_url)
+        except StoreError as e:
+            raise ConfigError("GPUPool.db_url", str(e)) from None
         inventory, monitor = load_inventory(
             config.inventory, config.simulated_fallback, logger, config.simulated_activity_file
         )
+        for warning in config_warnings(settings, inventory):
+            logger.warning("gpupool: %s", warning)
         ledger = Ledger(
             inventory, settings.offers, settings.teams, settings.everyone, config.policy
         )
-        pool = cls(ledger, Store(config.db_url), logger=logger, monitor=monitor)
+        pool = cls(ledger, store, logger=logger, monitor=monitor)
         pool.restore()
         return pool
 
@@ -188,3 +200,57 @@ class Pool:
                 self.inventory.label,
             )
             return lost
+
+    # -- reconciliation (:mod:`gpupool.hub.reconcile`) ----------------------------------------
+    @staticmethod
+    def marker_of(db_url: str) -> str:
+        """The ``GPUPOOL_HUB`` marker of a hub whose pool database is ``db_url``: one hash of
+        where the database is (its real path for SQLite, the URL without password otherwise),
+        so it is stable across restarts and differs between hubs on one machine."""
+        import hashlib
+        import os
+
+        from sqlalchemy.engine import make_url
+
+        url = make_url(db_url)
+        if url.get_backend_name() == "sqlite" and url.database:
+            key = f"sqlite:{os.path.realpath(url.database)}"
+        else:
+            key = url.render_as_string(hide_password=True)
+        return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+    @property
+    def hub_marker(self) -> str:
+        """What every process this hub starts for users carries as ``GPUPOOL_HUB``; only
+        processes with it are ever reconciled (stopped or re-adopted). A database that lives
+        only in this process (in-memory SQLite) gives a marker of this process and pool."""
+        import os
+
+        url = self.store.engine.url
+        if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+            return self.marker_of(f"sqlite:///:memory:{os.getpid()}:{id(self)}")
+        return self.marker_of(url.render_as_string(hide_password=False))
+
+    def deciding(self, decide: Callable[[Ledger], object]) -> object:
+        """``decide(ledger)`` with no allocate, release or adopt in between: reconciliation
+        reads the ledger under the pool's lock, so what it finds unknown stays unknown."""
+        with self._lock:
+            return decide(self.ledger)
+
+    def adopt(self, allocations: Iterable[Allocation]) -> list[Allocation]:
+        """Take allocations found held by live servers back into the ledger (reconciliation:
+        the database had lost them), each as a restore does (devices checked, quotas not) and
+        persisted; returns those adopted. One whose devices are not free is left out."""
+        adopted = []
+        with self._lock:
+            for allocation in allocations:
+                restored, _lost = self.ledger.restore([allocation])
+                if not restored:
+                    continue
+                try:
+                    self.store.insert(restored[0])
+                except Exception:
+                    self.ledger.release(allocation.id)
+                    raise
+                adopted.append(restored[0])
+        return adopted

@@ -5,6 +5,11 @@ Vocabulary
   :class:`ConfigError` starts with it, so a bad config names the key to fix.
 - *settings*: the validated result: offers, teams and the ``everyone`` pseudo-team.
 
+- *odd setting*: valid on its own, but pointless for the pool it runs on (an offer no GPU of the
+  pool can serve, a user cap above its team's limit, a guarantee larger than the pool):
+  :func:`config_warnings` finds them, one sentence each starting with the key path; the pool logs
+  them at start as warnings and starts anyway.
+
 Contract: pure (no I/O). Each ``parse_*`` function validates one part on its own;
 :func:`parse_settings` adds the checks across parts (a team allowed an offer that is not defined).
 """
@@ -18,10 +23,12 @@ from typing import Any
 
 from traitlets import TraitError
 
+from .core.inventory import GPU, Inventory
+from .core.ledger import Ledger
 from .core.mig import GEOMETRIES
 from .core.offers import Offer, mig_costs
 from .core.quota import EVERYONE, Team
-from .core.units import to_milli
+from .core.units import GPU_MILLI, fmt, to_milli
 
 _MODEL = re.compile(r"^[A-Z][A-Z0-9]*-\d+GB$")
 _OFFER_KEYS = {"kind", "description", "model", "max_count", "nvlink", "profile"}
@@ -171,3 +178,91 @@ def parse_settings(offers: Any, teams: Any, everyone: Any) -> Settings:
                     f"(defined: {', '.join(sorted(parsed_offers)) or 'none'})",
                 )
     return Settings(parsed_offers, parsed_teams, parsed_everyone)
+
+
+def config_warnings(settings: Settings, inventory: Inventory) -> list[str]:
+    """The odd settings for ``inventory``, one sentence each, starting with the key path: an offer
+    the pool can never grant (a model it lacks, MIG on or off where the offer needs the other, no
+    room in fixed MIG layouts) or a ``max_count`` above what one node can give, a user cap above
+    its team's limit, a guarantee larger than the whole pool, and guarantees that add up to more
+    than the pool. What "can be granted" is the allocator's own answer on the empty pool
+    (:meth:`Ledger.placeable`)."""
+    gpus = inventory.gpus
+    have = _describe_gpus(gpus)
+    empty = Ledger(inventory, settings.offers, settings.teams, settings.everyone)
+    out: list[str] = []
+    for name, offer in sorted(settings.offers.items()):
+        if offer.kind == "cpu":
+            continue
+        path = f"GPUPool.offers[{name!r}]"
+        most = empty.placeable(offer)
+        if most == 0:
+            key, reason = _never(path, offer, gpus, have)
+            out.append(f"{key}: {reason}; the offer can never be granted")
+        elif offer.kind == "gpu" and offer.max_count > most:
+            what = f"whole {offer.model} GPUs" if offer.model else "whole GPUs of one model"
+            out.append(
+                f"{path}.max_count: {offer.max_count} is more than one request can get: at most "
+                f"{most} {what} on one node; larger requests can never be granted"
+            )
+    pool = len(gpus) * GPU_MILLI
+    teams = [(f"GPUPool.teams[{n!r}]", t, "the team's") for n, t in sorted(settings.teams.items())]
+    teams.append(("GPUPool.everyone", settings.everyone, "everyone's"))
+    for path, team, whose in teams:
+        guarantee, borrow = team.guarantee_milli, team.borrow_limit_milli
+        cap = team.user_cap_milli
+        if cap is not None and cap > team.limit_milli:
+            out.append(
+                f"{path}.user_cap: {fmt(cap)} GPU-eq is above {whose} limit of "
+                f"{fmt(team.limit_milli)} (guarantee {fmt(guarantee)} + borrow limit "
+                f"{fmt(borrow)}); it can never be reached"
+            )
+        if guarantee > pool:
+            out.append(
+                f"{path}.guarantee: {fmt(guarantee)} GPU-eq is more than the whole pool "
+                f"({fmt(pool)} GPU-eq: {have}); it can never be met in full"
+            )
+    guaranteed = [(t.name, t.guarantee_milli) for _, t, _ in teams if t.guarantee_milli]
+    total = sum(g for _, g in guaranteed)
+    if len(guaranteed) > 1 and total > pool:
+        each = ", ".join(f"{name} {fmt(g)}" for name, g in sorted(guaranteed))
+        out.append(
+            f"GPUPool.teams: the guarantees add up to {fmt(total)} GPU-eq ({each}), more than "
+            f"the whole pool ({fmt(pool)} GPU-eq: {have}); they cannot all be met at once"
+        )
+    return out
+
+
+def _describe_gpus(gpus: tuple[GPU, ...]) -> str:
+    """``"2× A100-40GB, 4× H100-80GB (2 with MIG on)"``, or ``"no GPUs"``."""
+    parts = []
+    for model in sorted({g.model for g in gpus}):
+        same = [g for g in gpus if g.model == model]
+        on = sum(g.mig_enabled for g in same)
+        parts.append(f"{len(same)}× {model}" + (f" ({on} with MIG on)" if on else ""))
+    return ", ".join(parts) or "no GPUs"
+
+
+def _never(path: str, offer: Offer, gpus: tuple[GPU, ...], have: str) -> tuple[str, str]:
+    """The key and the reason an offer the empty pool cannot place can never be granted."""
+    if not gpus:
+        return path, "the pool has no GPUs"
+    if offer.model is not None and not any(g.model == offer.model for g in gpus):
+        return f"{path}.model", f"the pool has no {offer.model} (it has {have})"
+    if offer.kind == "gpu":
+        return path, (
+            f"every {offer.model or 'GPU'} in the pool has MIG on, and gpupool never switches "
+            "MIG mode, so none can be granted whole"
+        )
+    profile = offer.profile or ""
+    models = set(mig_costs(profile, offer.model))
+    able = [g for g in gpus if g.mig_capable and g.model in models]
+    if not able:
+        return path, f"no GPU in the pool has the MIG profile {profile} (it has {have})"
+    names = ", ".join(sorted({g.model for g in able}))
+    if not any(g.mig_enabled for g in able):
+        return path, f"every {names} in the pool has MIG off, and gpupool never switches MIG mode"
+    return path, (
+        f"no {names} in the pool with MIG on has a {profile} instance or room to make one "
+        "(their instances are fixed)"
+    )

@@ -11,9 +11,12 @@ Vocabulary
 - *visible devices*: ``CUDA_VISIBLE_DEVICES`` holds the allocated GPU or MIG UUIDs, never indexes
   (indexes change with MIG and between processes); empty for CPU-only servers.
 
-Contract: the environment also carries ``GPUPOOL_ALLOCATION``, ``GPUPOOL_OFFER``, ``GPUPOOL_TEAM``
-and ``GPUPOOL_SIMULATED``. A MIG slice without an instance UUID (a GPU in dynamic MIG mode, whose
-instance would have to be created first) is refused, so a server never sees a whole GPU by mistake.
+Contract: the environment also carries ``GPUPOOL_ALLOCATION``, ``GPUPOOL_OFFER``, ``GPUPOOL_TEAM``,
+``GPUPOOL_SIMULATED`` and ``GPUPOOL_HUB``. A MIG slice without an instance UUID (a GPU in dynamic
+MIG mode, whose instance would have to be created first) is refused, so a server never sees a
+whole GPU by mistake. The state keeps the server's process start time next to its pid, so a
+restarted hub never takes (or signals) a recycled pid for its server; a re-attached server that
+ends is reported with an unknown exit status (only its parent could read it).
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ from traitlets import Bool, Unicode, default
 
 from gpupool.core.ledger import Allocation
 from gpupool.hub.errors import refuse
+from gpupool.hub.reconcile import START_KEY, process_start
 from gpupool.settings import ConfigError
 from gpupool.usercode import Account, account, check_shared_mode
 
-from .mixin import GPUSpawnerMixin
+from .mixin import GPUSpawnerMixin, UnknownExit
 
 
 class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
@@ -59,6 +63,11 @@ class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     )
 
     home_dir = Unicode(help="This user's home directory when running as the hub user.")
+
+    gpupool_process_start: int | None = None
+    """When the server's process started (clock ticks since boot; saved in the state)."""
+    _gpupool_polled_pid = 0
+    _gpupool_gone: UnknownExit | None = None
 
     @default("home_dir")
     def _default_home_dir(self) -> str:
@@ -93,7 +102,51 @@ class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
 
     async def start(self) -> Any:
         self.code_account()  # before any allocation: refuse at once, naming the setting
-        return await super().start()
+        self._gpupool_gone = None
+        started = await super().start()
+        self.gpupool_process_start = process_start(self.pid) if self.pid else None
+        return started
+
+    # -- a server re-attached after a hub restart: its pid and start time; its exit ---------
+    async def _signal(self, sig: int) -> bool:
+        """JupyterHub's: signal the server, ``False`` if it is gone. A pid that now names
+        another process (its start time is not the one saved) is gone, and never signalled."""
+        saved = self.gpupool_process_start
+        if self.pid and saved is not None and process_start(self.pid) != saved:
+            return False
+        alive: bool = await super()._signal(sig)
+        return alive
+
+    async def poll(self) -> int | None:
+        self._gpupool_polled_pid = self.pid if self.proc is None else 0  # before it is cleared
+        return await super().poll()
+
+    def gpupool_exit_status(self, status: int | None) -> int | None:
+        """A server this hub did not start (re-attached by pid) has an unknown exit status,
+        also in the polls after its state was cleared (JupyterHub's log of the stop)."""
+        if status is None or self.proc is not None:
+            return status
+        if self._gpupool_polled_pid:
+            self._gpupool_gone = UnknownExit(
+                f"process {self._gpupool_polled_pid} is gone; it is not a child of this hub, so "
+                "its exit status cannot be read"
+            )
+        return self._gpupool_gone if self._gpupool_gone is not None else status
+
+    def get_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().get_state()
+        if self.gpupool_process_start is not None and state.get("pid"):
+            state[START_KEY] = self.gpupool_process_start
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        start = state.get(START_KEY)
+        self.gpupool_process_start = start if isinstance(start, int) else None
+
+    def clear_state(self) -> None:
+        super().clear_state()
+        self.gpupool_process_start = None
 
     # -- the shared mode (SimpleLocalProcessSpawner's behaviour, never as root) -------------
     def make_preexec_fn(self, name: str) -> Callable[[], None]:

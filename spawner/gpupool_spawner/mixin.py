@@ -186,18 +186,29 @@ class GPUSpawnerMixin(Spawner):
 
     async def poll(self) -> int | None:
         held = self.gpupool_allocation_id  # the parent's poll clears the state of a dead server
-        status: int | None = await super().poll()
+        status = self.gpupool_exit_status(await super().poll())
         if status is not None and held:
-            self.log.info("gpupool: %s is gone; releasing its devices", self.gpupool_ref)
+            self.log.info(
+                "gpupool: %s is gone (exit status %s); releasing its devices",
+                self.gpupool_ref,
+                status,
+            )
             self.gpupool_release(held)
+        return status
+
+    def gpupool_exit_status(self, status: int | None) -> int | None:
+        """Hook: what ``poll`` says of the parent's ``status`` (an :class:`UnknownExit` where the
+        exit status cannot be known)."""
         return status
 
     def get_env(self) -> dict[str, str]:
         """The parent's environment plus ``GPUPOOL_ALLOCATION``, ``GPUPOOL_OFFER``,
-        ``GPUPOOL_TEAM`` and ``GPUPOOL_SIMULATED`` (the local spawner adds
-        ``CUDA_VISIBLE_DEVICES``; on Kubernetes the device plugin sets it)."""
+        ``GPUPOOL_TEAM``, ``GPUPOOL_SIMULATED`` and ``GPUPOOL_HUB`` (this hub's marker: only
+        processes carrying it are ever reconciled, see :mod:`gpupool.hub.reconcile`); the local
+        spawner adds ``CUDA_VISIBLE_DEVICES`` (on Kubernetes the device plugin sets it)."""
         env: dict[str, str] = super().get_env()
         allocation = self.gpupool_allocation
+        env["GPUPOOL_HUB"] = self.gpupool.hub_marker
         env["GPUPOOL_ALLOCATION"] = allocation.id if allocation else ""
         env["GPUPOOL_OFFER"] = allocation.offer if allocation else ""
         env["GPUPOOL_TEAM"] = allocation.team if allocation else ""
@@ -218,6 +229,24 @@ class GPUSpawnerMixin(Spawner):
     def clear_state(self) -> None:
         super().clear_state()
         self.gpupool_allocation_id = ""
+
+
+class UnknownExit(int):
+    """An exit status nobody can know: 0, JupyterHub's "unknown" (see ``Spawner.poll``), that
+    says so wherever it is written out, e.g. for a server this hub re-attached to after a
+    restart, whose exit status only its parent could read."""
+
+    why: str
+
+    def __new__(cls, why: str) -> UnknownExit:
+        status = super().__new__(cls, 0)
+        status.why = why
+        return status
+
+    def __str__(self) -> str:
+        return f"unknown ({self.why})"
+
+    __repr__ = __str__
 
 
 def _options_read_in_start(spawner: Spawner, user_options: dict[str, Any]) -> None:

@@ -30,9 +30,9 @@ from ..config import GPUPool
 from ..jobs.manager import JobManager
 from ..pool import Pool
 from ..usercode import check_shared_mode, spawner_setting
-from . import refusals
+from . import refusals, shutdown
 from .reclaim import SERVICE, SERVICE_SCOPES, IdleReclaimer
-from .reconcile import release_orphans
+from .reconcile import Reconciler
 
 log = logging.getLogger("gpupool")
 _pool: Pool | None = None
@@ -72,14 +72,17 @@ def get_reclaimer(config: Config | None = None, logger: logging.Logger = log) ->
 
 def setup(c: Any, logger: logging.Logger = log) -> Pool:
     """Validate ``c.GPUPool`` and build the pool now, so bad config stops the hub at start; then
-    release notebook allocations no running server holds (see :mod:`gpupool.hub.reconcile`).
+    reconcile it with what runs, both ways, before JupyterHub serves anything, and again every
+    ``c.Reconciler.period`` seconds (see :mod:`gpupool.hub.reconcile`).
 
     Pass ``logging.getLogger("JupyterHub").getChild("gpupool")`` to log with the hub's handler.
     """
     _check_local_spawner(c)
     pool = get_pool(c, logger)
     refusals.install()
-    release_orphans(pool, c.JupyterHub.get("db_url", "sqlite:///jupyterhub.sqlite"))
+    hub_db = c.JupyterHub.get("db_url", "sqlite:///jupyterhub.sqlite")
+    reconciler = Reconciler(pool, hub_db, config=c, log=logger)
+    reconciler.at_start()
     _add_api(c)
     _add_pages(c)
     manager = get_jobs(c, logger)
@@ -92,6 +95,9 @@ def setup(c: Any, logger: logging.Logger = log) -> Pool:
         return pool
     manager.starting = loop.create_task(manager.start())
     reclaimer.start()
+    reconciler.start()
+    for stop in (manager.shutting_down, reconciler.shutting_down):
+        shutdown.watch(logging.getLogger("JupyterHub"), stop)
     return pool
 
 

@@ -41,6 +41,9 @@ class JobBackend(LoggingConfigurable):
     name = "base"
     max_ranks = 0
     """Ranks this backend runs at once over all jobs (0: no limit; the cluster decides)."""
+    marker = ""
+    """This hub's marker (``GPUPOOL_HUB``), which every job process carries, so reconciliation
+    finds this hub's processes and only those (set by the job manager from its pool)."""
 
     def validate(self, spec: JobSpec) -> None:
         """Refuse a spec this backend cannot run (raise :class:`InvalidRequest`)."""

@@ -289,6 +289,7 @@ class LocalJobBackend(JobBackend):
             LOGNAME=account.name,
             CUDA_VISIBLE_DEVICES=",".join(a.visible_devices for a in allocations if a.devices),
             GPUPOOL_JOB=job.id,
+            GPUPOOL_HUB=self.marker,
             GPUPOOL_JOB_DIR=str(jdir),
             GPUPOOL_WORKDIR=job.spec.workdir or str(home),
             GPUPOOL_TEAM=job.team,

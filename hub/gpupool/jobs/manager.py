@@ -115,6 +115,7 @@ class JobManager(LoggingConfigurable):
         self.pool = pool
         self.clock = clock
         self.backend: JobBackend = self.backend_class(parent=self, log=self.log)
+        self.backend.marker = pool.hub_marker
         self.jobs: dict[str, Job] = {j.id: j for j in pool.store.load_jobs()}
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._pass_lock = asyncio.Lock()
@@ -153,6 +154,13 @@ class JobManager(LoggingConfigurable):
         for task in [self._loop_task, *self._watchers.values()]:
             if task:
                 task.cancel()
+
+    def shutting_down(self) -> None:
+        """The hub is going away: start nothing more (the GPUs its servers free as it stops
+        them are not for queued jobs now; they start at the next start)."""
+        if not self.stopping:
+            self.log.info("gpupool: the hub shuts down; no job starts until it is back")
+        self.stopping = True
 
     def kick(self) -> None:
         """Ask for a scheduling pass soon."""

@@ -1,0 +1,1424 @@
+"""``python -m benchmarks.load [--users N] [--jobs J] [--timeout S] [--json]``: a hub under load.
+
+One real hub (the repository's ``jupyterhub_config.py`` through the test harness, free loopback
+ports, state in a temporary directory) with a simulated pool of 16 H100-80GB (12 whole, 4 with
+two fixed 3g.40gb instances each: 16 GPU-equivalents), four teams whose quotas bind, and N users
+(default 90) with real JupyterLab servers (``jupyterhub-singleuser``, nothing faked) and real
+torchrun jobs. The phases, in order:
+
+1. *storm 1*: every user POSTs ``/hub/api/users/<name>/server`` at once with their own token
+   (each POST timed); then wait until no server is pending.
+2. *burst*: J jobs (``POST /hub/api/gpupool/jobs``, a third of them on GPUs, a fifth cancelled
+   0-3 s after submission) while four threads time ``GET /hub/api/gpupool/jobs``; until every job
+   has ended or waits in the queue for GPUs the notebooks hold.
+3. *stop*: every server is stopped (DELETE, at once).
+4. *storm 2 and crash*: a few 40-second jobs, then every user spawns again; once ``--kill-at``
+   server processes are up (or ``--kill-after`` seconds in), the hub gets SIGKILL (the proxy,
+   servers and jobs live on: ``cleanup_servers`` is off) and is started again. Users whose
+   server is not running after the restart retry once (*retry*).
+5. *stop everything*: every server stopped, every job cancelled; the pool must be empty.
+
+Invariants, checked by a monitor every ``--monitor-interval`` seconds and at the end of each phase
+(*checkpoints*), in three views: the pool's database (*db*, read with ``gpupool.store``), the
+REST view (*rest*: ``GET /hub/api/gpupool/allocations?all=1`` and ``/teams`` as an admin), and
+the live processes (*proc*: ``/proc/<pid>/environ`` of every process whose ``HOME`` is under
+this run's homes: servers carry ``GPUPOOL_ALLOCATION``, job processes ``GPUPOOL_JOB``, both
+``CUDA_VISIBLE_DEVICES`` and ``GPUPOOL_TEAM``).
+
+- ``double_owner``: distinct (GPU, pair of holders) whose devices overlap (a whole GPU and a MIG
+  instance on it overlap; holders are allocations, named ``alloc:<id>``, or jobs, ``job:<id>``).
+- ``over_quota``: distinct teams seen holding more than guarantee + borrow limit (proc: summed
+  over the distinct devices of live holders of that ``GPUPOOL_TEAM``).
+- ``orphans``: at checkpoints, live server processes JupyterHub does not list with that pid (or
+  whose allocation the pool does not know), and jobs with live processes that are not starting
+  or running; counted only if still so ``kill_grace + 2`` s later. After "stop everything",
+  anything still alive is an orphan.
+- ``leaked``: allocations left in the database after everything was stopped (and 30 s of grace).
+- ``status_5xx``: HTTP answers >= 500 over the whole run, except those to requests in flight
+  when the hub was killed or sent before it answered again (the proxy's 503 for a dead hub:
+  ``http.while_the_hub_was_down``); requests without an answer are ``http.errors``.
+- ``final_state_changed``: jobs seen in a final state and later in another state.
+
+Latencies: ``spawn_p50_s``/``spawn_p99_s`` over the POSTs of storm 1 (every answer; refusals
+included), ``jobs_get_p50_s``/``jobs_get_p99_s`` over the GETs during the burst; nearest-rank
+percentiles (:mod:`benchmarks.stats`).
+
+Contract: loopback only; bounded in count (``--users``, ``--jobs``, ``--storm-jobs``) and time
+(``--timeout`` bounds every wait; phases left when it is spent are skipped, stop and checks are
+not); a monitor stops adding load if the machine's available memory drops under 1.5 GiB.
+Always stops what it started (hub, proxy, servers, job processes: found by this run's homes in
+their environment), also on failure or Ctrl-C. Progress goes to stderr; the table (or, with
+``--json``, one JSON object) to stdout: ``> benchmarks/results/load.json`` keeps it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from benchmarks.stats import percentile
+from benchmarks.text import align
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# -- the pool, its teams and who asks for what (pure data) ------------------------------------
+SPEC = "node1: 16x H100-80GB, mig=4:3g.40gb+3g.40gb, nvlink=8"
+"""12 whole H100-80GB and 4 in MIG mode with two 3g.40gb instances each: 16 GPU-equivalents."""
+OFFERS: dict[str, dict[str, Any]] = {
+    "cpu": {"description": "CPU only"},
+    "h100": {"model": "H100-80GB", "max_count": 2, "description": "Whole H100 80GB"},
+    "mig-3g.40gb": {"model": "H100-80GB", "description": "Half an H100"},
+}
+TEAMS: dict[str, dict[str, Any]] = {
+    "vision": {
+        "guarantee": 4,
+        "borrow_limit": 2,
+        "user_cap": 1,
+        "offers": ["cpu", "h100", "mig-3g.40gb"],
+    },
+    "nlp": {"guarantee": 2, "borrow_limit": 1, "user_cap": 0.5, "offers": ["cpu", "mig-3g.40gb"]},
+    "speech": {"guarantee": 3, "user_cap": 2, "offers": ["cpu", "h100"]},
+    "robotics": {
+        "guarantee": 3,
+        "borrow_limit": 2,
+        "user_cap": 1,
+        "offers": ["cpu", "h100", "mig-3g.40gb"],
+    },
+}
+"""Limits 6 + 3 + 3 + 5 = 17 GPU-eq on a 16 GPU-eq pool: quotas and capacity both bind."""
+ROLES: tuple[tuple[str | None, str, int], ...] = (
+    ("vision", "h100", 1),
+    ("vision", "mig-3g.40gb", 1),
+    ("nlp", "mig-3g.40gb", 1),
+    ("nlp", "cpu", 1),
+    ("speech", "h100", 2),
+    ("speech", "h100", 1),
+    ("robotics", "h100", 1),
+    ("robotics", "mig-3g.40gb", 1),
+    (None, "cpu", 1),
+    ("vision", "cpu", 1),
+)
+"""User i plays ``ROLES[i % 10]``: (team or none, offer, count) for their server."""
+JOB_SCRIPT = "import os, time\ntime.sleep(float(os.environ.get('LOAD_SLEEP', '3')))\n"
+SERVER_CMD = "jupyterhub-singleuser"
+
+
+@dataclass(frozen=True)
+class Persona:
+    name: str
+    team: str | None
+    offer: str
+    count: int
+
+    def options(self) -> dict[str, Any]:
+        """The ``user_options`` of this user's spawn."""
+        return {"offer": self.offer, "count": self.count} if self.offer != "cpu" else {}
+
+
+def plan_users(n: int) -> list[Persona]:
+    """``n`` users ``u000``… playing :data:`ROLES` in turn."""
+    width = max(3, len(str(n - 1)))
+    return [Persona(f"u{i:0{width}d}", *ROLES[i % len(ROLES)]) for i in range(n)]
+
+
+def groups(personas: Iterable[Persona]) -> dict[str, list[str]]:
+    """JupyterHub groups (= teams) and their members."""
+    out: dict[str, list[str]] = {team: [] for team in TEAMS}
+    for p in personas:
+        if p.team:
+            out[p.team].append(p.name)
+    return out
+
+
+def team_limits(teams: Mapping[str, Mapping[str, Any]] = TEAMS) -> dict[str, float]:
+    """Each team's limit in GPU-equivalents: guarantee plus borrowing limit."""
+    return {
+        name: float(t.get("guarantee", 0)) + float(t.get("borrow_limit") or 0)
+        for name, t in teams.items()
+    }
+
+
+def plan_jobs(personas: Sequence[Persona], count: int) -> list[tuple[Persona, dict[str, Any]]]:
+    """``count`` job submissions: one in three on the owner's GPU offer (when they have one),
+    the rest CPU-only, one rank each, owners spread over the users."""
+    jobs = []
+    for i in range(count):
+        p = personas[(i * 7) % len(personas)]
+        gpu = i % 3 == 0 and p.offer != "cpu"
+        body: dict[str, Any] = {
+            "script": JOB_SCRIPT,
+            "name": f"load-{i}",
+            "offer": p.offer if gpu else "cpu",
+            "gpus": 1,
+            "time_limit": 300,
+        }
+        jobs.append((p, body))
+    return jobs
+
+
+# -- devices and the invariants (pure) ----------------------------------------------------------
+Slots = dict[str, tuple[str, int]]
+"""Visible id (GPU or MIG UUID) -> (GPU UUID, memory-slot mask it blocks)."""
+
+
+def device_slots(spec: str = SPEC) -> Slots:
+    """Every visible id of the simulated inventory ``spec`` and the slots it blocks."""
+    from gpupool.core.mig import geometry_for
+    from gpupool.discovery import SimulatedNVML, simulated_inventory
+
+    slots: Slots = {}
+    for node in simulated_inventory(SimulatedNVML(spec)).nodes:
+        for gpu in node.gpus:
+            geometry = geometry_for(gpu.model)
+            slots[gpu.uuid] = (gpu.uuid, geometry.full_mask if geometry else 0xFF)
+            for inst in gpu.instances:
+                profile = geometry.resolve(inst.profile) if geometry else None
+                if inst.uuid and profile:
+                    slots[inst.uuid] = (gpu.uuid, profile.mask_at(inst.start))
+    return slots
+
+
+def slot_cost(mask: int, total_slots: int = 8) -> float:
+    """GPU-equivalents a slot mask blocks (its slots / 8)."""
+    return bin(mask).count("1") / total_slots
+
+
+def conflicts(holdings: Mapping[str, Iterable[str]], slots: Slots) -> list[tuple[str, str, str]]:
+    """``(gpu, holder, other holder)`` for every pair of holders whose devices overlap; an id
+    ``slots`` does not know is a device of its own."""
+    by_gpu: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for holder, ids in holdings.items():
+        for vid in ids:
+            if vid:
+                gpu, mask = slots.get(vid, (vid, 0xFF))
+                by_gpu[gpu].append((holder, mask))
+    found: set[tuple[str, str, str]] = set()
+    for gpu, held in by_gpu.items():
+        for i, (a, mask_a) in enumerate(held):
+            for b, mask_b in held[i + 1 :]:
+                if a != b and mask_a & mask_b:
+                    found.add((gpu, min(a, b), max(a, b)))
+    return sorted(found)
+
+
+def team_use(holdings: Mapping[str, tuple[str, Iterable[str]]], slots: Slots) -> dict[str, float]:
+    """GPU-equivalents per team from ``holder -> (team, visible ids)``, each device counted
+    once per team."""
+    per_team: dict[str, dict[str, int]] = defaultdict(dict)
+    for team, ids in holdings.values():
+        for vid in ids:
+            if vid:
+                gpu, mask = slots.get(vid, (vid, 0xFF))
+                per_team[team][gpu] = per_team[team].get(gpu, 0) | mask
+    return {team: sum(slot_cost(m) for m in gpus.values()) for team, gpus in per_team.items()}
+
+
+def over_limit(
+    used: Mapping[str, float], limits: Mapping[str, float]
+) -> list[tuple[str, float, float]]:
+    """``(team, used, limit)`` for each team using more than its limit (a team without a limit
+    has 0: only CPU)."""
+    return [
+        (team, round(u, 3), limits.get(team, 0.0))
+        for team, u in sorted(used.items())
+        if u > limits.get(team, 0.0) + 1e-9
+    ]
+
+
+def parse_environ(raw: bytes) -> dict[str, str]:
+    """``/proc/<pid>/environ`` as a dict."""
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def status_class(code: int | None) -> str:
+    """``201``, ``202``, ``2xx``, ``4xx``, ``5xx`` or ``error`` (no answer)."""
+    if code is None:
+        return "error"
+    if code in (201, 202):
+        return str(code)
+    return f"{code // 100}xx"
+
+
+def final_changes(
+    history: Mapping[str, Sequence[str]], final: Iterable[str]
+) -> dict[str, list[str]]:
+    """Jobs whose observed states left a final state: job id -> the states seen, in order."""
+    ends = set(final)
+    out = {}
+    for job_id, states in history.items():
+        seen_final = None
+        for s in states:
+            if seen_final is not None and s != seen_final:
+                out[job_id] = list(states)
+                break
+            if s in ends:
+                seen_final = s
+    return out
+
+
+# -- live processes ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    kind: str  # "server" or "job"
+    user: str
+    holder: str  # "alloc:<id>" for servers (or "pid:<pid>" without one), "job:<id>"
+    team: str
+    devices: tuple[str, ...]
+    env: Mapping[str, str] = field(repr=False, compare=False)
+
+
+def live_processes(homes: Path) -> list[Proc]:
+    """Servers and job processes whose ``HOME`` is under ``homes`` (this run's)."""
+    prefix = f"{homes}/"
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry.name}/environ").read_bytes()
+            if prefix.encode() not in raw:
+                continue
+            env = parse_environ(raw)
+            cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            status = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if status == "Z" or not env.get("HOME", "").startswith(prefix):
+            continue
+        devices = tuple(d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d)
+        user = env.get("JUPYTERHUB_USER") or env.get("USER", "")
+        if env.get("GPUPOOL_JOB"):
+            holder, kind = f"job:{env['GPUPOOL_JOB']}", "job"
+        elif SERVER_CMD in cmd:
+            alloc = env.get("GPUPOOL_ALLOCATION", "")
+            holder, kind = (f"alloc:{alloc}" if alloc else f"pid:{entry.name}"), "server"
+        else:
+            continue  # a kernel or another child of a server: its server is what counts
+        found.append(
+            Proc(int(entry.name), kind, user, holder, env.get("GPUPOOL_TEAM", ""), devices, env)
+        )
+    return found
+
+
+def mem_available_gib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / (1 << 20)
+    return float("inf")
+
+
+# -- the run -------------------------------------------------------------------------------------
+def log(msg: str) -> None:
+    print(f"[load {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self, cap: float | None = None) -> float:
+        left = max(0.0, self.end - time.monotonic())
+        return left if cap is None else min(cap, left)
+
+    @property
+    def spent(self) -> bool:
+        return self.left() <= 0
+
+
+@dataclass
+class Tally:
+    """Violations of one invariant: distinct keys, the views that saw each, examples."""
+
+    seen: dict[Any, set[str]] = field(default_factory=dict)
+    examples: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, key: Any, view: str, example: Mapping[str, Any], keep: int = 8) -> None:
+        if key not in self.seen:
+            self.seen[key] = set()
+            if len(self.examples) < keep:
+                self.examples.append({"view": view, **example})
+        self.seen[key].add(view)
+
+    def by_view(self) -> dict[str, int]:
+        return dict(Counter(v for views in self.seen.values() for v in views))
+
+
+class LoadRun:
+    def __init__(self, args: argparse.Namespace, state: Path, homes: Path) -> None:
+        from tests.hub.conftest import Hub  # the harness: real hub, real proxy, real servers
+
+        self.args = args
+        self.personas = plan_users(args.users)
+        self.by_name = {p.name: p for p in self.personas}
+        self.slots = device_slots()
+        self.limits = team_limits()
+        self.homes = homes
+        self.hub = Hub(state, homes, extra_config=self._extra_config(), prelude=self._prelude())
+        self.hub.env["GPUPOOL_INVENTORY"] = f"simulated:{SPEC}"
+        self.deadline = Deadline(args.timeout)
+        self.lock = threading.Lock()
+        self.statuses: Counter[str] = Counter()
+        self.codes: Counter[int] = Counter()
+        self.down_codes: Counter[int] = Counter()
+        self.epoch = 0  # +1 when the hub is killed and when it answers again
+        self.errors: Counter[str] = Counter()
+        self.fivexx: list[dict[str, Any]] = []
+        self.tokens: dict[str, str] = {}
+        self.admin_token = ""
+        self.double = Tally()
+        self.quota = Tally()
+        self.orphans = Tally()
+        self.job_history: dict[str, list[str]] = defaultdict(list)
+        self.job_ids: dict[str, str] = {}  # job id -> phase
+        self.hub_up = threading.Event()
+        self.stop_monitor = threading.Event()
+        self.abort = ""
+        self.min_mem = mem_available_gib()
+        self.result: dict[str, Any] = {"phases_s": {}}
+        self.kill_grace = 10.0
+        self.machine: dict[str, Any] = {}
+        self.responsiveness: dict[str, list[float]] = defaultdict(list)
+        self.peaks: dict[str, int] = {}  # phase -> most jobs with live processes at one look
+
+    # -- config ------------------------------------------------------------------------------
+    def _prelude(self) -> str:
+        """Config run before the demo's: the demo sets its own teams and offers right before
+        ``setup(c)``, so the benchmark's are put in by wrapping ``setup`` (in the hub process)."""
+        return (
+            "import gpupool.hub as _gpupool_hub\n"
+            "_gpupool_setup = _gpupool_hub.setup\n"
+            "def _load_setup(c, *args, **kwargs):\n"
+            f"    c.GPUPool.offers = {OFFERS!r}\n"
+            f"    c.GPUPool.teams = {TEAMS!r}\n"
+            "    c.GPUPool.everyone = {'offers': ['cpu']}\n"
+            "    return _gpupool_setup(c, *args, **kwargs)\n"
+            "_gpupool_hub.setup = _load_setup\n"
+        )
+
+    def _extra_config(self) -> str:
+        users = sorted(p.name for p in self.personas)
+        return (
+            f"c.Authenticator.allowed_users = set({users!r})\n"
+            f"c.JupyterHub.load_groups = "
+            f"{ {t: {'users': m} for t, m in groups(self.personas).items()}!r}\n"
+        )
+
+    # -- HTTP, counted -------------------------------------------------------------------------
+    def http(
+        self, method: str, path: str, token: str, phase: str, timeout: float = 60, **kw: Any
+    ) -> tuple[requests.Response | None, float]:
+        t0 = time.perf_counter()
+        epoch = self.epoch
+        try:
+            r = requests.request(
+                method,
+                f"{self.hub.url}{path}",
+                headers={"Authorization": f"token {token}"},
+                timeout=timeout,
+                **kw,
+            )
+        except requests.RequestException as e:
+            with self.lock:
+                self.errors[f"{phase}: {method} {route(path)}: {type(e).__name__}"] += 1
+            return None, time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        with self.lock:
+            if epoch != self.epoch or not self.hub_up.is_set():
+                # sent to, or answered by, a hub that was killed meanwhile: the proxy's 502/503
+                # for a dead hub, counted apart from the hub's own answers
+                self.down_codes[r.status_code] += 1
+                return r, elapsed
+            self.codes[r.status_code] += 1
+            if r.status_code >= 500:
+                self.statuses["5xx"] += 1
+                if len(self.fivexx) < 10:
+                    self.fivexx.append(
+                        {
+                            "phase": phase,
+                            "request": f"{method} {path}",
+                            "status": r.status_code,
+                            "body": r.text[:300],
+                        }
+                    )
+        return r, elapsed
+
+    def admin(self, method: str, path: str, phase: str, **kw: Any) -> requests.Response | None:
+        """As the harness's admin service (servers, users, tokens)."""
+        from tests.hub.conftest import TOKEN
+
+        return self.http(method, f"/hub/api{path}", TOKEN, phase, **kw)[0]
+
+    def pool_admin(self, path: str, phase: str, timed: bool = False) -> Any:
+        """A gpupool GET as the admin user (``custom:gpupool:admin``); ``None`` if no answer.
+        ``timed``: its latency counts for the phase's responsiveness (the monitor's looks)."""
+        r, elapsed = self.http(
+            "GET", f"/hub/api/gpupool{path}", self.admin_token, phase, timeout=30
+        )
+        if timed and (r is not None or elapsed >= 30):
+            with self.lock:
+                self.responsiveness[phase].append(elapsed)
+        return r.json() if r is not None and r.status_code == 200 else None
+
+    # -- views ---------------------------------------------------------------------------------
+    def servers(self, phase: str) -> dict[str, dict[str, Any]] | None:
+        """Every user's default server as JupyterHub lists it (``None`` if it does not answer)."""
+        out: dict[str, dict[str, Any]] = {}
+        offset = 0
+        while True:
+            r = self.admin("GET", f"/users?offset={offset}&limit=200", phase, timeout=60)
+            if r is None or r.status_code != 200:
+                return None
+            page = r.json()
+            for u in page:
+                server = (u.get("servers") or {}).get("")
+                if server:
+                    out[u["name"]] = server
+            if len(page) < 200:
+                return out
+            offset += 200
+
+    def db_allocations(self) -> list[Any] | None:
+        from gpupool.store import Store
+
+        path = self.hub.state / "gpupool.sqlite"
+        if not path.exists():
+            return None
+        try:
+            store = Store(f"sqlite:///{path}", upgrade=False)
+            try:
+                return store.load()
+            finally:
+                store.close()
+        except Exception as e:  # a locked or half-written database: the next look reads it
+            log(f"  (the pool database could not be read: {type(e).__name__})")
+            return None
+
+    def look(self, phase: str) -> None:
+        """One look at every view for double owners and teams over quota."""
+        db = self.db_allocations()
+        if db is not None:
+            hold = {_holder(a.kind, a.id, a.ref): [d.visible_id for d in a.devices] for a in db}
+            self._record_conflicts("db", hold, phase)
+            used: Counter[str] = Counter()
+            for a in db:
+                used[a.team] += a.cost_milli / 1000
+            self._record_quota("db", used, phase)
+        if self.hub_up.is_set():
+            rest = self.pool_admin("/allocations?all=1", phase, timed=True)
+            if rest is not None:
+                hold = {
+                    _holder(a["kind"], a["id"], a["ref"]): a["devices"] for a in rest["allocations"]
+                }
+                self._record_conflicts("rest", hold, phase)
+            teams = self.pool_admin("/teams", phase, timed=True)
+            if teams is not None:
+                used = Counter({t["name"]: t["used"] or 0 for t in teams["teams"]})
+                self._record_quota("rest", used, phase)
+        procs = live_processes(self.homes)
+        with self.lock:
+            jobs_alive = len({p.holder for p in procs if p.kind == "job"})
+            self.peaks[phase] = max(self.peaks.get(phase, 0), jobs_alive)
+        holders: dict[str, set[str]] = defaultdict(set)
+        teams_of: dict[str, str] = {}
+        for p in procs:
+            holders[p.holder].update(p.devices)
+            teams_of[p.holder] = p.team
+        self._record_conflicts("proc", holders, phase, procs)
+        used_proc = team_use({h: (teams_of[h], ids) for h, ids in holders.items()}, self.slots)
+        self._record_quota("proc", used_proc, phase)
+
+    def _record_conflicts(
+        self,
+        view: str,
+        holdings: Mapping[str, Iterable[str]],
+        phase: str,
+        procs: Sequence[Proc] = (),
+    ) -> None:
+        for gpu, a, b in conflicts(holdings, self.slots):
+            pids = {h: [p.pid for p in procs if p.holder == h] for h in (a, b)} if procs else {}
+            users = {h: sorted({p.user for p in procs if p.holder == h}) for h in (a, b)}
+            self.double.add(
+                (gpu, a, b),
+                view,
+                {
+                    "phase": phase,
+                    "gpu": gpu,
+                    "holders": [a, b],
+                    **({"pids": pids, "users": users} if procs else {}),
+                },
+            )
+
+    def _record_quota(self, view: str, used: Mapping[str, float], phase: str) -> None:
+        for team, u, limit in over_limit(used, self.limits):
+            self.quota.add(team, view, {"phase": phase, "team": team, "used": u, "limit": limit})
+
+    def monitor(self) -> None:
+        while not self.stop_monitor.wait(self.args.monitor_interval):
+            try:
+                self.look(self.phase)
+            except Exception as e:  # never let the monitor kill the run
+                log(f"  (monitor: {type(e).__name__}: {e})")
+            mem = mem_available_gib()
+            self.min_mem = min(self.min_mem, mem)
+            if mem < 1.5 and not self.abort:
+                self.abort = f"available memory fell to {mem:.2f} GiB during {self.phase}"
+                log(f"ABORTING the load phases: {self.abort}")
+
+    phase = "start"
+
+    # -- orphans ------------------------------------------------------------------------------
+    def orphan_candidates(self, phase: str, everything_stopped: bool) -> dict[str, dict[str, Any]]:
+        procs = live_processes(self.homes)
+        if everything_stopped:
+            servers: dict[str, dict[str, Any]] = {}
+            allocs: set[str] = set()
+            active: set[str] = set()
+        else:
+            listed = self.servers(phase)
+            rest = self.pool_admin("/allocations?all=1", phase)
+            jobs = self.pool_admin("/jobs", phase)
+            if listed is None or rest is None or jobs is None:
+                log("  (orphan check skipped: the hub did not answer)")
+                return {}
+            servers, allocs = listed, {a["id"] for a in rest["allocations"]}
+            active = {j["id"] for j in jobs["jobs"] if j["state"] in ("starting", "running")}
+        found: dict[str, dict[str, Any]] = {}
+        for p in procs:
+            if p.kind == "server":
+                server = servers.get(p.user)
+                pid = (server or {}).get("state", {}).get("pid")
+                alloc = p.env.get("GPUPOOL_ALLOCATION", "")
+                if server is None:
+                    why = f"JupyterHub lists no server for {p.user}"
+                elif pid != p.pid:
+                    why = f"JupyterHub's server for {p.user} is pid {pid}"
+                elif alloc and alloc not in allocs:
+                    why = f"allocation {alloc} is unknown to the pool"
+                else:
+                    continue
+                key = f"server pid {p.pid}"
+            else:
+                job_id = p.holder.removeprefix("job:")
+                if job_id in active:
+                    continue
+                why = f"job {job_id} is not starting or running"
+                key = p.holder
+            entry = found.setdefault(
+                key,
+                {
+                    "kind": p.kind,
+                    "user": p.user,
+                    "holder": p.holder,
+                    "pids": [],
+                    "CUDA_VISIBLE_DEVICES": ",".join(p.devices),
+                    "why": why,
+                },
+            )
+            entry["pids"].append(p.pid)
+        return found
+
+    def check_orphans(self, phase: str, everything_stopped: bool = False) -> int:
+        first = self.orphan_candidates(phase, everything_stopped)
+        if not first:
+            return 0
+        log(f"  {len(first)} orphan candidates; looking again in {self.kill_grace + 2:.0f} s")
+        time.sleep(self.kill_grace + 2)
+        second = self.orphan_candidates(phase, everything_stopped)
+        still = {k: v for k, v in second.items() if k in first}
+        for key, entry in still.items():
+            self.orphans.add(key, "proc", {"phase": phase, **entry})
+        return len(still)
+
+    # -- phases ------------------------------------------------------------------------------
+    def storm(
+        self, phase: str, users: Sequence[Persona]
+    ) -> tuple[list[dict[str, Any]], Callable[[float], None]]:
+        """Every one of ``users`` POSTs a spawn at the same moment; returns the (filling) list of
+        results and a join function."""
+        go = threading.Event()
+        results: list[dict[str, Any]] = []
+
+        def one(p: Persona) -> None:
+            go.wait()
+            r, elapsed = self.http(
+                "POST",
+                f"/hub/api/users/{p.name}/server",
+                self.tokens[p.name],
+                phase,
+                timeout=self.args.request_timeout,
+                json=p.options(),
+            )
+            message = ""
+            if r is not None and r.status_code >= 400:
+                with contextlib.suppress(ValueError):
+                    message = str(r.json().get("message", ""))[:200]
+            with self.lock:
+                results.append(
+                    {
+                        "user": p.name,
+                        "status": None if r is None else r.status_code,
+                        "s": elapsed,
+                        "message": message,
+                    }
+                )
+
+        threads = [threading.Thread(target=one, args=(p,), daemon=True) for p in users]
+        for t in threads:
+            t.start()
+        go.set()
+
+        def join(timeout: float) -> None:
+            end = time.monotonic() + timeout
+            for t in threads:
+                t.join(max(0.0, end - time.monotonic()))
+
+        return results, join
+
+    def settle(self, phase: str, cap: float) -> dict[str, dict[str, Any]]:
+        """Wait until no server is pending (and no job is starting); the servers then."""
+        end = time.monotonic() + self.deadline.left(cap)
+        servers: dict[str, dict[str, Any]] = {}
+        pending: list[str] = []
+        starting: list[str] = []
+        while True:
+            listed = self.servers(phase)
+            jobs = self.pool_admin("/jobs", phase)
+            if listed is not None:
+                servers = listed
+                pending = [u for u, s in listed.items() if s.get("pending")]
+                starting = [
+                    j["id"] for j in (jobs or {}).get("jobs", []) if j["state"] == "starting"
+                ]
+                if not pending and not starting and jobs is not None:
+                    return servers
+            if time.monotonic() > end:
+                log(
+                    f"  {phase}: still pending when the wait ended: {len(pending)} servers, "
+                    f"{len(starting)} jobs starting"
+                )
+                return servers
+            time.sleep(1)
+
+    def log_offset(self) -> int:
+        """Where the hub's log ends now (to read what a phase logged)."""
+        try:
+            return self.hub.log.stat().st_size
+        except OSError:
+            return 0
+
+    def refusals_logged(self, since: int) -> dict[str, str]:
+        """user -> the pool's last refusal of their server logged by the hub after ``since``."""
+        marker = "gpupool: refused "
+        found = {}
+        with contextlib.suppress(OSError), self.hub.log.open("rb") as f:
+            f.seek(since)
+            for raw in f:
+                line = raw.decode(errors="replace")
+                if marker in line:
+                    ref, _, message = line.split(marker, 1)[1].partition(": ")
+                    found[ref.split("/", 1)[0]] = message.strip()[:300]
+        return found
+
+    def spawn_summary(
+        self,
+        results: Sequence[dict[str, Any]],
+        servers: Mapping[str, Mapping[str, Any]],
+        log_since: int,
+    ) -> dict[str, Any]:
+        classes = Counter(status_class(r["status"]) for r in results)
+        ready = {u for u, s in servers.items() if s.get("ready")}
+        late_fail = [r["user"] for r in results if r["status"] == 202 and r["user"] not in ready]
+        refused = self.refusals_logged(log_since)
+        late_refused = [u for u in late_fail if u in refused]
+        refusals = Counter(
+            r["status"] for r in results if r["status"] is not None and r["status"] >= 400
+        )
+
+        def pct(cls: str, q: float) -> float | None:
+            times = [r["s"] for r in results if status_class(r["status"]) == cls]
+            return round(percentile(times, q), 3) if times else None
+
+        return {
+            "posts": len(results),
+            **{k: classes.get(k, 0) for k in ("201", "202", "2xx", "4xx", "5xx", "error")},
+            "refusals": {str(k): v for k, v in sorted(refusals.items())},
+            "ready_after": len(ready),
+            "202_then_not_running": len(late_fail),
+            "202_then_refused_by_pool": len(late_refused),
+            "202_then_refused_example": (
+                f"{late_refused[0]}: {refused[late_refused[0]]}" if late_refused else ""
+            ),
+            "p50_s": round(percentile([r["s"] for r in results], 0.5), 3),
+            "p99_s": round(percentile([r["s"] for r in results], 0.99), 3),
+            "max_s": round(max((r["s"] for r in results), default=0.0), 3),
+            "p50_202_s": pct("202", 0.5),
+            "p50_4xx_s": pct("4xx", 0.5),
+            "p99_4xx_s": pct("4xx", 0.99),
+            "refusal_example": next((r["message"] for r in results if r["message"]), ""),
+        }
+
+    def submit_jobs(
+        self,
+        phase: str,
+        plans: Sequence[tuple[Persona, dict[str, Any]]],
+        cancel_every: int = 0,
+        rng: random.Random | None = None,
+    ) -> tuple[list[dict[str, Any]], list[threading.Thread]]:
+        """Submit ``plans`` at once (one thread each); every ``cancel_every``-th is cancelled by
+        its owner 0-3 s after its submission."""
+        go = threading.Event()
+        results: list[dict[str, Any]] = []
+        delays = [(rng or random.Random(0)).uniform(0, 3) for _ in plans]
+
+        def one(i: int, p: Persona, body: dict[str, Any]) -> None:
+            go.wait()
+            r, elapsed = self.http(
+                "POST", "/hub/api/gpupool/jobs", self.tokens[p.name], phase, json=body
+            )
+            job_id = r.json().get("id") if r is not None and r.status_code == 201 else None
+            entry = {
+                "i": i,
+                "user": p.name,
+                "offer": body["offer"],
+                "id": job_id,
+                "status": None if r is None else r.status_code,
+                "s": elapsed,
+            }
+            if job_id:
+                with self.lock:
+                    self.job_ids[job_id] = phase
+            if job_id and cancel_every and i % cancel_every == 1:
+                time.sleep(delays[i])
+                c, _ = self.http(
+                    "DELETE", f"/hub/api/gpupool/jobs/{job_id}", self.tokens[p.name], phase
+                )
+                entry["cancelled"] = None if c is None else c.status_code
+            with self.lock:
+                results.append(entry)
+
+        threads = [
+            threading.Thread(target=one, args=(i, p, b), daemon=True)
+            for i, (p, b) in enumerate(plans)
+        ]
+        for t in threads:
+            t.start()
+        go.set()
+        return results, threads
+
+    def record_jobs(self, jobs: Iterable[Mapping[str, Any]]) -> None:
+        with self.lock:
+            for j in jobs:
+                states = self.job_history[j["id"]]
+                if not states or states[-1] != j["state"]:
+                    states.append(j["state"])
+
+    def burst(self) -> dict[str, Any]:
+        rng = random.Random(self.args.seed)
+        plans = plan_jobs(self.personas, self.args.jobs)
+        latencies: list[float] = []
+        done = threading.Event()
+        owners = sorted({p.name for p, _ in plans})
+
+        def poll(token: str) -> None:
+            while not done.is_set():
+                r, elapsed = self.http("GET", "/hub/api/gpupool/jobs", token, "burst")
+                if r is not None:
+                    with self.lock:
+                        latencies.append(elapsed)
+                    if r.status_code == 200 and token == self.admin_token:
+                        self.record_jobs(r.json()["jobs"])
+                done.wait(0.2)
+
+        pollers = [self.admin_token] + [self.tokens[u] for u in owners[:3]]
+        threads = [threading.Thread(target=poll, args=(t,), daemon=True) for t in pollers]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        submitted, submitters = self.submit_jobs("burst", plans, cancel_every=5, rng=rng)
+        for t in submitters:
+            t.join(self.deadline.left(120))
+        ids = {s["id"] for s in submitted if s["id"]}
+        end = time.monotonic() + self.deadline.left(self.args.burst_timeout)
+        states: dict[str, str] = {}
+        ended = 0
+        while time.monotonic() < end and not self.abort:
+            with self.lock:
+                states = {i: self.job_history[i][-1] for i in ids if self.job_history.get(i)}
+            open_ = [s for s in states.values() if s in ("starting", "running")]
+            waiting = [s for s in states.values() if s == "queued"]
+            ended = len(states) - len(open_) - len(waiting)
+            if len(states) == len(ids) and not open_:
+                break  # the rest waits for GPUs the notebooks hold
+            time.sleep(1)
+        done.set()
+        for t in threads:
+            t.join(30)
+        elapsed = time.monotonic() - t0
+        final = Counter(states.values())
+        return {
+            "submitted": len(plans),
+            "accepted": len(ids),
+            "submit_statuses": dict(Counter(str(s["status"]) for s in submitted)),
+            "cancel_requests": sum("cancelled" in s for s in submitted),
+            "states_at_end": dict(final),
+            "ended": ended,
+            "s": round(elapsed, 1),
+            "jobs_get_requests": len(latencies),
+            "jobs_get_p50_s": round(percentile(latencies, 0.5), 3),
+            "jobs_get_p99_s": round(percentile(latencies, 0.99), 3),
+            "jobs_get_max_s": round(max(latencies, default=0.0), 3),
+        }
+
+    def stop_servers(self, phase: str) -> int:
+        listed = self.servers(phase) or {}
+        users = sorted(listed)
+        threads = [
+            threading.Thread(
+                target=self.admin, args=("DELETE", f"/users/{u}/server", phase), daemon=True
+            )
+            for u in users
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(self.deadline.left(120))
+        end = time.monotonic() + self.deadline.left(120)
+        while time.monotonic() < end:
+            if self.servers(phase) == {}:
+                break
+            time.sleep(1)
+        return len(users)
+
+    def crash_storm(self) -> dict[str, Any]:
+        """A few longer jobs, then storm 2; SIGKILL to the hub once ``--kill-at`` server
+        processes are up (or ``--kill-after`` s have passed); restart; settle."""
+        assert self.hub.proc is not None
+        jobs = [
+            (p, {**body, "name": f"storm-{i}", "env": {"LOAD_SLEEP": "40"}})
+            for i, (p, body) in enumerate(plan_jobs(self.personas[1:], self.args.storm_jobs))
+        ]
+        submitted, submitters = self.submit_jobs("storm2", jobs)
+        for t in submitters:
+            t.join(self.deadline.left(60))
+        mine = {f"job:{s['id']}" for s in submitted if s["id"]}
+        end = time.monotonic() + self.deadline.left(30)
+        while mine and time.monotonic() < end:  # so that jobs run across the crash
+            if mine & {p.holder for p in live_processes(self.homes)}:
+                break
+            time.sleep(0.5)
+        since = self.log_offset()
+        t0 = time.monotonic()
+        results, join = self.storm("storm2", self.personas)
+        end = t0 + self.args.kill_after
+        while time.monotonic() < end:
+            up = sum(p.kind == "server" for p in live_processes(self.homes))
+            if up >= self.args.kill_at:
+                break
+            time.sleep(0.2)
+        killed_at = time.monotonic() - t0
+        with self.lock:
+            in_flight = len(self.personas) - len(results)
+        procs = live_processes(self.homes)
+        self.hub_up.clear()
+        self.epoch += 1
+        os.kill(self.hub.proc.pid, signal.SIGKILL)
+        self.hub.proc.wait()
+        log(
+            f"  SIGKILL to the hub (pid {self.hub.proc.pid}) {killed_at:.1f} s into the storm, "
+            f"with {in_flight} spawn POSTs unanswered, {sum(p.kind == 'server' for p in procs)} "
+            f"server processes and {len({p.holder for p in procs if p.kind == 'job'})} jobs "
+            "alive"
+        )
+        t1 = time.monotonic()
+        self.hub.start()
+        restart = time.monotonic() - t1
+        self.epoch += 1
+        self.hub_up.set()
+        join(self.deadline.left(self.args.request_timeout))
+        log(f"  hub answering again after {restart:.1f} s")
+        servers = self.settle("restart", 180)
+        summary = self.spawn_summary(results, servers, since)
+        return {
+            "killed_after_s": round(killed_at, 1),
+            "posts_unanswered_at_kill": in_flight,
+            "server_processes_at_kill": sum(p.kind == "server" for p in procs),
+            "jobs_alive_at_kill": len({p.holder for p in procs if p.kind == "job"}),
+            "storm_jobs_accepted": sum(1 for s in submitted if s["id"]),
+            "hub_up_again_s": round(restart, 1),
+            "servers_listed_after_restart": len(servers),
+            "spawns": summary,
+        }
+
+    # -- everything --------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        started = time.monotonic()
+        timings = self.result["phases_s"]
+
+        @contextlib.contextmanager
+        def phase(name: str) -> Iterator[None]:
+            self.phase = name
+            log(f"phase {name}")
+            t0 = time.monotonic()
+            try:
+                yield
+            finally:
+                timings[name] = round(time.monotonic() - t0, 1)
+
+        from gpupool.jobs.local import LocalJobBackend
+
+        self.kill_grace = float(LocalJobBackend.kill_grace.default_value)  # the demo's
+        with phase("start"):
+            self.hub.start()
+            self.hub_up.set()
+            self.admin_token = self.hub.token("admin", ["custom:gpupool:admin"])
+            for p in self.personas:
+                self.tokens[p.name] = self.hub.token(p.name, ["self", "custom:gpupool:jobs"])
+        monitor = threading.Thread(target=self.monitor, daemon=True)
+        monitor.start()
+        interrupted = False
+        try:
+            with phase("storm1"):
+                since = self.log_offset()
+                results, join = self.storm("storm1", self.personas)
+                join(self.deadline.left(self.args.request_timeout + 5))
+                servers = self.settle("storm1", 300)
+                self.result["storm1"] = self.spawn_summary(results, servers, since)
+                log(f"  storm 1: {_brief(self.result['storm1'])}")
+            with phase("check-storm1"):
+                self.look("check-storm1")
+                self.check_orphans("check-storm1")
+            if not self.abort and not self.deadline.spent:
+                with phase("burst"):
+                    self.result["burst"] = self.burst()
+                    log(
+                        f"  burst: {self.result['burst']['states_at_end']}, GET /jobs p99 "
+                        f"{self.result['burst']['jobs_get_p99_s']} s"
+                    )
+                with phase("check-burst"):
+                    self.look("check-burst")
+                    self.check_orphans("check-burst")
+            with phase("stop1"):
+                self.stop_servers("stop1")
+            if not self.abort and not self.deadline.spent:
+                with phase("storm2-crash"):
+                    self.result["crash"] = self.crash_storm()
+                    log(f"  storm 2: {_brief(self.result['crash']['spawns'])}")
+                with phase("retry"):
+                    listed = self.servers("retry") or {}
+                    again = [p for p in self.personas if p.name not in listed]
+                    since = self.log_offset()
+                    results, join = self.storm("retry", again)
+                    join(self.deadline.left(self.args.request_timeout + 5))
+                    servers = self.settle("retry", 300)
+                    self.result["retry"] = self.spawn_summary(results, servers, since)
+                    log(f"  retry: {_brief(self.result['retry'])}")
+                with phase("check-restart"):
+                    self.look("check-restart")
+                    self.check_orphans("check-restart")
+        except (KeyboardInterrupt, SystemExit):
+            interrupted = True  # Ctrl-C or SIGTERM: no orderly stop, straight to the cleanup
+            raise
+        finally:
+            if not interrupted:  # also after a failed phase: what it left is measured too
+                with phase("stop-all"):
+                    self.result["final"] = self.stop_everything()
+            self.stop_monitor.set()
+            monitor.join(30)
+        self.result["total_s"] = round(time.monotonic() - started, 1)
+        return self.result
+
+    def stop_everything(self) -> dict[str, Any]:
+        """Stop every server, cancel every job; then what is left: allocations and processes."""
+        out: dict[str, Any] = {}
+        if not self.hub_up.is_set():
+            return {"skipped": "the hub is not up"}
+        stopped = self.stop_servers("stop-all")
+        jobs = self.pool_admin("/jobs", "stop-all") or {"jobs": []}
+        self.record_jobs(jobs["jobs"])
+        open_ = [
+            j["id"]
+            for j in jobs["jobs"]
+            if j["state"] not in ("succeeded", "failed", "cancelled", "lost")
+        ]
+        for job_id in open_:
+            self.http("DELETE", f"/hub/api/gpupool/jobs/{job_id}", self.admin_token, "stop-all")
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            jobs = self.pool_admin("/jobs", "stop-all")
+            if jobs is not None:
+                self.record_jobs(jobs["jobs"])
+                if all(
+                    j["state"] in ("succeeded", "failed", "cancelled", "lost") for j in jobs["jobs"]
+                ):
+                    break
+            time.sleep(1)
+        end = time.monotonic() + 30
+        db = self.db_allocations() or []
+        while db and time.monotonic() < end:
+            time.sleep(1)
+            db = self.db_allocations() or []
+        self.look("stop-all")
+        rest = self.pool_admin("/allocations?all=1", "stop-all")
+        out.update(
+            servers_stopped=stopped,
+            jobs_cancelled=len(open_),
+            leaked=len(db),
+            leaked_rest=None if rest is None else len(rest["allocations"]),
+            leaked_examples=[
+                {
+                    "id": a.id,
+                    "kind": a.kind,
+                    "ref": a.ref,
+                    "team": a.team,
+                    "offer": a.offer,
+                    "devices": [d.visible_id for d in a.devices],
+                }
+                for a in db[:8]
+            ],
+        )
+        out["orphans_after_stop"] = self.check_orphans("stop-all", everything_stopped=True)
+        jobs = self.pool_admin("/jobs", "stop-all") or {"jobs": []}
+        out["job_states"] = dict(Counter(j["state"] for j in jobs["jobs"]))
+        return out
+
+    def cleanup(self) -> dict[str, int]:
+        """Stop the hub and proxy, then end every process of this run still alive."""
+        killed = {"hub": 0, "proxy": 0, "servers": 0, "job_processes": 0}
+        proc = self.hub.proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                killed["hub"] = 1
+        pidfile = self.hub.state / "jupyterhub-proxy.pid"
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pidfile.read_text().strip())
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"configurable-http-proxy" in cmd:
+                os.kill(pid, signal.SIGKILL)
+                killed["proxy"] = 1
+        for p in live_processes(self.homes):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGKILL)
+                killed["servers" if p.kind == "server" else "job_processes"] += 1
+        for entry in os.scandir("/proc"):  # anything else with this run's homes (job shells)
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    raw = Path(f"/proc/{entry.name}/environ").read_bytes()
+                    if f"HOME={self.homes}/".encode() in raw:
+                        os.kill(int(entry.name), signal.SIGKILL)
+                        killed["job_processes"] += 1
+        return killed
+
+
+def route(path: str) -> str:
+    """A request path without its query, user names and job ids (to count errors by route)."""
+    path = path.split("?", 1)[0]
+    path = re.sub(r"/users/[^/]+", "/users/<name>", path)
+    return re.sub(r"/jobs/[^/]+", "/jobs/<id>", path)
+
+
+def _holder(kind: str, alloc_id: str, ref: str) -> str:
+    return f"job:{ref}" if kind == "job" else f"alloc:{alloc_id}"
+
+
+def _brief(s: Mapping[str, Any]) -> str:
+    return (
+        f"{s['posts']} POSTs: {s['201']}x201 {s['202']}x202 {s['4xx']}x4xx {s['5xx']}x5xx "
+        f"{s['error']} errors; {s['ready_after']} ready; p50 {s['p50_s']} s, p99 {s['p99_s']} s"
+    )
+
+
+def machine() -> dict[str, Any]:
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    total = 0.0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            total = int(line.split()[1]) / (1 << 20)
+    import gpupool
+
+    return {
+        "cores": os.cpu_count(),
+        "memory_gib": round(total, 1),
+        "cpu": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "commit": commit + ("+changes" if dirty else ""),
+        "uncommitted": sorted(
+            line[3:] for line in dirty.splitlines() if line[3:].startswith(("hub/", "spawner/"))
+        ),
+        "gpupool_from": str(Path(gpupool.__file__).resolve().parents[1]),
+    }
+
+
+def summarize(run: LoadRun, cleanup: Mapping[str, int]) -> dict[str, Any]:
+    r = run.result
+    storm1 = r.get("storm1", {})
+    burst = r.get("burst", {})
+    final = r.get("final", {})
+    jobs_seen = {j: s for j, s in run.job_history.items() if j in run.job_ids}
+    changed = final_changes(jobs_seen, ("succeeded", "failed", "cancelled", "lost"))
+    end_states = Counter(states[-1] for states in jobs_seen.values() if states)
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "note": run.args.note,
+        "machine": run.machine,
+        "pool": f"simulated: {SPEC} (16 GPU-eq)",
+        "servers": "real JupyterLab (jupyterhub-singleuser), real torchrun jobs; nothing faked",
+        "users": run.args.users,
+        "double_owner": len(run.double.seen),
+        "over_quota": len(run.quota.seen),
+        "orphans": len(run.orphans.seen),
+        "leaked": final.get("leaked"),
+        "status_5xx": run.statuses["5xx"],
+        "final_state_changed": len(changed),
+        "spawn_p50_s": storm1.get("p50_s"),
+        "spawn_p99_s": storm1.get("p99_s"),
+        "jobs_get_p50_s": burst.get("jobs_get_p50_s"),
+        "jobs_get_p99_s": burst.get("jobs_get_p99_s"),
+        "by_view": {"double_owner": run.double.by_view(), "over_quota": run.quota.by_view()},
+        "storm1": storm1,
+        "burst": burst,
+        "crash": r.get("crash", {}),
+        "retry": r.get("retry", {}),
+        "final": final,
+        "jobs": {
+            "submitted": len(run.job_ids),
+            "end_states": dict(end_states),
+        },
+        "http": {
+            "codes": {str(k): v for k, v in sorted(run.codes.items())},
+            "errors": dict(run.errors),
+            "while_the_hub_was_down": {str(k): v for k, v in sorted(run.down_codes.items())},
+        },
+        "examples": {
+            "double_owner": run.double.examples,
+            "over_quota": run.quota.examples,
+            "orphans": run.orphans.examples,
+            "status_5xx": run.fivexx,
+            "final_state_changed": [{"job": j, "states": s} for j, s in list(changed.items())[:8]],
+        },
+        "phases_s": r.get("phases_s", {}),
+        "total_s": r.get("total_s"),
+        "min_mem_available_gib": round(run.min_mem, 2),
+        "peak_live_jobs": dict(run.peaks),
+        "monitor_get_s": {
+            phase: {
+                "n": len(times),
+                "p50": round(percentile(times, 0.5), 3),
+                "p99": round(percentile(times, 0.99), 3),
+                "max": round(max(times), 3),
+            }
+            for phase, times in run.responsiveness.items()
+            if times
+        },
+        "aborted": run.abort or None,
+        "error": r.get("error"),
+        "cleanup_killed": dict(cleanup),
+    }
+
+
+def table(s: Mapping[str, Any]) -> str:
+    def fmt(v: Any) -> str:
+        return "-" if v is None else str(v)
+
+    rows = [["invariant / figure", "value"]]
+    for key in (
+        "double_owner",
+        "over_quota",
+        "orphans",
+        "leaked",
+        "status_5xx",
+        "final_state_changed",
+        "spawn_p50_s",
+        "spawn_p99_s",
+        "jobs_get_p50_s",
+        "jobs_get_p99_s",
+    ):
+        rows.append([key, fmt(s.get(key))])
+    out = [align(rows), ""]
+    spawn_rows = [
+        [
+            "storm",
+            "POSTs",
+            "201",
+            "202",
+            "4xx",
+            "5xx",
+            "no answer",
+            "ready after",
+            "202 then not running",
+            "p50 s",
+            "p99 s",
+        ]
+    ]
+    for name, sp in (
+        ("storm 1", s["storm1"]),
+        ("storm 2 (kill -9)", s["crash"].get("spawns")),
+        ("retry after restart", s["retry"]),
+    ):
+        if sp:
+            spawn_rows.append(
+                [
+                    name,
+                    *(
+                        fmt(sp.get(k))
+                        for k in (
+                            "posts",
+                            "201",
+                            "202",
+                            "4xx",
+                            "5xx",
+                            "error",
+                            "ready_after",
+                            "202_then_not_running",
+                            "p50_s",
+                            "p99_s",
+                        )
+                    ),
+                ]
+            )
+    out += [align(spawn_rows)]
+    if s["crash"]:
+        out.append("(storm 2's 5xx: the proxy's 503 for the killed hub, not in status_5xx)")
+    out.append("")
+    b = s["burst"]
+    if b:
+        out.append(
+            f"burst: {b['submitted']} jobs ({b['cancel_requests']} cancelled by their owner), "
+            f"states at its end {b['states_at_end']}, {b['jobs_get_requests']} GET /jobs: "
+            f"p50 {b['jobs_get_p50_s']} s, p99 {b['jobs_get_p99_s']} s, max {b['jobs_get_max_s']} s"
+        )
+    c = s["crash"]
+    if c:
+        out.append(
+            f"kill -9 {c['killed_after_s']} s into storm 2: "
+            f"{c['posts_unanswered_at_kill']} spawn POSTs "
+            f"unanswered, {c['server_processes_at_kill']} server processes, "
+            f"{c['jobs_alive_at_kill']} jobs alive; hub answering again after "
+            f"{c['hub_up_again_s']} s"
+        )
+    out.append(f"jobs over the run: {s['jobs']}; HTTP: {s['http']['codes']}")
+    if s["http"]["errors"]:
+        out.append(f"requests without an answer: {s['http']['errors']}")
+    looks = ", ".join(
+        f"{phase} p99 {m['p99']} s (max {m['max']} s)" for phase, m in s["monitor_get_s"].items()
+    )
+    out.append(f"the hub's responsiveness (monitor's GETs): {looks}")
+    out.append(f"phases (s): {s['phases_s']}; total {s['total_s']} s")
+    out.append(f"machine and code: {s['machine']}{'; ' + s['note'] if s['note'] else ''}")
+    for key in ("double_owner", "over_quota", "orphans", "status_5xx", "final_state_changed"):
+        for ex in s["examples"][key][:3]:
+            out.append(f"  e.g. {key}: {json.dumps(ex)}")
+    if s["final"].get("leaked_examples"):
+        out.append(f"  e.g. leaked: {json.dumps(s['final']['leaked_examples'][0])}")
+    if s["aborted"]:
+        out.append(f"ABORTED: {s['aborted']}")
+    return "\n".join(out)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--users", type=int, default=90, help="users spawning at once (90)")
+    parser.add_argument("--jobs", type=int, default=64, help="jobs in the burst (64)")
+    parser.add_argument("--storm-jobs", type=int, default=8, help="jobs with storm 2 (8)")
+    parser.add_argument(
+        "--kill-at",
+        type=int,
+        default=20,
+        help="SIGKILL the hub once storm 2 has this many servers up (20)",
+    )
+    parser.add_argument(
+        "--kill-after",
+        type=float,
+        default=60.0,
+        help="... or this many seconds into storm 2, whichever is first (60)",
+    )
+
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=900,
+        help="bound on all the waits together, in seconds (900)",
+    )
+    parser.add_argument("--burst-timeout", type=float, default=180)
+    parser.add_argument("--request-timeout", type=float, default=120)
+    parser.add_argument("--monitor-interval", type=float, default=2.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--keep", metavar="DIR", help="keep the hub's state and log in DIR")
+    parser.add_argument("--note", default="", help="a note stored in the JSON (what was run)")
+    parser.add_argument("--json", action="store_true", help="print a JSON object")
+    args = parser.parse_args(argv)
+    if not 1 <= args.users <= 500 or not 0 <= args.jobs <= 1000 or args.storm_jobs > 100:
+        parser.error("--users 1..500, --jobs 0..1000, --storm-jobs 0..100")
+    sys.path.insert(0, str(ROOT))
+    from tests.accounts import homes
+
+    info = machine()
+    with contextlib.ExitStack() as stack:
+        if args.keep:
+            tmp = tempfile.mkdtemp(prefix="gpupool-load-", dir=args.keep)
+            log(f"the hub's state and log stay in {tmp}")
+        else:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpupool-load-"))
+        home_root = stack.enter_context(homes())
+        run = LoadRun(args, Path(tmp), home_root)
+        run.machine = info
+        previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        cleanup: dict[str, int] = {}
+        try:
+            run.run()
+        except BaseException as e:
+            run.result["error"] = f"{type(e).__name__}: {e}"
+            log(f"FAILED: {run.result['error']}")
+            if not isinstance(e, Exception):
+                raise
+        finally:
+            cleanup = run.cleanup()
+            signal.signal(signal.SIGTERM, previous)
+            if cleanup and any(cleanup.values()):
+                log(f"cleanup ended {cleanup}")
+        summary = summarize(run, cleanup)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(table(summary))
+    return 1 if summary["error"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

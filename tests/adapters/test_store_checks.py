@@ -1,0 +1,369 @@
+"""The pool's database is checked when the pool is built: it opens, it is gpupool's (or empty, or
+another application's without gpupool tables, which gpupool shares), it is at a migration this
+gpupool knows, and the hub's account can write it. Otherwise the pool refuses to start with one
+line that names the database (never its password) and says what to do.
+
+Read-only cases need an account that file permissions apply to: root ignores them, so run as root
+(as CI does) the store is opened in a child process as the unprivileged shared account
+(:mod:`tests.accounts`); run as an ordinary user, as that user.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from traitlets.config import Config
+
+from gpupool.config import GPUPool
+from gpupool.pool import Pool
+from gpupool.settings import ConfigError
+from gpupool.store import MIGRATIONS, Store
+from tests.accounts import IS_ROOT, shared_account
+
+INVENTORY = "simulated:node1: 2x H100-80GB"
+MOVE_AWAY = "move it away to start with an empty pool, or restore a backup"
+KEY = "GPUPool.db_url: gpupool's database"
+
+
+def build(url: str) -> Pool:
+    c = Config()
+    c.GPUPool.inventory = INVENTORY
+    c.GPUPool.db_url = url
+    c.GPUPool.offers = {"cpu": {}, "h100": {"model": "H100-80GB"}}
+    c.GPUPool.teams = {"vision": {"guarantee": 1}}
+    return Pool.from_config(GPUPool(config=c))
+
+
+def refusal(db: Path | str) -> str:
+    """The one line the pool stops with for the SQLite file (or URL) ``db``."""
+    url = db if isinstance(db, str) else f"sqlite:///{db}"
+    with pytest.raises(ConfigError) as e:
+        build(url)
+    message = str(e.value)
+    assert "\n" not in message, message
+    return message
+
+
+def real_database(path: Path) -> bytes:
+    """A gpupool database with an allocation in it, as a hub leaves it."""
+    pool = build(f"sqlite:///{path}")
+    pool.allocate("ada", ["vision"], "h100")
+    pool.store.close()
+    return path.read_bytes()
+
+
+def test_a_garbage_file_is_refused_and_left_alone(tmp_path: Path) -> None:
+    db = tmp_path / "gpupool.sqlite"
+    garbage = random.Random(12).randbytes(8192)
+    db.write_bytes(garbage)
+    assert refusal(db) == (
+        f"{KEY} {db} is not a SQLite database (file is not a database): {MOVE_AWAY}"
+    )
+    assert db.read_bytes() == garbage
+
+
+def test_a_truncated_database_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "gpupool.sqlite"
+    whole = real_database(db)
+    db.write_bytes(whole[: len(whole) // 2])
+    assert refusal(db) == f"{KEY} {db} is damaged (database disk image is malformed): {MOVE_AWAY}"
+
+
+def test_a_damaged_page_inside_a_database_is_refused(tmp_path: Path) -> None:
+    """The schema reads fine; only the allocations' own pages are garbage."""
+    db = tmp_path / "gpupool.sqlite"
+    real_database(db)
+    with sa.create_engine(f"sqlite:///{db}").connect() as conn:
+        page_size = conn.exec_driver_sql("PRAGMA page_size").scalar_one()
+        root = conn.exec_driver_sql(
+            "SELECT rootpage FROM sqlite_master WHERE name = 'gpupool_allocations'"
+        ).scalar_one()
+    data = bytearray(db.read_bytes())
+    start = (root - 1) * page_size
+    data[start : start + page_size] = random.Random(3).randbytes(page_size)
+    db.write_bytes(bytes(data))
+    message = refusal(db)
+    assert message.startswith(f"{KEY} {db} is damaged ("), message
+    assert message.endswith(f"): {MOVE_AWAY}"), message
+
+
+def test_damage_that_only_the_integrity_check_sees_is_refused_in_one_line(tmp_path: Path) -> None:
+    """SQLite reads this file, but ``PRAGMA quick_check`` finds its header's freelist wrong."""
+    db = tmp_path / "gpupool.sqlite"
+    data = bytearray(real_database(db))
+    data[36:40] = (5).to_bytes(4, "big")  # the header's count of free pages
+    db.write_bytes(bytes(data))
+    assert refusal(db) == (
+        f"{KEY} {db} is damaged (Main freelist: size is 0 but should be 5): {MOVE_AWAY}"
+    )
+
+
+def test_an_unknown_migration_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "gpupool.sqlite"
+    real_database(db)
+    with sa.create_engine(f"sqlite:///{db}").begin() as conn:
+        conn.exec_driver_sql("UPDATE gpupool_alembic_version SET version_num = '0099'")
+    assert refusal(db) == (
+        f"{KEY} {db} is at migration '0099', which this gpupool does not know (its newest is "
+        "'0002'; written by a newer gpupool?): upgrade gpupool, or restore a backup made with "
+        "this version"
+    )
+
+
+def test_gpupool_tables_without_their_migration_record_are_refused(tmp_path: Path) -> None:
+    db = tmp_path / "gpupool.sqlite"
+    real_database(db)
+    with sa.create_engine(f"sqlite:///{db}").begin() as conn:
+        conn.exec_driver_sql("DROP TABLE gpupool_alembic_version")
+    assert refusal(db) == (
+        f"{KEY} {db} has gpupool tables (gpupool_allocation_devices, gpupool_allocations, "
+        "gpupool_jobs) but no record of their migration (table gpupool_alembic_version): "
+        f"{MOVE_AWAY}"
+    )
+
+
+def test_a_missing_table_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "gpupool.sqlite"
+    real_database(db)
+    with sa.create_engine(f"sqlite:///{db}").begin() as conn:
+        conn.exec_driver_sql("DROP TABLE gpupool_jobs")
+    assert refusal(db) == (
+        f"{KEY} {db} is at migration '0002' but lacks the table gpupool_jobs: {MOVE_AWAY}"
+    )
+
+
+def test_an_older_migration_is_upgraded(tmp_path: Path) -> None:
+    db = tmp_path / "gpupool.sqlite"
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with sa.create_engine(f"sqlite:///{db}").begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0001")
+    build(f"sqlite:///{db}").store.close()
+    with sa.create_engine(f"sqlite:///{db}").connect() as conn:
+        version = conn.exec_driver_sql("SELECT version_num FROM gpupool_alembic_version")
+        assert version.scalar_one() == "0002"
+
+
+@pytest.mark.parametrize("content", [None, b""], ids=["no file", "empty file"])
+def test_a_new_or_empty_database_is_created(tmp_path: Path, content: bytes | None) -> None:
+    db = tmp_path / "gpupool.sqlite"
+    if content is not None:
+        db.write_bytes(content)
+    pool = build(f"sqlite:///{db}")
+    assert pool.store.load() == []
+    pool.store.close()
+
+
+def test_jupyterhubs_own_database_is_shared_not_refused(tmp_path: Path) -> None:
+    """gpupool keeps its tables (and its migration record) apart, so it may live in JupyterHub's
+    database; JupyterHub's tables and migration record are left as they were."""
+    from jupyterhub import orm
+
+    db = tmp_path / "jupyterhub.sqlite"
+    orm.new_session_factory(f"sqlite:///{db}")
+    engine = sa.create_engine(f"sqlite:///{db}")
+    with engine.connect() as conn:
+        hub_tables = set(sa.inspect(conn).get_table_names())
+        hub_version = conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar_one()
+    pool = build(f"sqlite:///{db}")
+    pool.allocate("ada", ["vision"], "h100")
+    pool.store.close()
+    with engine.connect() as conn:
+        tables = set(sa.inspect(conn).get_table_names())
+        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar_one() == (
+            hub_version
+        )
+    assert tables - hub_tables == {
+        "gpupool_alembic_version",
+        "gpupool_allocations",
+        "gpupool_allocation_devices",
+        "gpupool_jobs",
+    }
+
+
+def test_a_database_of_another_application_without_gpupool_tables_is_shared(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "notes.sqlite"
+    with sa.create_engine(f"sqlite:///{db}").begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
+        conn.exec_driver_sql("INSERT INTO notes (body) VALUES ('keep me')")
+    build(f"sqlite:///{db}").store.close()
+    with sa.create_engine(f"sqlite:///{db}").connect() as conn:
+        assert conn.exec_driver_sql("SELECT body FROM notes").scalar_one() == "keep me"
+
+
+def test_a_missing_directory_is_named(tmp_path: Path) -> None:
+    db = tmp_path / "nowhere" / "gpupool.sqlite"
+    message = refusal(db)
+    assert message.startswith(f"{KEY} {db} cannot be created (unable to open database file): ")
+    assert f"the directory {db.parent} does not exist" in message
+
+
+def test_a_relative_path_is_named_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("gpupool.sqlite").write_bytes(b"not a database at all, not at all" * 10)
+    assert refusal("sqlite:///gpupool.sqlite").startswith(
+        f"{KEY} {tmp_path / 'gpupool.sqlite'} is not a SQLite database"
+    )
+
+
+def test_a_server_url_is_named_without_its_password() -> None:
+    """No PostgreSQL driver is installed here: the pool says so, and hides the password."""
+    url = "postgresql+psycopg://gpupool:s3cret-pw@127.0.0.1:1/gpupool"
+    message = refusal(url)
+    assert "s3cret-pw" not in message
+    assert message.startswith(
+        f"{KEY} postgresql+psycopg://gpupool:***@127.0.0.1:1/gpupool cannot be opened ("
+    ), message
+
+
+def test_the_store_itself_names_the_database(tmp_path: Path) -> None:
+    """The store's own error (for callers other than the pool) says the same, without the key."""
+    from gpupool.store import StoreError
+
+    db = tmp_path / "gpupool.sqlite"
+    db.write_bytes(b"x" * 4096)
+    with pytest.raises(StoreError) as e:
+        Store(f"sqlite:///{db}")
+    assert str(e.value) == (
+        f"gpupool's database {db} is not a SQLite database (file is not a database): {MOVE_AWAY}"
+    )
+
+
+# -- read-only: as an account that permissions apply to ----------------------------------------
+OPEN = """
+import sys
+from traitlets.config import Config
+from gpupool.config import GPUPool
+from gpupool.pool import Pool
+c = Config()
+c.GPUPool.inventory = {inventory!r}
+c.GPUPool.db_url = {url!r}
+try:
+    Pool.from_config(GPUPool(config=c)).store.close()
+except Exception as e:
+    print(type(e).__name__ + ": " + str(e))
+else:
+    print("opened")
+"""
+
+
+@pytest.fixture
+def folder() -> Iterator[Path]:
+    """A folder the unprivileged account can reach (the tests' tmp_path is root's own)."""
+    path = Path(tempfile.mkdtemp(prefix="gpupool-store-", dir="/tmp")).resolve()
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        path.chmod(0o755)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def open_as_hub(db: Path) -> tuple[str, str]:
+    """Build the pool in a child process as the account permissions apply to: what it printed,
+    and that account's name."""
+    account = shared_account() if IS_ROOT else pwd.getpwuid(os.geteuid()).pw_name
+    code = OPEN.format(inventory=INVENTORY, url=f"sqlite:///{db}")
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        user=account if IS_ROOT else None,
+        cwd="/",
+        env={**os.environ, "HOME": str(db.parent)},
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip(), account
+
+
+def give(path: Path, account: str) -> None:
+    pw = pwd.getpwnam(account)
+    os.chown(path, pw.pw_uid, pw.pw_gid)
+
+
+def test_a_read_only_directory_is_refused(folder: Path) -> None:
+    """The file is writable, its directory is not: SQLite cannot make its journal there, so the
+    first write (every spawn, every job) would fail. The hub says so at start instead."""
+    db = folder / "gpupool.sqlite"
+    real_database(db)
+    if IS_ROOT:  # the folder stays root's; the file becomes the hub account's
+        give(db, shared_account())
+    else:
+        folder.chmod(0o555)
+    said, account = open_as_hub(db)
+    assert said == (
+        f"ConfigError: {KEY} {db} is read-only (attempt to write a readonly database): "
+        f"the hub's account ({account}) must be able to write the file and its directory "
+        f"{folder}, where SQLite keeps a journal next to the file"
+    )
+
+
+def test_a_read_only_file_is_refused(folder: Path) -> None:
+    db = folder / "gpupool.sqlite"
+    real_database(db)
+    if IS_ROOT:  # the folder becomes the hub account's; the file stays root's
+        give(folder, shared_account())
+    else:
+        db.chmod(0o444)
+    said, account = open_as_hub(db)
+    assert said == (
+        f"ConfigError: {KEY} {db} is read-only (attempt to write a readonly database): "
+        f"the hub's account ({account}) must be able to write the file and its directory "
+        f"{folder}, where SQLite keeps a journal next to the file"
+    )
+
+
+def test_a_new_database_in_a_read_only_directory_is_refused(folder: Path) -> None:
+    db = folder / "gpupool.sqlite"
+    if not IS_ROOT:
+        folder.chmod(0o555)
+    said, account = open_as_hub(db)
+    assert said == (
+        f"ConfigError: {KEY} {db} cannot be created (unable to open database file): "
+        f"the hub's account ({account}) must be able to write the file and its directory "
+        f"{folder}, where SQLite keeps a journal next to the file"
+    )
+    assert not db.exists()
+
+
+@pytest.fixture
+def tmpfs(folder: Path) -> Iterator[Path]:
+    """A fresh tmpfs mounted on a folder: only root with CAP_SYS_ADMIN may mount one."""
+    mnt = folder / "mnt"
+    mnt.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)]
+    done = subprocess.run(mount, capture_output=True, text=True, check=False)
+    if done.returncode:
+        pytest.skip(f"mounting a tmpfs needs root with CAP_SYS_ADMIN: {done.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "--lazy", str(mnt)], check=False)
+
+
+def test_a_read_only_file_system_is_refused_even_as_root(tmpfs: Path) -> None:
+    """Root writes through any permission, not through a read-only mount."""
+    db = tmpfs / "gpupool.sqlite"
+    real_database(db)
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    assert refusal(db) == (
+        f"{KEY} {db} is read-only (attempt to write a readonly database): the file system of "
+        f"{tmpfs} is mounted read-only; the file and its directory must be writable, since "
+        "SQLite keeps a journal next to the file"
+    )
