@@ -12,7 +12,8 @@
 # GPUPOOL_HOMES (the users' homes; default <state dir>/home, or ~gpupool-demo/homes as root),
 # GPUPOOL_PORT (8000), GPUPOOL_HUB_PORT (8081), GPUPOOL_PROXY_API_PORT (8001),
 # GPUPOOL_INVENTORY (default "nvml"), GPUPOOL_DEMO_PASSWORD (default: generated, kept in the
-# state dir), GPUPOOL_RECLAIM_PERIOD (seconds between idle checks; 30).
+# state dir), GPUPOOL_RECLAIM_PERIOD (seconds between idle checks; 30), GPUPOOL_CONCURRENT_SPAWNS
+# (spawns in flight before JupyterHub answers 429; 8).
 import logging
 import os
 import pwd
@@ -85,6 +86,11 @@ c.LocalGPUSpawner.home_dir_template = str(
 # same account as the servers, with their files under the same homes: ~/.gpupool/jobs/<id>/.
 c.JobManager.backend_class = "gpupool.jobs.local.LocalJobBackend"
 c.Spawner.start_timeout = 120
+# Shed spawn storms instead of absorbing them: with this many spawns in flight JupyterHub answers
+# 429 (with Retry-After) at once, so the hub stays quick and a refusal (quota, capacity) comes
+# back as an immediate 4xx instead of a 202 that fails later. Size it to the machine: each
+# JupyterLab server takes about 2 CPU-seconds to start.
+c.JupyterHub.concurrent_spawn_limit = int(os.environ.get("GPUPOOL_CONCURRENT_SPAWNS", "8"))
 c.Spawner.http_timeout = 90
 
 # -- the GPU pool ---------------------------------------------------------------------------------

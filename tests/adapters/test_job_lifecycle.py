@@ -10,6 +10,7 @@ sleeping.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Awaitable
 from pathlib import Path
@@ -209,3 +210,23 @@ def test_a_cancelled_job_stays_cancelled_whatever_the_watcher_sees_next(tmp_path
 async def _no_watchers(m: JobManager) -> None:
     while m._watchers:
         await asyncio.sleep(0.05)
+
+
+def test_a_job_whose_launcher_died_is_recorded_from_its_ranks_exit_codes(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        m = manager(tmp_path)
+        await m.start()
+        try:
+            job = m.submit("ann", ["a"], {"script": QUICK, "offer": "gpu", "gpus": 2})
+            await m.schedule_pass()
+            await until(m, job.id, {"succeeded"})
+        finally:
+            await m.stop()
+        ended = m.jobs[job.id]
+        jdir = Path(json.loads(ended.handle)["dir"])
+        (jdir / "exit-code").unlink()  # as when the hub's exit killed the launcher (asyncio does)
+        restarted = GatedBackend(config=m.config)  # a new hub: not its child, no exit-code
+        seen = await restarted.check(ended)
+        assert (seen.state, dict(seen.exit_codes)) == ("succeeded", {0: 0, 1: 0})
+
+    asyncio.run(scenario())
