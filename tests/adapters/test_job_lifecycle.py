@@ -10,9 +10,10 @@ sleeping.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -84,6 +85,16 @@ def manager(tmp_path: Path, launches: int = 4) -> JobManager:
     return JobManager(Pool.from_config(GPUPool(config=c)), config=c)
 
 
+@contextlib.asynccontextmanager
+async def started(m: JobManager) -> AsyncIterator[JobManager]:
+    """The manager running (its loop and watchers) for the body, stopped after it."""
+    await m.start()
+    try:
+        yield m
+    finally:
+        await m.stop()
+
+
 def gates(m: JobManager) -> GatedBackend:
     assert isinstance(m.backend, GatedBackend)
     return m.backend
@@ -109,10 +120,10 @@ def test_a_job_cancelled_during_a_pass_is_never_granted_and_the_pass_goes_on(
     tmp_path: Path,
 ) -> None:
     async def scenario() -> None:
-        m = manager(tmp_path, launches=1)  # one start at a time: b waits behind a
-        backend = gates(m)
-        await m.start()
-        try:
+        async with started(
+            manager(tmp_path, launches=1)
+        ) as m:  # one start at a time: b waits behind a
+            backend = gates(m)
             a = m.submit("ann", ["a"], {"script": QUICK, "offer": "gpu"})
             b = m.submit("ann", ["a"], {"script": QUICK, "offer": "gpu"})
             backend.gate(backend.before, a.id).opened.clear()
@@ -125,8 +136,6 @@ def test_a_job_cancelled_during_a_pass_is_never_granted_and_the_pass_goes_on(
             await until(m, a.id, {"succeeded"})
             assert m.jobs[b.id].state == "cancelled" and m.jobs[b.id].handle == ""
             assert m.pool.ledger.allocations == {}
-        finally:
-            await m.stop()
 
     asyncio.run(scenario())
 
@@ -135,10 +144,8 @@ def test_cancel_while_starting_stops_the_processes_it_has_no_handle_for_yet(
     tmp_path: Path,
 ) -> None:
     async def scenario() -> None:
-        m = manager(tmp_path)
-        backend = gates(m)
-        await m.start()
-        try:
+        async with started(manager(tmp_path)) as m:
+            backend = gates(m)
             job = m.submit("ann", ["a"], {"script": SLEEPER, "offer": "gpu", "gpus": 2})
             backend.gate(backend.after, job.id).opened.clear()
             passing = asyncio.create_task(m.schedule_pass())
@@ -152,8 +159,6 @@ def test_cancel_while_starting_stops_the_processes_it_has_no_handle_for_yet(
             assert job_pids(job.id) == []  # every rank is gone
             assert m.pool.ledger.allocations == {}
             assert m.jobs[job.id].handle  # the launch's handle was kept, not overwritten
-        finally:
-            await m.stop()
 
     asyncio.run(scenario())
 
@@ -162,10 +167,8 @@ def test_a_job_that_ended_on_its_own_keeps_its_state_and_exit_codes_when_cancell
     tmp_path: Path,
 ) -> None:
     async def scenario() -> None:
-        m = manager(tmp_path)
-        backend = gates(m)
-        await m.start()
-        try:
+        async with started(manager(tmp_path)) as m:
+            backend = gates(m)
             job = m.submit("ann", ["a"], {"script": QUICK, "offer": "gpu", "gpus": 2})
             watcher = backend.gate(backend.watching, job.id)
             watcher.opened.clear()  # the watcher looks once, then waits at the gate
@@ -183,17 +186,13 @@ def test_a_job_that_ended_on_its_own_keeps_its_state_and_exit_codes_when_cancell
             watcher.opened.set()  # the watcher looks again and leaves the final state alone
             await within(_no_watchers(m))
             assert m.jobs[job.id].state == "succeeded" and m.pool.ledger.allocations == {}
-        finally:
-            await m.stop()
 
     asyncio.run(scenario())
 
 
 def test_a_cancelled_job_stays_cancelled_whatever_the_watcher_sees_next(tmp_path: Path) -> None:
     async def scenario() -> None:
-        m = manager(tmp_path)
-        await m.start()
-        try:
+        async with started(manager(tmp_path)) as m:
             job = m.submit("ann", ["a"], {"script": SLEEPER, "offer": "gpu"})
             await m.schedule_pass()
             await until(m, job.id, {"running"})
@@ -201,8 +200,6 @@ def test_a_cancelled_job_stays_cancelled_whatever_the_watcher_sees_next(tmp_path
             assert done.state == "cancelled"
             await within(_no_watchers(m))
             assert m.jobs[job.id].state == "cancelled" and m.jobs[job.id].reason == done.reason
-        finally:
-            await m.stop()
 
     asyncio.run(scenario())
 
@@ -214,14 +211,10 @@ async def _no_watchers(m: JobManager) -> None:
 
 def test_a_job_whose_launcher_died_is_recorded_from_its_ranks_exit_codes(tmp_path: Path) -> None:
     async def scenario() -> None:
-        m = manager(tmp_path)
-        await m.start()
-        try:
+        async with started(manager(tmp_path)) as m:
             job = m.submit("ann", ["a"], {"script": QUICK, "offer": "gpu", "gpus": 2})
             await m.schedule_pass()
             await until(m, job.id, {"succeeded"})
-        finally:
-            await m.stop()
         ended = m.jobs[job.id]
         jdir = Path(json.loads(ended.handle)["dir"])
         (jdir / "exit-code").unlink()  # as when the hub's exit killed the launcher (asyncio does)
