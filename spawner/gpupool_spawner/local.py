@@ -30,7 +30,8 @@ from traitlets import Bool, Unicode, default
 
 from gpupool.core.ledger import Allocation
 from gpupool.hub.errors import refuse
-from gpupool.hub.reconcile import START_KEY, process_start
+from gpupool.hub.reconcile import START_KEY
+from gpupool.procfs import process_start
 from gpupool.settings import ConfigError
 from gpupool.usercode import Account, account, check_shared_mode
 

@@ -76,7 +76,6 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, cast
 
 from sqlalchemy import create_engine, inspect, text
@@ -91,6 +90,7 @@ from ..core.inventory import Inventory
 from ..core.ledger import Allocation, Device, Ledger
 from ..core.quota import check_offer, resolve_team
 from ..pool import Pool
+from ..procfs import boot_time, environ, parse_environ, process_start, stat_fields, with_item
 
 STATE_KEY = "gpupool_allocation"
 """The spawner state key naming a server's allocation."""
@@ -385,47 +385,11 @@ def _on(visible: str) -> str:
 
 
 # -- reading processes --------------------------------------------------------------------------
-def _stat(pid: int) -> list[str] | None:
-    """``/proc/<pid>/stat`` after the command name: state, ppid, pgrp, … (``None`` if gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def process_start(pid: int) -> int | None:
-    """When ``pid`` started, in clock ticks since boot (``None`` if it is gone or a zombie)."""
-    fields = _stat(pid)
-    if fields is None or fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
-
-
-def _boot_time() -> float:
-    for line in Path("/proc/stat").read_text().splitlines():
-        if line.startswith("btime "):
-            return float(line.split()[1])
-    return 0.0
-
-
-def _parse_environ(items: Iterable[bytes]) -> dict[str, str]:
-    pairs = (i.decode(errors="replace").partition("=") for i in items if b"=" in i)
-    return {k: v for k, _, v in pairs}
-
-
-def _environ(pid: int) -> dict[str, str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return None
-    return _parse_environ(raw.split(b"\0"))
-
-
 def read_process(pid: int, env: Mapping[str, str] | None = None) -> Proc | None:
     """What process ``pid`` claims, from its environment (``None`` if gone or unreadable)."""
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     if env is None:
-        env = _environ(pid)
+        env = environ(pid)
     if fields is None or env is None or fields[0] in ("Z", "X"):
         return None
     try:
@@ -444,25 +408,15 @@ def read_process(pid: int, env: Mapping[str, str] | None = None) -> Proc | None:
         offer=env.get("GPUPOOL_OFFER", ""),
         team=env.get("GPUPOOL_TEAM", ""),
         visible=visible,
-        started_at=_boot_time() + start / os.sysconf("SC_CLK_TCK"),
+        started_at=boot_time() + start / os.sysconf("SC_CLK_TCK"),
     )
 
 
 def scan(marker: str) -> list[Proc]:
     """Every live process whose environment carries ``GPUPOOL_HUB=<marker>``."""
-    want = f"{MARKER}={marker}".encode()
     found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry.name}/environ").read_bytes()
-        except OSError:
-            continue
-        items = raw.split(b"\0")
-        if want not in items:
-            continue
-        proc = read_process(int(entry.name), _parse_environ(items))
+    for pid, items in with_item(f"{MARKER}={marker}"):
+        proc = read_process(pid, parse_environ(items))
         if proc is not None:
             found.append(proc)
     return found
@@ -482,7 +436,7 @@ def server_alive(pid: int, start: int | None, allocation: str) -> bool:
         return False
     if start is not None:
         return now == start
-    env = _environ(pid)
+    env = environ(pid)
     if env is None or not allocation:
         return True
     return env.get("GPUPOOL_ALLOCATION") == allocation

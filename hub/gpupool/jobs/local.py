@@ -41,6 +41,7 @@ from traitlets import Bool, Float, Int, List, Unicode, default
 from ..core.errors import InvalidRequest
 from ..core.jobs import Job, JobSpec
 from ..core.ledger import Allocation
+from ..procfs import process_start, with_item
 from ..settings import ConfigError
 from ..usercode import (
     Account,
@@ -65,15 +66,6 @@ write the script from stdin, send everything after to ``launcher.log`` (which cl
 the hub reads set-up errors from), then run torchrun and record its exit code."""
 
 
-def process_start(pid: int) -> int | None:
-    """The start time of ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
 def group_alive(pgid: int) -> bool:
     """Whether any process of the process group (session) ``pgid`` is still there."""
     try:
@@ -88,20 +80,9 @@ def group_alive(pgid: int) -> bool:
 def job_pids(job_id: str, uid: int | None = None) -> list[int]:
     """Every live process of a job, found by the ``GPUPOOL_JOB`` variable it was started with
     (torchrun puts each rank in a session of its own, so the launcher's group misses them);
-    with ``uid``, only processes of that account (another user cannot claim a job's marker)."""
-    marker = f"GPUPOOL_JOB={job_id}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if uid is not None and entry.stat().st_uid != uid:
-                    continue
-                with open(f"/proc/{entry.name}/environ", "rb") as f:
-                    if marker in f.read().split(b"\0"):
-                        found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+    with ``uid``, only processes of that account (another user cannot claim a job's marker).
+    Scans ``/proc``: the backend calls it in a worker thread."""
+    return [pid for pid, _ in with_item(f"GPUPOOL_JOB={job_id}", uid)]
 
 
 def free_port() -> int:
@@ -183,6 +164,7 @@ class LocalJobBackend(JobBackend):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self._killers: set[asyncio.Task[None]] = set()  # SIGKILLs due after kill_grace
         if self.run_as_hub_user:  # a shared mode that would run jobs as root stops the hub
             check_shared_mode(self.shared_account, self._key("shared_account"))
         elif os.geteuid() != 0:
@@ -342,7 +324,7 @@ class LocalJobBackend(JobBackend):
             )
             return Observation("running" if up else "starting", "", codes)
         uid = account.uid if account else None
-        if (pid is not None and group_alive(pid)) or job_pids(job.id, uid):
+        if (pid is not None and group_alive(pid)) or await asyncio.to_thread(job_pids, job.id, uid):
             return Observation("running", "", codes)  # the launcher ended; ranks still exiting
         self._procs.pop(job.id, None)
         rc = _whole(self._read_small(jdir / "exit-code", account))
@@ -392,19 +374,22 @@ class LocalJobBackend(JobBackend):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGTERM)  # torchrun passes it on to the ranks
         else:
-            for rank_pid in job_pids(job.id, uid):  # the launcher is gone (e.g. killed): ranks
-                with contextlib.suppress(ProcessLookupError):
+            for rank_pid in await asyncio.to_thread(job_pids, job.id, uid):  # no launcher: the
+                with contextlib.suppress(ProcessLookupError):  # ranks, found by their marker
                     os.kill(rank_pid, signal.SIGTERM)
 
-        def kill() -> None:
+        async def kill() -> None:
+            await asyncio.sleep(self.kill_grace)
             if pid is not None and process_start(pid) == handle.get("start"):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
-            for rank_pid in job_pids(job.id, uid):  # ranks live in sessions of their own
-                with contextlib.suppress(ProcessLookupError):
+            for rank_pid in await asyncio.to_thread(job_pids, job.id, uid):  # ranks live in
+                with contextlib.suppress(ProcessLookupError):  # sessions of their own
                     os.kill(rank_pid, signal.SIGKILL)
 
-        asyncio.get_running_loop().call_later(self.kill_grace, kill)
+        task = asyncio.ensure_future(kill())
+        self._killers.add(task)
+        task.add_done_callback(self._killers.discard)
 
     def read_log(self, job: Job, rank: int, offset: int) -> tuple[bytes, int]:
         """At most ``max_log_chunk`` bytes of the rank's log, read only as an owned file of the

@@ -1,0 +1,80 @@
+"""Reading live processes from ``/proc``: the one place gpupool looks at other processes.
+
+Vocabulary
+- *start*: when a process started, in clock ticks since boot (``/proc/<pid>/stat`` field 22).
+  A pid with the same start is the very same process; a recycled pid has another start. A
+  zombie (or a pid that is gone) has no start (``None``): it holds nothing any more.
+- *environment item*: one ``KEY=value`` entry of ``/proc/<pid>/environ``. gpupool finds what it
+  started by items it put there (``GPUPOOL_JOB=<id>``, ``GPUPOOL_HUB=<marker>``).
+
+Contract: every function reads, never signals, and answers "gone" (``None`` or leaving the pid
+out) for a process that vanishes or cannot be read while it looks. A scan of ``/proc`` reads
+every process's environment: call it from a worker thread (``asyncio.to_thread``) when the event
+loop is serving requests.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` after the command name: state, ppid, pgrp, … (``None`` if gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_start(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (``None`` if it is gone or a zombie)."""
+    fields = stat_fields(pid)
+    if fields is None or fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def boot_time() -> float:
+    """The machine's boot time, seconds since the epoch (turns a start into a date)."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def parse_environ(items: Iterable[bytes]) -> dict[str, str]:
+    """``KEY=value`` items (``/proc/<pid>/environ`` split at NUL) as a dict."""
+    pairs = (i.decode(errors="replace").partition("=") for i in items if b"=" in i)
+    return {k: v for k, _, v in pairs}
+
+
+def environ(pid: int) -> dict[str, str] | None:
+    """The environment ``pid`` was started with (``None`` if gone or not readable)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    return parse_environ(raw.split(b"\0"))
+
+
+def with_item(item: str, uid: int | None = None) -> list[tuple[int, list[bytes]]]:
+    """Every live process whose environment holds ``item`` exactly (``KEY=value``), with its
+    environment items; with ``uid``, only processes of that account (another account cannot
+    claim what gpupool marked by copying the marker)."""
+    want = item.encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if uid is not None and entry.stat().st_uid != uid:
+                continue
+            raw = Path(f"/proc/{entry.name}/environ").read_bytes()
+        except OSError:
+            continue
+        items = raw.split(b"\0")
+        if want in items:
+            found.append((int(entry.name), items))
+    return found
