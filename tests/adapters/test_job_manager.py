@@ -30,7 +30,7 @@ def manager(tmp_path: Path) -> JobManager:
     c = Config()
     c.GPUPool.inventory = "simulated:n: 2x H100-80GB"
     c.GPUPool.db_url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
-    c.GPUPool.offers = {"gpu": {"kind": "gpu", "max_count": 2}}
+    c.GPUPool.offers = {"gpu": {"kind": "gpu", "max_count": 2}, "cpu": {"kind": "cpu"}}
     c.GPUPool.teams = {"a": {"guarantee": 1, "borrow_limit": 1}, "b": {"guarantee": 1}}
     shared_mode(c)
     c.LocalJobBackend.kill_grace = 2.0
@@ -119,7 +119,7 @@ def queue_only(tmp_path: Path, teams: dict[str, Any]) -> JobManager:
     c = Config()
     c.GPUPool.inventory = "simulated:n: 2x H100-80GB"
     c.GPUPool.db_url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
-    c.GPUPool.offers = {"gpu": {"kind": "gpu", "max_count": 2}}
+    c.GPUPool.offers = {"gpu": {"kind": "gpu", "max_count": 2}, "cpu": {"kind": "cpu"}}
     c.GPUPool.teams = teams
     shared_mode(c)
     ticks = itertools.count()
@@ -174,3 +174,39 @@ def test_a_high_priority_job_does_not_jump_another_teams_older_job(tmp_path: Pat
     # once team b holds its guarantee, team a is further below its own and goes first
     m.pool.allocate("bob", ["b"], "gpu", 1, team="b")
     assert m.queue_positions() == {a_urgent.id: 1, a_plain.id: 2, b_old.id: 3, b_new.id: 4}
+
+
+def test_cpu_job_limits_hold_real_jobs_in_the_queue_with_the_reason(tmp_path: Path) -> None:
+    """CPU-only jobs cost no GPU-equivalents: the per-user limit and the machine's rank limit
+    keep them queued (saying why) instead of starting them all; they start as others end."""
+
+    async def scenario() -> None:
+        m = manager(tmp_path)
+        m.max_cpu_jobs_per_user = 1
+        m.max_cpu_ranks = 4  # whatever the cores of the machine running the test
+        m.backend.max_ranks = 4
+        await m.start()
+        try:
+            cpu = {"script": SLEEPER, "offer": "cpu", "gpus": 2}
+            first = m.submit("ann", [], cpu)
+            second = m.submit("ann", [], cpu)  # over ann's one CPU-only job at a time
+            bob = m.submit("bob", [], {**cpu, "gpus": 3})  # 2 + 3 ranks: over the machine's 4
+            await m.schedule_pass()
+            await until(m, first.id, "running")
+            assert m.jobs[second.id].state == "queued"
+            assert "max_cpu_jobs_per_user = 1" in m.jobs[second.id].reason
+            assert m.jobs[bob.id].state == "queued"
+            assert "LocalJobBackend.max_ranks" in m.jobs[bob.id].reason
+
+            await m.cancel(first.id, "ann", False)
+            await until(m, first.id, "cancelled")
+            await m.schedule_pass()
+            started = [j for j in (second, bob) if m.jobs[j.id].state != "queued"]
+            assert len(started) == 1  # one of them; the other still waits for ranks
+        finally:
+            for job in list(m.jobs.values()):
+                if not job.final:
+                    await m.cancel(job.id, job.owner, True)
+            await m.stop()
+
+    asyncio.run(scenario())

@@ -1,0 +1,86 @@
+"""Admission: whether a request could never start, fits now, or would wait — one rule.
+
+Vocabulary
+- *request*: ``count`` of one offer per node (GPUs of a whole-GPU offer, one MIG instance, or
+  processes of the CPU offer) on ``nodes`` nodes, charged to a team for a user.
+- *verdict*: ``now`` (grantable at this moment), ``wait`` (within the team's limit and the
+  user's cap, but the quota is in use or the devices are busy: a job queues, a notebook is
+  refused with the reason) or ``never`` (the team may not use the offer, the request is larger
+  than the team's limit or the user's cap, or larger than any node of the pool can ever hold).
+- *free*: how many of the offer the pool can place now on one node (:meth:`Ledger.placeable`);
+  *capacity*: the same on an empty pool (:meth:`Ledger.capacity`).
+
+Contract: pure and total; :func:`admit` never raises. The spawn page, the REST offers document,
+the job manager's submit and the JupyterLab dialog (through the offers document) all use it, so
+a hand-made request gets the answer the page showed. The allocator still decides at the moment
+of granting (``Ledger.allocate``), under the pool's lock; a verdict is a snapshot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from .offers import Offer
+from .quota import Team
+from .units import fmt
+
+Verdict = Literal["now", "wait", "never"]
+VERDICTS: tuple[Verdict, ...] = ("now", "wait", "never")
+
+
+@dataclass(frozen=True)
+class Admission:
+    verdict: Verdict
+    reason: str = ""
+    """Why not now, as a phrase a researcher can act on (empty for ``now``)."""
+
+    @property
+    def now(self) -> bool:
+        return self.verdict == "now"
+
+
+@dataclass(frozen=True)
+class Usage:
+    """The snapshot a verdict is taken on, in thousandths of a GPU-equivalent and devices."""
+
+    team_used: int
+    user_used: int
+    free: int
+    capacity: int
+
+
+def admit(team: Team, offer: Offer, count: int, nodes: int, usage: Usage) -> Admission:
+    """The verdict on ``count`` of ``offer`` per node on ``nodes`` nodes for ``team``'s user."""
+    if not team.allows(offer.name):
+        allowed = ", ".join(sorted(team.offers or ())) or "none"
+        return Admission(
+            "never", f"team {team.name} may not request {offer.name}; allowed: {allowed}"
+        )
+    cost = offer.cost_milli(count) * nodes
+    devices = offer.kind != "cpu"
+    if cost > team.limit_milli:
+        return Admission(
+            "never",
+            f"needs {fmt(cost)} GPU-eq; team {team.name} may hold at most {fmt(team.limit_milli)}",
+        )
+    cap = team.user_cap_milli
+    if cap is not None and cost > cap:
+        return Admission(
+            "never", f"needs {fmt(cost)} GPU-eq; your cap in team {team.name} is {fmt(cap)}"
+        )
+    if devices and usage.capacity < count:
+        most = f"at most {usage.capacity}" if usage.capacity else "none"
+        return Admission("never", f"this pool holds {most} of {offer.name} on one node")
+    if cost and usage.team_used + cost > team.limit_milli:
+        left = max(0, team.limit_milli - usage.team_used)
+        return Admission("wait", f"needs {fmt(cost)} GPU-eq; team {team.name} has {fmt(left)} left")
+    if cost and cap is not None and usage.user_used + cost > cap:
+        left = max(0, cap - usage.user_used)
+        return Admission("wait", f"needs {fmt(cost)} GPU-eq; you have {fmt(left)} of your cap left")
+    if devices and usage.free < count:
+        return Admission(
+            "wait",
+            "none free right now" if usage.free == 0 else f"only {usage.free} free on one node",
+        )
+    return Admission("now")
