@@ -152,12 +152,12 @@ c.IdleReclaimer.clock = OffsetClock(STATE / "clock-offset")
 c.GPUPool.simulated_activity_file = str(STATE / "activity.json")
 
 # Validate all of the above now and build the pool: a bad key stops the hub here, named.
-pool = setup(c, logging.getLogger("JupyterHub").getChild("gpupool"))
+hub = setup(c, logging.getLogger("JupyterHub").getChild("gpupool"))
 RUNS_AS = c.LocalGPUSpawner.get("shared_account") or pwd.getpwuid(os.geteuid()).pw_name
 HOMES_TEMPLATE = c.LocalGPUSpawner.home_dir_template
 teams = "; ".join(f"{team}: {', '.join(users)}" for team, users in TEAMS.items())
 print(
-    f"\ngpupool demo hub on {c.JupyterHub.bind_url} with {pool.inventory.label}\n"
+    f"\ngpupool demo hub on {c.JupyterHub.bind_url} with {hub.pool.inventory.label}\n"
     f"  users: {', '.join(sorted(c.Authenticator.allowed_users))} ({teams}; eve: no team)\n"
     f"  shared demo password: {c.SharedPasswordAuthenticator.user_password}\n"
     f"  servers and jobs run as the unix account {RUNS_AS}, homes in {HOMES_TEMPLATE}\n"

@@ -35,7 +35,7 @@ from benchmarks.text import align
 from gpupool.config import GPUPool
 from gpupool.core.errors import PoolError
 from gpupool.hub.reclaim import IdleReclaimer
-from gpupool.metrics import PoolCollector
+from gpupool.hub.collector import PoolCollector
 from gpupool.pool import Pool
 
 SIZES = (64, 512, 4096)

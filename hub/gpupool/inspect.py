@@ -13,8 +13,9 @@ from pathlib import Path
 
 from traitlets.config import PyFileConfigLoader
 
+from .config import GPUPool
 from .core.units import fmt
-from .hub import get_pool
+from .hub.objects import SETTINGS_KEY, HubObjects
 from .pool import Pool
 from .settings import ConfigError
 
@@ -53,7 +54,8 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
         config = PyFileConfigLoader(path.name, str(path.parent)).load_config()
-        pool = get_pool(config)
+        hub = config.JupyterHub.get("tornado_settings", {}).get(SETTINGS_KEY)
+        pool = hub.pool if isinstance(hub, HubObjects) else Pool.from_config(GPUPool(config=config))
     except ConfigError as e:
         print(f"{path.name}: {e}", file=sys.stderr)
         return 2

@@ -28,10 +28,10 @@ from gpupool.core.errors import InvalidRequest, PoolError, TooLarge, UnknownAllo
 from gpupool.core.ledger import Allocation
 from gpupool.core.offers import Offer
 from gpupool.core.parse import check_size, clip, clip_names, json_size, whole_number
-from gpupool.hub import get_pool
 from gpupool.hub.errors import http_error
 from gpupool.hub.form import FIELD, render
 from gpupool.hub.menu import menu
+from gpupool.hub.objects import hub_objects
 from gpupool.hub.reconcile import STATE_KEY
 from gpupool.pool import Pool
 
@@ -72,7 +72,8 @@ class GPUSpawnerMixin(Spawner):
     # -- the pool and this server's allocation ----------------------------------------------
     @property
     def gpupool(self) -> Pool:
-        return get_pool(self.config)
+        """The hub's pool, from the hub objects ``setup(c)`` put into the hub's settings."""
+        return hub_objects(self.user.settings).pool
 
     @property
     def gpupool_ref(self) -> str:

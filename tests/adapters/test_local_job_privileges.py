@@ -93,7 +93,7 @@ def test_a_job_runs_as_its_owner_with_none_of_the_hubs_environment(
     b = backend()
     j, state = asyncio.run(run_to_end(b, job(script, ranks=2)))
     assert state == "succeeded"
-    uid, gid, env = json.loads(b.read_log(j, 1, 0)[0].decode().splitlines()[-1])
+    uid, gid, env = json.loads(asyncio.run(b.read_log(j, 1, 0))[0].decode().splitlines()[-1])
     owner = unix_user(USER)
     assert (uid, gid) == (owner.pw_uid, owner.pw_gid)
     assert SECRET not in json.dumps(env)
@@ -126,7 +126,7 @@ def test_logs_and_exit_codes_are_read_only_from_the_owners_own_files(
     b = backend()
     j, state = asyncio.run(run_to_end(b, job("print('mine')", ranks=2)))
     assert state == "succeeded"
-    assert b"mine" in b.read_log(j, 0, 0)[0]
+    assert b"mine" in asyncio.run(b.read_log(j, 0, 0))[0]
     jdir = mallory / ".gpupool" / "jobs" / j.id
     # what the user plants once the job has ended: links to root's secret, a hard link, a FIFO
     for name in ("rank-0.log", "rank-1.log", "exit-code", "rank-0.exit", "rank-1.exit"):
@@ -137,8 +137,8 @@ def test_logs_and_exit_codes_are_read_only_from_the_owners_own_files(
     os.mkfifo(jdir / "rank-0.exit")
     for name in ("rank-0.log", "exit-code", "rank-0.exit"):  # the user's own links and FIFO
         os.lchown(jdir / name, *_ids())
-    assert b.read_log(j, 0, 0) == (b"", 0)
-    assert b.read_log(j, 1, 0) == (b"", 0)
+    assert asyncio.run(b.read_log(j, 0, 0)) == (b"", 0)
+    assert asyncio.run(b.read_log(j, 1, 0)) == (b"", 0)
     seen = asyncio.run(b.check(j))  # the FIFO does not block; nothing of root's is read
     assert seen.state == "lost" and seen.exit_codes == ()
     assert secret.read_text() == SECRET and secret.stat().st_uid == 0

@@ -39,7 +39,7 @@ def test_migrations_create_the_schema_on_an_empty_sqlite(tmp_path: Path) -> None
         names = set(sa.inspect(conn).get_table_names())
         assert {"gpupool_allocations", "gpupool_allocation_devices", "gpupool_jobs"} <= names
         version = conn.execute(sa.text("select version_num from gpupool_alembic_version"))
-        assert version.scalar_one() == "0002"
+        assert version.scalar_one() == "0003"
         context = MigrationContext.configure(
             conn, opts={"version_table": "gpupool_alembic_version"}
         )

@@ -117,7 +117,7 @@ def test_an_unknown_migration_is_refused(tmp_path: Path) -> None:
         conn.exec_driver_sql("UPDATE gpupool_alembic_version SET version_num = '0099'")
     assert refusal(db) == (
         f"{KEY} {db} is at migration '0099', which this gpupool does not know (its newest is "
-        "'0002'; written by a newer gpupool?): upgrade gpupool, or restore a backup made with "
+        "'0003'; written by a newer gpupool?): upgrade gpupool, or restore a backup made with "
         "this version"
     )
 
@@ -140,7 +140,7 @@ def test_a_missing_table_is_refused(tmp_path: Path) -> None:
     with sa.create_engine(f"sqlite:///{db}").begin() as conn:
         conn.exec_driver_sql("DROP TABLE gpupool_jobs")
     assert refusal(db) == (
-        f"{KEY} {db} is at migration '0002' but lacks the table gpupool_jobs: {MOVE_AWAY}"
+        f"{KEY} {db} is at migration '0003' but lacks the table gpupool_jobs: {MOVE_AWAY}"
     )
 
 
@@ -154,7 +154,7 @@ def test_an_older_migration_is_upgraded(tmp_path: Path) -> None:
     build(f"sqlite:///{db}").store.close()
     with sa.create_engine(f"sqlite:///{db}").connect() as conn:
         version = conn.exec_driver_sql("SELECT version_num FROM gpupool_alembic_version")
-        assert version.scalar_one() == "0002"
+        assert version.scalar_one() == "0003"
 
 
 @pytest.mark.parametrize("content", [None, b""], ids=["no file", "empty file"])
@@ -367,3 +367,21 @@ def test_a_read_only_file_system_is_refused_even_as_root(tmpfs: Path) -> None:
         f"{tmpfs} is mounted read-only; the file and its directory must be writable, since "
         "SQLite keeps a journal next to the file"
     )
+
+
+def test_jobs_of_a_database_at_0002_are_kept_by_the_upgrade(tmp_path: Path) -> None:
+    """0003 adds the devices a job ran on; jobs written before it load with none."""
+    db = tmp_path / "gpupool.sqlite"
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with sa.create_engine(f"sqlite:///{db}").begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0002")
+        conn.exec_driver_sql(
+            "INSERT INTO gpupool_jobs (id, owner, team, state, reason, spec, created) "
+            """VALUES ('j1', 'ada', 'vision', 'succeeded', 'done', '{"script": "pass"}', 1.0)"""
+        )
+    pool = build(f"sqlite:///{db}")
+    [job] = pool.store.load_jobs()
+    pool.store.close()
+    assert (job.id, job.state, job.devices) == ("j1", "succeeded", ())

@@ -618,22 +618,22 @@ def test_read_log_serves_the_nodes_pod_log_from_an_offset(kube: Served) -> None:
         return started(job, await b.start(job, allocate("h100", 2, 2)))
 
     j = asyncio.run(go())
-    assert b.read_log(j, 3, 0) == (b"", 0)  # no pods yet
+
+    def read(rank: int, offset: int) -> tuple[bytes, int]:
+        return asyncio.run(b.read_log(j, rank, offset))
+
+    assert read(3, 0) == (b"", 0)  # no pods yet
     api.create_pods(name, NS)
-    assert b.read_log(j, 3, 0) == (b"", 0)  # waiting to start
+    assert read(3, 0) == (b"", 0)  # waiting to start
     api.run_pods(name, NS)
     pods = api.pods_of(name, NS)
     api.logs[pods[0]["metadata"]["name"]] = b"rank 0 and 1\n"
     api.logs[pods[1]["metadata"]["name"]] = b"==== rank 2\n==== rank 3\nloss 0.1\n"
-    assert b.read_log(j, 3, 0) == (b"==== ran", 8)  # node 1, one chunk
-    assert b.read_log(j, 2, 8) == (b"k 2\n====", 16)
-    assert b.read_log(j, 1, 7) == (b"and 1\n", 13)  # node 0, to the end
-    assert b.read_log(j, 0, 40) == (b"", 13)  # past the end
-
-    async def in_a_loop() -> tuple[bytes, int]:
-        return b.read_log(j, 0, 0)  # the hub's handler calls it inside its event loop
-
-    assert asyncio.run(in_a_loop()) == (b"rank 0 a", 8)
+    assert read(3, 0) == (b"==== ran", 8)  # node 1, one chunk
+    assert read(2, 8) == (b"k 2\n====", 16)
+    assert read(1, 7) == (b"and 1\n", 13)  # node 0, to the end
+    assert read(0, 40) == (b"", 13)  # past the end
+    assert read(0, 0) == (b"rank 0 a", 8)
     logs = [r for r in api.requests if r[1].endswith("/log")]
     assert logs[-1][2] == {"container": "job", "limitBytes": "8"}
 

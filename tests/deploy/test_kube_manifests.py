@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +27,9 @@ from kubespawner import KubeSpawner
 from kubespawner.clients import load_config
 from traitlets.config import Config
 
-import gpupool.hub
 from gpupool.core import Ledger, Offer, Team
 from gpupool.discovery.kubernetes import inventory_from_nodes
+from gpupool.hub.objects import SETTINGS_KEY, build
 from gpupool.podspec import (
     DEFAULT_PRODUCT_LABELS,
     allocation_resources,
@@ -40,6 +41,7 @@ from gpupool.podspec import (
 from gpupool.pool import Pool
 from gpupool.store import Store
 from gpupool_spawner.kube import KubeGPUSpawner
+from tests.accounts import shared_mode
 from tests.adapters.test_kube_inventory import a100_mixed_node, h100_node, kubeconfig
 
 K8S_VERSIONS = ("1.33", major_minor(kubernetes_validate.latest_version()))
@@ -64,6 +66,7 @@ class User:
     groups: list[Group] = field(default_factory=list)
     id: int = 1
     url: str = "/user/alice/"
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 @pytest.fixture
@@ -79,18 +82,21 @@ def pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pool]:
     ledger = Ledger(inventory, OFFERS, teams, Team("everyone", offers=frozenset({"cpu"})))
     store = Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}")
     pool = Pool(ledger, store)
-    monkeypatch.setattr(gpupool.hub, "_pool", pool)
     yield pool
     store.close()
     load_config.cache_clear()
 
 
-def spawner(**traits: Any) -> KubeGPUSpawner:
-    """A real KubeGPUSpawner for alice of team vision; call inside a running event loop."""
+def spawner(pool: Pool, **traits: Any) -> KubeGPUSpawner:
+    """A real KubeGPUSpawner for alice of team vision, handed the hub objects over ``pool`` as
+    JupyterHub hands them (the user's settings); call inside a running event loop."""
     config = Config()
     for key, value in traits.items():
         config.KubeGPUSpawner[key] = value
-    return KubeGPUSpawner(_mock=True, user=User("alice", [Group("vision")]), config=config)
+    shared_mode(config)  # the job manager's local backend never runs user code as root
+    settings = {SETTINGS_KEY: build(pool, config, logging.getLogger("test"))}
+    user = User("alice", [Group("vision")], settings=settings)
+    return KubeGPUSpawner(_mock=True, user=user, config=config)
 
 
 async def manifest(s: KubeGPUSpawner, pool: Pool, offer: str, count: int = 1) -> dict[str, Any]:
@@ -145,7 +151,9 @@ def env(pod: dict[str, Any]) -> dict[str, str]:
 # -- whole GPUs, MIG, CPU -------------------------------------------------------------------------
 def test_whole_gpu_pod_requests_n_gpus_on_the_model_with_priority_and_scheduler(pool: Pool) -> None:
     async def go() -> dict[str, Any]:
-        s = spawner(gpu_priority_class_name="gpu-interactive", gpu_scheduler_name="kai-scheduler")
+        s = spawner(
+            pool, gpu_priority_class_name="gpu-interactive", gpu_scheduler_name="kai-scheduler"
+        )
         return await manifest(s, pool, "h100", 2)
 
     pod = asyncio.run(go())
@@ -167,7 +175,7 @@ def test_whole_gpu_pod_requests_n_gpus_on_the_model_with_priority_and_scheduler(
 
 def test_mig_pod_requests_one_instance_and_names_the_team_queue(pool: Pool) -> None:
     async def go() -> dict[str, Any]:
-        return await manifest(spawner(kueue_queue_template="{team}-gpu"), pool, "mig-3g.40gb")
+        return await manifest(spawner(pool, kueue_queue_template="{team}-gpu"), pool, "mig-3g.40gb")
 
     pod = asyncio.run(go())
     validate(pod)
@@ -181,7 +189,7 @@ def test_mig_pod_requests_one_instance_and_names_the_team_queue(pool: Pool) -> N
 
 def test_cpu_pod_has_nothing_gpu_specific(pool: Pool) -> None:
     async def go() -> dict[str, Any]:
-        s = spawner(gpu_priority_class_name="gpu-interactive", kueue_queue_template="{team}")
+        s = spawner(pool, gpu_priority_class_name="gpu-interactive", kueue_queue_template="{team}")
         return await manifest(s, pool, "cpu")
 
     pod = asyncio.run(go())
@@ -201,7 +209,7 @@ def test_cpu_spawn_after_a_failed_gpu_spawn_inherits_no_gpu(pool: Pool) -> None:
     ``kubespawner_override`` would, GPU traits on the spawner), then a CPU spawn."""
 
     async def go() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-        s = spawner()
+        s = spawner(pool)
         gpu = await manifest(s, pool, "h100", 2)
         s.gpupool_release()  # the failed start gives its devices back
         s.extra_resource_limits = {"nvidia.com/gpu": "2"}
@@ -233,7 +241,7 @@ def test_cpu_spawn_after_a_failed_gpu_spawn_inherits_no_gpu(pool: Pool) -> None:
 
 def test_mig_spawn_after_a_whole_gpu_spawn_requests_only_the_instance(pool: Pool) -> None:
     async def go() -> dict[str, Any]:
-        s = spawner()
+        s = spawner(pool)
         await manifest(s, pool, "h100", 4)
         s.gpupool_release()
         s.extra_resource_limits = {"nvidia.com/gpu": "4"}
@@ -269,7 +277,7 @@ def test_mig_resource_names_follow_the_device_plugin() -> None:
 
 def test_apply_allocation_copies_and_keeps_other_affinity(pool: Pool) -> None:
     async def go() -> tuple[str, str, dict[str, Any]]:
-        s = spawner()
+        s = spawner(pool)
         s.node_affinity_required = [
             {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
         ]
@@ -295,7 +303,7 @@ def test_models_without_product_labels_say_which_setting_to_set() -> None:
 
 def test_inventory_products_extend_the_label_table(pool: Pool) -> None:
     async def go() -> dict[str, tuple[str, ...]]:
-        return spawner(gpu_product_labels={"A100-40GB": ["my-a100"]}).gpupool_product_labels()
+        return spawner(pool, gpu_product_labels={"A100-40GB": ["my-a100"]}).gpupool_product_labels()
 
     labels = asyncio.run(go())
     assert labels["A100-40GB"] == ("my-a100",)  # configured: replaces the default
@@ -304,7 +312,7 @@ def test_inventory_products_extend_the_label_table(pool: Pool) -> None:
 
 def test_spawn_page_is_gpupools_form(pool: Pool) -> None:
     async def go() -> str:
-        form = spawner().options_form
+        form = spawner(pool).options_form
         assert callable(form)
         return str(form(None))
 
@@ -315,7 +323,7 @@ def test_pod_for_a_copy_of_the_spawner_state_is_stable(pool: Pool) -> None:
     """Two manifests for the same allocation are the same (no hidden state in the spawner)."""
 
     async def go() -> tuple[dict[str, Any], dict[str, Any]]:
-        s = spawner()
+        s = spawner(pool)
         first = await manifest(s, pool, "h100", 1)
         return first, await serialise(await s.get_pod_manifest())
 

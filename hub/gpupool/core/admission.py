@@ -21,12 +21,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from .errors import InvalidRequest, NoCapacity, OfferNotAllowed, PoolError, QuotaExceeded
 from .offers import Offer
 from .quota import Team
 from .units import fmt
 
 Verdict = Literal["now", "wait", "never"]
 VERDICTS: tuple[Verdict, ...] = ("now", "wait", "never")
+Cause = Literal["", "offer", "quota", "capacity"]
+_ERRORS: dict[str, type[PoolError]] = {
+    "offer": OfferNotAllowed,
+    "quota": QuotaExceeded,
+    "capacity": NoCapacity,
+}
 
 
 @dataclass(frozen=True)
@@ -34,10 +41,17 @@ class Admission:
     verdict: Verdict
     reason: str = ""
     """Why not now, as a phrase a researcher can act on (empty for ``now``)."""
+    cause: Cause = ""
+    """What stands in the way: the team's offers, the quota (team limit or user cap), or the
+    devices (empty for ``now``)."""
 
     @property
     def now(self) -> bool:
         return self.verdict == "now"
+
+    def error(self, message: str) -> PoolError:
+        """The pool error a refusal for this cause raises, with ``message``."""
+        return _ERRORS.get(self.cause, InvalidRequest)(message)
 
 
 @dataclass(frozen=True)
@@ -54,33 +68,27 @@ def admit(team: Team, offer: Offer, count: int, nodes: int, usage: Usage) -> Adm
     """The verdict on ``count`` of ``offer`` per node on ``nodes`` nodes for ``team``'s user."""
     if not team.allows(offer.name):
         allowed = ", ".join(sorted(team.offers or ())) or "none"
-        return Admission(
-            "never", f"team {team.name} may not request {offer.name}; allowed: {allowed}"
-        )
+        why = f"team {team.name} may not request {offer.name}; allowed: {allowed}"
+        return Admission("never", why, "offer")
     cost = offer.cost_milli(count) * nodes
-    devices = offer.kind != "cpu"
-    if cost > team.limit_milli:
-        return Admission(
-            "never",
-            f"needs {fmt(cost)} GPU-eq; team {team.name} may hold at most {fmt(team.limit_milli)}",
-        )
+    need = f"needs {fmt(cost)} GPU-eq"
     cap = team.user_cap_milli
+    if cost > team.limit_milli:
+        why = f"{need}; team {team.name} may hold at most {fmt(team.limit_milli)}"
+        return Admission("never", why, "quota")
     if cap is not None and cost > cap:
-        return Admission(
-            "never", f"needs {fmt(cost)} GPU-eq; your cap in team {team.name} is {fmt(cap)}"
-        )
+        return Admission("never", f"{need}; your cap in team {team.name} is {fmt(cap)}", "quota")
+    devices = offer.kind != "cpu"
     if devices and usage.capacity < count:
         most = f"at most {usage.capacity}" if usage.capacity else "none"
-        return Admission("never", f"this pool holds {most} of {offer.name} on one node")
+        return Admission("never", f"this pool holds {most} of {offer.name} on one node", "capacity")
     if cost and usage.team_used + cost > team.limit_milli:
         left = max(0, team.limit_milli - usage.team_used)
-        return Admission("wait", f"needs {fmt(cost)} GPU-eq; team {team.name} has {fmt(left)} left")
+        return Admission("wait", f"{need}; team {team.name} has {fmt(left)} left", "quota")
     if cost and cap is not None and usage.user_used + cost > cap:
         left = max(0, cap - usage.user_used)
-        return Admission("wait", f"needs {fmt(cost)} GPU-eq; you have {fmt(left)} of your cap left")
+        return Admission("wait", f"{need}; you have {fmt(left)} of your cap left", "quota")
     if devices and usage.free < count:
-        return Admission(
-            "wait",
-            "none free right now" if usage.free == 0 else f"only {usage.free} free on one node",
-        )
+        why = "none free right now" if usage.free == 0 else f"only {usage.free} free on one node"
+        return Admission("wait", why, "capacity")
     return Admission("now")

@@ -5,7 +5,8 @@ Vocabulary
   where and how to run it (working directory, arguments, environment), the shape (an offer,
   ``gpus`` per node, ``nodes``), a time limit, how often it may be restarted, a priority.
 - *job*: a spec with an owner, the team charged, a state, timestamps, per-rank exit codes, the
-  allocations it holds while active, and the backend's *handle* (a JSON text: pid and start time
+  allocations it holds while active, the devices it runs (or last ran) on, and the backend's
+  *handle* (a JSON text: pid and start time
   locally, object names on Kubernetes).
 - *states*: ``queued`` → ``starting`` → ``running`` → ``succeeded`` | ``failed`` | ``cancelled`` |
   ``lost``. A queued job holds nothing. ``starting``/``running`` jobs may go back to ``queued``
@@ -58,13 +59,15 @@ class Job:
     team: str
     spec: JobSpec
     state: JobState = "queued"
-    reason: str = "waiting for GPUs"
+    reason: str = "queued"
     created: float = 0.0
     started: float | None = None
     finished: float | None = None
     exit_codes: tuple[tuple[int, int], ...] = ()
     restarts: int = 0
     allocations: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()
+    """The GPU and MIG UUIDs the job holds or last held (kept when it ends)."""
     handle: str = field(default="", repr=False)
 
     @property
@@ -90,5 +93,5 @@ def transition(job: Job, state: JobState, reason: str, now: float, **changes: ob
     if state in FINAL:
         stamps["finished"] = now
     if state == "queued":
-        stamps.update(started=None, allocations=(), handle="", exit_codes=())
+        stamps.update(started=None, allocations=(), devices=(), handle="", exit_codes=())
     return replace(job, state=state, reason=reason, **{**stamps, **changes})  # type: ignore[arg-type]

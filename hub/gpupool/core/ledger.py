@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
+from .admission import Admission, Usage, admit
 from .errors import InvalidRequest, NoCapacity, QuotaExceeded, UnknownAllocation
 from .inventory import Inventory
 from .mig import GEOMETRIES
@@ -84,6 +85,7 @@ class Ledger:
         self.allocations: dict[str, Allocation] = {}
         self.team_used: Counter[str] = Counter()
         self.user_used: Counter[tuple[str, str]] = Counter()
+        self._capacity: dict[Offer, int] = {}
 
     def clone(self) -> Ledger:
         """An independent copy with the same allocations (for what-if planning)."""
@@ -131,6 +133,27 @@ class Ledger:
             if p is not None and p.name == name:
                 total += len(bucket)
         return total
+
+    def capacity(self, offer: Offer) -> int:
+        """What :meth:`placeable` answers for ``offer`` on this inventory with nothing held: the
+        most one request could ever get (cached; the inventory of a ledger does not change)."""
+        if offer not in self._capacity:
+            self._capacity[offer] = Ledger(self.inventory, self.offers, self.teams).placeable(offer)
+        return self._capacity[offer]
+
+    def usage(self, team: Team, user: str, offer: Offer) -> Usage:
+        """The snapshot :func:`gpupool.core.admission.admit` decides on."""
+        return Usage(
+            self.team_used[team.name],
+            self.user_used[team.name, user],
+            self.placeable(offer),
+            self.capacity(offer),
+        )
+
+    def admit(self, team: Team, user: str, offer: Offer, count: int, nodes: int = 1) -> Admission:
+        """Could ``count`` of ``offer`` per node on ``nodes`` nodes never start, start now, or
+        would it wait? (:mod:`gpupool.core.admission`)."""
+        return admit(team, offer, count, nodes, self.usage(team, user, offer))
 
     def free_now(self, team: Team, user: str) -> str:
         """``"2× 1g.10gb, 1× h100"``: what ``user`` could still get in ``team`` right now, within

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from html import escape
 
+from ..core.quota import EVERYONE
 from ..core.units import fmt
 from .menu import TeamMenu
 
@@ -32,10 +33,15 @@ def render(menus: list[TeamMenu], inventory_label: str, simulated: bool) -> str:
         )
         if t.user_cap_milli is not None:
             quota += f"; you hold {fmt(m.user_used_milli)} of your {fmt(t.user_cap_milli)} cap"
+        if t.name == EVERYONE:  # the pseudo-team of users in no team: no quota to speak of
+            legend = "No team"
+            quota = "You are in no team" + (": CPU only." if not t.limit_milli else f"; {quota}.")
+        else:
+            legend, quota = f"Team {t.name}", f"Team {t.name} {quota}."
         parts.append(
             f'<fieldset class="gpupool-team" data-team="{escape(t.name)}">'
-            f"<legend>Team {escape(t.name)}</legend>"
-            f'<p class="gpupool-quota">Team {escape(t.name)} {escape(quota)}.</p>'
+            f"<legend>{escape(legend)}</legend>"
+            f'<p class="gpupool-quota">{escape(quota)}</p>'
         )
         for c in m.choices:
             attrs = ""

@@ -2,95 +2,41 @@
 the job manager. The contract is ``hub/gpupool/hub/openapi.yaml``.
 
 Vocabulary
-- *scopes*: ``custom:gpupool:jobs`` lets a user (or their server's token) use the API for their
-  own jobs; ``custom:gpupool:admin`` (held by JupyterHub's admin users through the
-  ``gpupool-admin`` role) sees and cancels everyone's.
+- *scopes* (:mod:`gpupool.hub.scopes`): ``custom:gpupool:jobs`` lets a user (or their server's
+  token) use the API for their own jobs; ``custom:gpupool:admin`` sees and cancels everyone's.
 - A job that is not yours is answered 404, exactly like one that does not exist.
+- *hub objects*: the pool, job manager and reclaimer, from the hub's tornado settings
+  (:mod:`gpupool.hub.objects`).
 
-Contract: handlers only translate; decisions are the pool's and the manager's, and their errors
-become HTTP statuses through :mod:`gpupool.hub.errors`, in one place.
+Contract: handlers only translate; decisions are the pool's and the manager's, and the pool
+errors they raise become HTTP statuses in one place, :meth:`GPUPoolHandler.write_error` (through
+:mod:`gpupool.hub.errors`); a refusal is logged as one INFO line, never as an uncaught error.
+JSON bodies come from :mod:`gpupool.hub.models`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from typing import Any
 
 from jupyterhub.apihandlers.base import APIHandler
 from tornado import web
 
-from ..clock import iso
 from ..core.errors import InvalidRequest, PoolError
 from ..core.jobs import Job
-from ..core.ledger import Allocation
 from ..core.parse import check_size, whole_number
-from ..core.units import fmt
-from ..pool import Pool
-from . import get_jobs, get_pool, get_reclaimer
 from .errors import http_error
-from .menu import menu
-from .reclaim import IdleReclaimer
-
-JOBS_SCOPE = "custom:gpupool:jobs"
-ADMIN_SCOPE = "custom:gpupool:admin"
-
-
-def _num(milli: int | None) -> float | None:
-    return None if milli is None else float(fmt(milli))
-
-
-def job_model(job: Job, position: int | None, pool: Pool) -> dict[str, Any]:
-    """One job as the API and the pages show it (``position``: its place in the queue)."""
-    devices = [
-        pool.ledger.allocations[a].visible_devices
-        for a in job.allocations
-        if a in pool.ledger.allocations
-    ]
-    return {
-        "id": job.id,
-        "name": job.spec.name,
-        "owner": job.owner,
-        "team": job.team,
-        "offer": job.spec.offer,
-        "gpus": job.spec.gpus,
-        "nodes": job.spec.nodes,
-        "ranks": job.spec.ranks,
-        "state": job.state,
-        "reason": job.reason,
-        "priority": job.spec.priority,
-        "time_limit": job.spec.time_limit,
-        "max_restarts": job.spec.max_restarts,
-        "restarts": job.restarts,
-        "created": iso(job.created),
-        "started": iso(job.started),
-        "finished": iso(job.finished),
-        "exit_codes": {str(r): c for r, c in job.exit_codes},
-        "queue_position": position,
-        "devices": [d for ds in devices for d in ds.split(",") if d],
-    }
-
-
-def allocation_model(a: Allocation, reclaimer: IdleReclaimer) -> dict[str, Any]:
-    """One allocation as the API and the pages show it, with what the idle reclaimer knows."""
-    return {
-        "id": a.id,
-        "user": a.user,
-        "team": a.team,
-        "offer": a.offer,
-        "kind": a.kind,
-        "ref": a.ref,
-        "count": a.count,
-        "cost": _num(a.cost_milli),
-        "node": a.node,
-        "devices": [d.visible_id for d in a.devices],
-        "since": iso(a.created),
-        **({"idle": reclaimer.status(a)} if a.kind == "notebook" and a.devices else {}),
-    }
+from .models import allocation_model, job_model, offers_model, team_model
+from .objects import HubObjects, hub_objects
+from .scopes import ADMIN_SCOPE, JOBS_SCOPE
 
 
 class GPUPoolHandler(APIHandler):
+    @property
+    def gpupool(self) -> HubObjects:
+        return hub_objects(self.settings)
+
     def caller(self) -> tuple[str, list[str], bool]:
         """``(name, groups, admin)`` of whoever calls, or 403 without the gpupool scope."""
         user = self.current_user
@@ -106,16 +52,13 @@ class GPUPoolHandler(APIHandler):
     def json_body(self, limit: int) -> dict[str, Any]:
         """The request's JSON object; 413 over ``limit`` bytes (checked before parsing), 400 if
         it is not a JSON object."""
-        try:
-            check_size(len(self.request.body), limit, "The request body")
-        except PoolError as e:
-            raise http_error(e) from None
+        check_size(len(self.request.body), limit, "The request body")
         try:
             body = json.loads(self.request.body or b"{}")
         except ValueError:
-            raise http_error(InvalidRequest("The request body is not valid JSON.")) from None
+            raise InvalidRequest("The request body is not valid JSON.") from None
         if not isinstance(body, dict):
-            raise http_error(InvalidRequest("The request body must be a JSON object."))
+            raise InvalidRequest("The request body must be a JSON object.")
         return body
 
     def write_json(self, model: Any, status: int = 200) -> None:
@@ -125,67 +68,39 @@ class GPUPoolHandler(APIHandler):
 
     def job(self, job_id: str) -> Job:
         user, _, admin = self.caller()
-        try:
-            return get_jobs().get(job_id, user, admin)
-        except PoolError as e:
-            raise http_error(e) from None
+        return self.gpupool.jobs.get(job_id, user, admin)
+
+    def job_json(self, job: Job) -> dict[str, Any]:
+        return job_model(job, self.gpupool.jobs.queue_position(job))
+
+    # -- errors, in one place ---------------------------------------------------------------
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        if isinstance(value, PoolError):  # a refusal, not a fault
+            self.log.info("gpupool: refused %s %s: %s", self.request.method, self.request.path,
+                          value.message)  # fmt: skip
+            return
+        super().log_exception(typ, value, tb)
+
+    def send_error(self, status_code: int = 500, **kwargs: Any) -> None:
+        exc_info = kwargs.get("exc_info")
+        if exc_info and isinstance(exc_info[1], PoolError):
+            error = http_error(exc_info[1])
+            kwargs["exc_info"] = (type(error), error, exc_info[2])
+            status_code = error.status_code
+        super().send_error(status_code, **kwargs)
 
 
 class OffersHandler(GPUPoolHandler):
     def get(self) -> None:
         user, groups, _ = self.caller()
-        pool = get_pool()
-        teams = []
-        for m in menu(pool.ledger, user, groups):
-            t = m.team
-            teams.append(
-                {
-                    "team": t.name,
-                    "used": _num(m.used_milli),
-                    "limit": _num(t.limit_milli),
-                    "guarantee": _num(t.guarantee_milli),
-                    "borrow_limit": _num(t.borrow_limit_milli),
-                    "left": _num(m.left_milli),
-                    "user_used": _num(m.user_used_milli),
-                    "user_cap": _num(t.user_cap_milli),
-                    "offers": [
-                        {
-                            "name": c.offer,
-                            "kind": pool.ledger.offers[c.offer].kind,
-                            "label": c.label,
-                            "description": c.description,
-                            "count": c.count,
-                            "cost": _num(c.cost_milli),
-                            "free": c.free,
-                            "enabled": c.enabled,
-                            "reason": c.reason,
-                        }
-                        for c in m.choices
-                    ],
-                }
-            )
-        inv = pool.inventory
-        self.write_json({"simulated": inv.simulated, "inventory": inv.label, "teams": teams})
+        self.write_json(offers_model(self.gpupool.pool, user, groups))
 
 
 class TeamsHandler(GPUPoolHandler):
     def get(self) -> None:
         self.caller()
-        ledger, jobs = get_pool().ledger, get_jobs().jobs.values()
-        teams = []
-        for t in [*ledger.teams.values(), ledger.everyone]:
-            used = ledger.team_used[t.name]
-            teams.append(
-                {
-                    "name": t.name,
-                    "guarantee": _num(t.guarantee_milli),
-                    "borrow_limit": _num(t.borrow_limit_milli),
-                    "used": _num(used),
-                    "borrowed": _num(t.borrowed_milli(used)),
-                    "jobs_queued": sum(j.team == t.name and j.state == "queued" for j in jobs),
-                    "jobs_running": sum(j.team == t.name and j.active for j in jobs),
-                }
-            )
+        ledger, jobs = self.gpupool.pool.ledger, list(self.gpupool.jobs.jobs.values())
+        teams = [team_model(ledger, t, jobs) for t in [*ledger.teams.values(), ledger.everyone]]
         self.write_json({"teams": teams})
 
 
@@ -197,14 +112,12 @@ class AllocationsHandler(GPUPoolHandler):
         everyone = self.get_argument("all", "") in ("1", "true", "yes")
         if everyone and not admin:
             raise web.HTTPError(403, f"Listing everyone's allocations needs {ADMIN_SCOPE}.")
-        allocations = sorted(
-            get_pool().ledger.allocations.values(), key=lambda a: (a.created, a.id)
-        )
-        reclaimer = get_reclaimer()
+        hub = self.gpupool
+        allocations = sorted(hub.pool.ledger.allocations.values(), key=lambda a: (a.created, a.id))
         self.write_json(
             {
                 "allocations": [
-                    allocation_model(a, reclaimer)
+                    allocation_model(a, hub.reclaimer)
                     for a in allocations
                     if everyone or a.user == user
                 ]
@@ -215,66 +128,49 @@ class AllocationsHandler(GPUPoolHandler):
 class JobsHandler(GPUPoolHandler):
     def get(self) -> None:
         user, _, admin = self.caller()
-        manager, pool = get_jobs(), get_pool()
+        manager = self.gpupool.jobs
         positions = manager.queue_positions()
         jobs = manager.visible(user, admin)
-        self.write_json({"jobs": [job_model(j, positions.get(j.id), pool) for j in jobs]})
+        self.write_json({"jobs": [job_model(j, positions.get(j.id)) for j in jobs]})
 
     def post(self) -> None:
         user, groups, admin = self.caller()
-        manager = get_jobs()
-        try:
-            body = self.json_body(manager.max_submission_bytes)
-            job = manager.submit(user, groups, body, admin=admin)
-        except PoolError as e:
-            raise http_error(e) from None
-        self.write_json(job_model(job, manager.queue_position(job), get_pool()), 201)
+        manager = self.gpupool.jobs
+        body = self.json_body(manager.max_submission_bytes)
+        job = manager.submit(user, groups, body, admin=admin)
+        self.write_json(self.job_json(job), 201)
 
 
 class JobHandler(GPUPoolHandler):
     def get(self, job_id: str) -> None:
-        job = self.job(job_id)
-        self.write_json(job_model(job, get_jobs().queue_position(job), get_pool()))
+        self.write_json(self.job_json(self.job(job_id)))
 
     async def delete(self, job_id: str) -> None:
         user, _, admin = self.caller()
-        try:
-            job = await get_jobs().cancel(job_id, user, admin)
-        except PoolError as e:
-            raise http_error(e) from None
-        self.write_json(job_model(job, None, get_pool()))
+        job = await self.gpupool.jobs.cancel(job_id, user, admin)
+        self.write_json(job_model(job, None))
 
 
 class JobLogsHandler(GPUPoolHandler):
     async def get(self, job_id: str) -> None:
         job = self.job(job_id)
-        try:
-            rank = whole_number(self.get_argument("rank", "0"), "rank", 0, job.spec.ranks - 1)
-            offset = whole_number(self.get_argument("offset", "0"), "offset", 0)
-        except PoolError as e:
-            raise http_error(e) from None
-        manager = get_jobs()
-        data, size = manager.backend.read_log(job, rank, offset)
+        rank = whole_number(self.get_argument("rank", "0"), "rank", 0, job.spec.ranks - 1)
+        offset = whole_number(self.get_argument("offset", "0"), "offset", 0)
+        manager = self.gpupool.jobs
+        data, size = await manager.read_log(job, rank, offset)
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         self.set_header("X-Gpupool-Log-Size", str(size))
         self.set_header("X-Gpupool-Job-State", job.state)
         if self.get_argument("follow", "") not in ("1", "true", "yes"):
             self.finish(data)
             return
-        while not self.client_left.is_set():  # until the job has ended and its log is drained
-            if data:
-                self.write(data)
-                await self.flush()
-                offset += len(data)
-            job = manager.jobs[job.id]
-            if job.final and not data:
-                self.finish()
-                return
-            if not data:  # wait for more, or for the client to leave
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.client_left.wait(), 0.5)
-            data, _ = manager.backend.read_log(job, rank, offset)
-        self.log.info("gpupool: the client following job %s's log left; stopped", job.id)
+        async for chunk in manager.follow_log(job, rank, offset, self.client_left):
+            self.write(chunk)
+            await self.flush()
+        if self.client_left.is_set():
+            self.log.info("gpupool: the client following job %s's log left; stopped", job.id)
+        else:
+            self.finish()
 
     async def prepare(self) -> None:
         self.client_left = asyncio.Event()

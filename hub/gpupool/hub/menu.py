@@ -2,22 +2,23 @@
 
 Vocabulary
 - *choice*: one pickable line of the spawn page: a team, an offer and a count (whole-GPU offers
-  get one line per count), whether it can be granted right now and, if not, why.
+  get one line per count), and its admission (:mod:`gpupool.core.admission`): granted now, or
+  why not (it would wait, or could never start).
 - *team menu*: a team's choices plus its quota figures (used, guarantee, borrow limit, left) and
   the user's own usage and cap.
 
-Contract: pure reads of the ledger; the hub still decides at spawn time (a stale page cannot
-grant anything).
+Contract: pure reads of the ledger; the verdicts come from the one admission rule in the core,
+and the hub still decides at spawn time (a stale page cannot grant anything).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.admission import Admission
 from ..core.ledger import Ledger
 from ..core.offers import Offer
 from ..core.quota import Team
-from ..core.units import fmt
 
 
 @dataclass(frozen=True)
@@ -29,11 +30,15 @@ class Choice:
     description: str
     cost_milli: int
     free: int
-    reason: str = ""
+    admission: Admission
 
     @property
     def enabled(self) -> bool:
-        return not self.reason
+        return self.admission.now
+
+    @property
+    def reason(self) -> str:
+        return self.admission.reason
 
     @property
     def value(self) -> str:
@@ -54,8 +59,6 @@ class TeamMenu:
 
 
 def team_menu(ledger: Ledger, team: Team, user: str) -> TeamMenu:
-    used = ledger.team_used[team.name]
-    mine = ledger.user_used[team.name, user]
     choices = []
     for name, offer in sorted(ledger.offers.items(), key=lambda kv: _order(kv[1])):
         if not team.allows(name):
@@ -63,20 +66,13 @@ def team_menu(ledger: Ledger, team: Team, user: str) -> TeamMenu:
         free = ledger.placeable(offer)
         counts = range(1, offer.max_count + 1) if offer.kind == "gpu" else [1]
         for count in counts:
-            cost = offer.cost_milli(count)
             label = offer.label if offer.kind != "gpu" else f"{offer.label} ×{count}"
+            admission = ledger.admit(team, user, offer, count)
+            cost = offer.cost_milli(count)
             choices.append(
-                Choice(
-                    team.name,
-                    name,
-                    count,
-                    label,
-                    offer.description,
-                    cost,
-                    free,
-                    _why_not(team, offer, count, cost, free, used, mine),
-                )
+                Choice(team.name, name, count, label, offer.description, cost, free, admission)
             )
+    used, mine = ledger.team_used[team.name], ledger.user_used[team.name, user]
     return TeamMenu(team, used, mine, tuple(choices))
 
 
@@ -89,17 +85,3 @@ def menu(ledger: Ledger, user: str, groups: list[str]) -> list[TeamMenu]:
 def _order(offer: Offer) -> tuple[int, int, str]:
     kind = {"cpu": 0, "mig": 1, "gpu": 2}[offer.kind]
     return (kind, offer.unit_cost_milli(), offer.name)
-
-
-def _why_not(
-    team: Team, offer: Offer, count: int, cost: int, free: int, used: int, mine: int
-) -> str:
-    if cost and used + cost > team.limit_milli:
-        return f"needs {fmt(cost)} GPU-eq; team {team.name} has {fmt(team.limit_milli - used)} left"
-    if cost and team.user_cap_milli is not None and mine + cost > team.user_cap_milli:
-        return (
-            f"needs {fmt(cost)} GPU-eq; you have {fmt(team.user_cap_milli - mine)} of your cap left"
-        )
-    if offer.kind != "cpu" and free < count:
-        return "none free right now" if free == 0 else f"only {free} free on one node"
-    return ""

@@ -25,9 +25,10 @@ from jupyterhub.handlers import BaseHandler
 from tornado import web
 
 from ..core.errors import PoolError
-from . import ADMIN_SCOPE, get_jobs, get_pool, get_reclaimer
 from .errors import status_of
+from .objects import HubObjects, hub_objects
 from .pages_view import admin_view, mine_view
+from .scopes import ADMIN_SCOPE
 
 OUTCOMES: dict[str, tuple[str, str]] = {
     "stopped": ("Stopped {}.", "Stopped the server."),
@@ -44,6 +45,10 @@ in its own data, or else without."""
 
 # -- the handlers -------------------------------------------------------------------------------
 class _Page(BaseHandler):
+    @property
+    def gpupool(self) -> HubObjects:
+        return hub_objects(self.settings)
+
     def is_pool_admin(self) -> bool:
         """JupyterHub admin, or the pool's admin scope. Pages take only the login cookie (API
         tokens are not accepted here, as on all of JupyterHub's pages)."""
@@ -73,8 +78,8 @@ class AdminPage(_Page):
     @web.authenticated
     async def get(self) -> None:
         self.require_pool_admin()
-        pool = get_pool()
-        view = admin_view(pool, get_jobs(), get_reclaimer(), pool.clock().timestamp())
+        hub = self.gpupool
+        view = admin_view(hub.pool, hub.jobs, hub.reclaimer, hub.pool.clock().timestamp())
         html = await self.render_template(
             "gpupool-admin.html", view=view, flash=self.flash(), pool_admin=True
         )
@@ -92,7 +97,7 @@ class AdminPage(_Page):
             if user is not None and server in user.orm_spawners:
                 return known.format(f"{user.name}'s server" + (f" {server!r}" if server else ""))
         else:
-            job = get_jobs().jobs.get(self.get_argument("job", ""))
+            job = self.gpupool.jobs.jobs.get(self.get_argument("job", ""))
             if job is not None:
                 return known.format(job.id)
         return unknown
@@ -125,7 +130,7 @@ class CancelJob(_Page):
     async def post(self) -> None:
         self.require_pool_admin()
         job_id = self.field("job")
-        manager = get_jobs()
+        manager = self.gpupool.jobs
         try:
             before = manager.get(job_id, self.current_user.name, True)
             job = await manager.cancel(job_id, self.current_user.name, True)
@@ -144,10 +149,10 @@ class MinePage(_Page):
     @web.authenticated
     async def get(self) -> None:
         user = self.current_user
-        pool = get_pool()
+        hub = self.gpupool
         groups = [g.name for g in getattr(user, "groups", [])]
-        now = pool.clock().timestamp()
-        view = mine_view(pool, get_jobs(), get_reclaimer(), user.name, groups, now)
+        now = hub.pool.clock().timestamp()
+        view = mine_view(hub.pool, hub.jobs, hub.reclaimer, user.name, groups, now)
         html = await self.render_template(
             "gpupool-mine.html", view=view, pool_admin=self.is_pool_admin()
         )

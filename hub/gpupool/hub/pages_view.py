@@ -22,7 +22,7 @@ from ..core.quota import Team
 from ..core.units import fmt
 from ..jobs.manager import JobManager
 from ..pool import Pool
-from .handlers import allocation_model, job_model
+from .models import allocation_model, job_model, team_model
 from .reclaim import IdleReclaimer
 
 COLOURS = 8
@@ -248,6 +248,7 @@ def _team_row(pool: Pool, team: Team, jobs: JobManager) -> dict[str, Any]:
     used = pool.ledger.team_used[team.name]
     limit = team.limit_milli
     percent = min(100, round(100 * used / limit)) if limit else 0
+    counts = team_model(pool.ledger, team, jobs.jobs.values())
     return {
         "name": team.name,
         "guarantee": fmt(team.guarantee_milli),
@@ -259,8 +260,7 @@ def _team_row(pool: Pool, team: Team, jobs: JobManager) -> dict[str, Any]:
         "user_cap": fmt(team.user_cap_milli) if team.user_cap_milli is not None else "—",
         "percent": percent,
         "borrowing": used > team.guarantee_milli,
-        "jobs_queued": sum(j.team == team.name and j.state == "queued" for j in jobs.jobs.values()),
-        "jobs_running": sum(j.team == team.name and j.active for j in jobs.jobs.values()),
+        **{k: counts[k] for k in ("jobs_queued", "jobs_running")},
     }
 
 
@@ -294,7 +294,7 @@ def admin_view(
         job = jobs.jobs[job_id]
         queue.append(
             {
-                **job_model(job, position, pool),
+                **job_model(job, position),
                 "shape": f"{job.spec.offer} ×{job.spec.gpus} ×{job.spec.nodes}",
                 "waiting": _when(job.created, now),
                 "action": {

@@ -66,6 +66,7 @@ class JobBackend(LoggingConfigurable):
         """Stop every process of the job (politely, then for sure)."""
         raise NotImplementedError
 
-    def read_log(self, job: Job, rank: int, offset: int) -> tuple[bytes, int]:
-        """Bytes of ``rank``'s log from ``offset``, and the log's size now."""
+    async def read_log(self, job: Job, rank: int, offset: int) -> tuple[bytes, int]:
+        """Bytes of ``rank``'s log from ``offset`` (a bounded chunk), and the log's size now;
+        never blocks the event loop (files are read in a worker thread, the API asynchronously)."""
         raise NotImplementedError

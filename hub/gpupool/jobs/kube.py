@@ -38,7 +38,6 @@ import asyncio
 import inspect
 import os
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -235,7 +234,6 @@ class KubeJobBackend(JobBackend):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._configuration: Any = None
-        self._threads = ThreadPoolExecutor(2, thread_name_prefix="gpupool-k8s-log")
 
     # -- settings shared with KubeGPUSpawner ---------------------------------------------------
     def _spawner_setting(self, name: str, fallback: Any) -> Any:
@@ -540,13 +538,7 @@ class KubeJobBackend(JobBackend):
         self.log.info("gpupool: deleted Kubernetes Job %s/%s", ref.namespace, ref.job)
 
     # -- logs ---------------------------------------------------------------------------------
-    def read_log(self, job: Job, rank: int, offset: int) -> tuple[bytes, int]:
-        """:meth:`read_log_async` for synchronous callers (the hub's log handler): on its own
-        event loop in a worker thread, bounded by ``request_timeout``."""
-        future = self._threads.submit(asyncio.run, self.read_log_async(job, rank, offset))
-        return future.result(timeout=2 * self.request_timeout)
-
-    async def read_log_async(self, job: Job, rank: int, offset: int) -> tuple[bytes, int]:
+    async def read_log(self, job: Job, rank: int, offset: int) -> tuple[bytes, int]:
         """Bytes from ``offset`` of the log of the pod that ran ``rank`` (node ``rank //
         gpus``), at most ``log_chunk_bytes``, and the bytes known so far; ``(b"", 0)`` while
         that pod has no log (not created or not started yet, or deleted)."""

@@ -391,9 +391,13 @@ class LocalJobBackend(JobBackend):
         self._killers.add(task)
         task.add_done_callback(self._killers.discard)
 
-    def read_log(self, job: Job, rank: int, offset: int) -> tuple[bytes, int]:
-        """At most ``max_log_chunk`` bytes of the rank's log, read only as an owned file of the
-        job's account: a link or a file of anyone else reads as an empty log (and is logged)."""
+    async def read_log(self, job: Job, rank: int, offset: int) -> tuple[bytes, int]:
+        """At most ``max_log_chunk`` bytes of the rank's log, read in a worker thread only as an
+        owned file of the job's account: a link or a file of anyone else reads as an empty log
+        (and is logged)."""
+        return await asyncio.to_thread(self._read_log, job, rank, offset)
+
+    def _read_log(self, job: Job, rank: int, offset: int) -> tuple[bytes, int]:
         jdir, account = self._owned(job)
         path = jdir / f"rank-{rank}.log"
         if account is None:

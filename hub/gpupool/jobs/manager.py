@@ -22,7 +22,7 @@ import contextlib
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -32,12 +32,11 @@ from traitlets.config import LoggingConfigurable
 
 from .. import metrics
 from ..clock import utcnow
-from ..core.errors import InvalidRequest, PoolError, QuotaExceeded, UnknownAllocation
+from ..core.errors import InvalidRequest, PoolError, UnknownAllocation
 from ..core.jobs import Job, JobSpec, transition
 from ..core.parse import check_size, clip, clip_names, whole_number
 from ..core.queue import Limits, Queued, Running, order, schedule
 from ..core.quota import PRIORITY_RANGE, check_offer, check_priority, resolve_team
-from ..core.units import fmt
 from ..pool import Pool
 from .backend import JobBackend, Observation
 from .local import LocalJobBackend
@@ -74,6 +73,12 @@ class JobManager(LoggingConfigurable):
     )
     max_restarts_limit = Int(
         5, config=True, help="The most restarts (after preemption) a job may ask for. Example: 3"
+    )
+    log_poll_interval = Float(
+        0.5,
+        config=True,
+        help="""Seconds between reads of a followed log (``?follow=1``) while nothing new has come.
+        Example: ``c.JobManager.log_poll_interval = 1.0``""",
     )
     max_concurrent_launches = Int(
         4,
@@ -195,15 +200,12 @@ class JobManager(LoggingConfigurable):
                 f"{spec.gpus} (JobManager.max_cpu_ranks)."
             )
         self.backend.validate(spec)
-        need = offer.cost_milli(1 if offer.kind == "cpu" else spec.gpus) * spec.nodes
-        most = min(team.limit_milli, team.user_cap_milli or team.limit_milli)
-        if need > most:
-            whose = "you" if most < team.limit_milli else f"team {team.name}"
-            raise QuotaExceeded(
-                f"The job needs {fmt(need)} GPU-eq but {whose} may hold at most {fmt(most)} "
-                f"GPU-eq in team {team.name}; it could never start."
-            )
-        job = Job(uuid.uuid4().hex[:12], owner, team.name, spec, created=self.now())
+        count = 1 if offer.kind == "cpu" else spec.gpus
+        admission = ledger.admit(team, owner, offer, count, spec.nodes)
+        if admission.verdict == "never":
+            raise admission.error(f"The job {admission.reason}; it could never start.")
+        reason = f"waiting: {admission.reason}" if admission.reason else "waiting to start"
+        job = Job(uuid.uuid4().hex[:12], owner, team.name, spec, reason=reason, created=self.now())
         self._save(job)
         self.log.info("gpupool: job %s submitted by %s (team %s)", job.id, owner, team.name)
         self.kick()
@@ -279,6 +281,28 @@ class JobManager(LoggingConfigurable):
         self.kick()
         return job
 
+    # -- logs ----------------------------------------------------------------------------------
+    async def read_log(self, job: Job, rank: int, offset: int) -> tuple[bytes, int]:
+        """A chunk of ``rank``'s log from ``offset``, and the log's size now (never blocks)."""
+        return await self.backend.read_log(job, rank, offset)
+
+    async def follow_log(
+        self, job: Job, rank: int, offset: int, left: asyncio.Event
+    ) -> AsyncIterator[bytes]:
+        """The log's chunks from ``offset`` as they come, until the job has ended and its log is
+        drained, or ``left`` is set (the reader went away), whichever comes first."""
+        while not left.is_set():
+            now = self.jobs.get(job.id, job)  # its state before the read: final means drained
+            data, _ = await self.backend.read_log(now, rank, offset)
+            if data:
+                offset += len(data)
+                yield data
+                continue
+            if now.final:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(left.wait(), self.log_poll_interval)
+
     def queue_positions(self) -> dict[str, int]:
         """Queued job id -> its place in the queue's own order (1 is served first)."""
         queued = [self._queued(j) for j in self.jobs.values() if j.state == "queued"]
@@ -344,21 +368,24 @@ class JobManager(LoggingConfigurable):
             return False
         q = self._queued(job)
         taken: list[str] = []
+        devices: list[str] = []
         try:
             for _ in range(q.nodes):
                 a = self.pool.allocate(
                     job.owner, [job.team], q.offer, q.gpus, team=job.team, kind="job", ref=job.id
                 )
                 taken.append(a.id)
+                devices.extend(d.visible_id for d in a.devices)
         except PoolError as e:
             for alloc_id in taken:
                 self.pool.release(alloc_id)
             self._save(replace(job, reason=e.message))
             return False
         metrics.QUEUE_WAIT_SECONDS.labels(team=job.team).observe(max(0.0, self.now() - job.created))
+        what = "GPUs granted; starting" if devices else "starting"
         self._save(
             transition(
-                job, "starting", "GPUs granted; starting", self.now(), allocations=tuple(taken)
+                job, "starting", what, self.now(), allocations=tuple(taken), devices=tuple(devices)
             )
         )
         return True

@@ -378,6 +378,7 @@ def _job_row(job: Job) -> dict[str, Any]:
         "exit_codes": json.dumps({str(r): c for r, c in job.exit_codes}),
         "restarts": job.restarts,
         "allocations": json.dumps(list(job.allocations)),
+        "devices": json.dumps(list(job.devices)),
         "handle": job.handle,
     }
 
@@ -399,5 +400,6 @@ def _row_job(r: Any) -> Job:
         exit_codes=tuple(sorted((int(k), int(v)) for k, v in json.loads(r.exit_codes).items())),
         restarts=r.restarts,
         allocations=tuple(json.loads(r.allocations)),
+        devices=tuple(json.loads(r.devices)),
         handle=r.handle,
     )

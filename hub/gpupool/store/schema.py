@@ -55,4 +55,5 @@ jobs = Table(
     Column("restarts", Integer, nullable=False, server_default="0"),
     Column("allocations", Text, nullable=False, server_default="[]"),
     Column("handle", Text, nullable=False, server_default=""),
+    Column("devices", Text, nullable=False, server_default="[]"),
 )

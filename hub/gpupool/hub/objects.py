@@ -1,0 +1,61 @@
+"""The hub's objects, built once at start and handed to whoever needs them.
+
+Vocabulary
+- *hub objects* (:class:`HubObjects`): the pool, the job manager and the idle reclaimer of one
+  hub process. ``setup(c)`` builds them and puts them into JupyterHub's tornado settings under
+  :data:`SETTINGS_KEY`; REST handlers and pages read ``self.settings``, spawners
+  ``self.user.settings`` (JupyterHub hands every ``User`` the same settings dict). Tests build
+  their own with :func:`build` and pass them in the same way; nothing reaches them through a
+  module global.
+
+Contract: traitlets deep-copies every configured value when it loads it into JupyterHub;
+:class:`HubObjects` copies as itself, so the hub's settings hold these very objects (one pool,
+one lock). :func:`hub_objects` raises a ``RuntimeError`` naming ``setup(c)`` when the settings
+hold none: a hub configured without gpupool's setup, a misconfiguration, not a user's error.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from traitlets.config import Config
+
+from ..jobs.manager import JobManager
+from ..pool import Pool
+from .reclaim import IdleReclaimer
+
+SETTINGS_KEY = "gpupool"
+"""The tornado settings key that holds the hub's :class:`HubObjects`."""
+
+
+@dataclass(frozen=True, eq=False)
+class HubObjects:
+    pool: Pool
+    jobs: JobManager
+    reclaimer: IdleReclaimer
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> HubObjects:
+        return self  # one pool per hub: configuration copies must share it
+
+
+def build(pool: Pool, config: Config, log: logging.Logger) -> HubObjects:
+    """The job manager and the reclaimer over ``pool``, configured from the hub's ``config``;
+    the reclaimer gets a fresh random service token (in memory only, never logged)."""
+    jobs = JobManager(pool, config=config, log=log)
+    reclaimer = IdleReclaimer(pool, secrets.token_hex(32), config=config, log=log)
+    return HubObjects(pool, jobs, reclaimer)
+
+
+def hub_objects(settings: Mapping[str, Any]) -> HubObjects:
+    """The hub objects in JupyterHub's tornado ``settings``."""
+    found = settings.get(SETTINGS_KEY)
+    if not isinstance(found, HubObjects):
+        raise RuntimeError(
+            "gpupool's objects are not in the hub's settings: call gpupool.hub.setup(c) at the "
+            "end of jupyterhub_config.py."
+        )
+    return found
