@@ -184,6 +184,13 @@ def test_a_job_waits_for_a_full_pool_and_starts_when_a_notebook_stops(hub: Hub) 
     spawn(hub, "ada", "vision|h100|1")
     spawn(hub, "ben", "vision|h100|1")
     cal = hub.token("cal")
+    offers = hub.as_user(cal, "GET", "/offers").json()["teams"][0]["offers"]
+    verdicts = {(o["name"], o["count"]): (o["admission"], o["reason"]) for o in offers}
+    assert verdicts["h100", 1] == ("wait", "needs 1 GPU-eq; team vision has 0 left")
+    assert verdicts["cpu", 1] == ("now", "")
+    never = hub.as_user(cal, "POST", "/jobs", json={"script": "x", "offer": "h100", "gpus": 3})
+    assert never.status_code == 400, never.text
+    assert "Offer h100 takes a count from 1 to 2, not 3." in never.text
     job = submit(hub, cal, "print('ran')", offer="h100", gpus=1, time_limit=60)
     queued = hub.as_user(cal, "GET", f"/jobs/{job['id']}").json()
     assert queued["state"] == "queued" and queued["queue_position"] == 1
@@ -257,6 +264,9 @@ def test_offers_match_the_document(hub: Hub, ada: str) -> None:
     assert [t["team"] for t in offers["teams"]] == ["vision"]
     names = {(o["name"], o["count"]) for o in offers["teams"][0]["offers"]}
     assert names == {("cpu", 1), ("mig-3g.40gb", 1), ("h100", 1), ("h100", 2)}
+    for line in offers["teams"][0]["offers"]:  # enabled and the reason follow the verdict
+        now = line["admission"] == "now"
+        assert line["enabled"] is now and (line["reason"] == "") is now, line
 
 
 def test_a_followed_log_stops_when_the_client_leaves(hub: Hub, ada: str) -> None:

@@ -5,8 +5,9 @@ Vocabulary
   processes of the CPU offer) on ``nodes`` nodes, charged to a team for a user.
 - *verdict*: ``now`` (grantable at this moment), ``wait`` (within the team's limit and the
   user's cap, but the quota is in use or the devices are busy: a job queues, a notebook is
-  refused with the reason) or ``never`` (the team may not use the offer, the request is larger
-  than the team's limit or the user's cap, or larger than any node of the pool can ever hold).
+  refused with the reason) or ``never`` (the team may not use the offer, the offer does not come
+  in that count, the request is larger than the team's limit or the user's cap, or larger than
+  any node of the pool can ever hold).
 - *free*: how many of the offer the pool can place now on one node (:meth:`Ledger.placeable`);
   *capacity*: the same on an empty pool (:meth:`Ledger.capacity`).
 
@@ -28,9 +29,10 @@ from .units import fmt
 
 Verdict = Literal["now", "wait", "never"]
 VERDICTS: tuple[Verdict, ...] = ("now", "wait", "never")
-Cause = Literal["", "offer", "quota", "capacity"]
+Cause = Literal["", "offer", "count", "quota", "capacity"]
 _ERRORS: dict[str, type[PoolError]] = {
     "offer": OfferNotAllowed,
+    "count": InvalidRequest,
     "quota": QuotaExceeded,
     "capacity": NoCapacity,
 }
@@ -42,8 +44,8 @@ class Admission:
     reason: str = ""
     """Why not now, as a phrase a researcher can act on (empty for ``now``)."""
     cause: Cause = ""
-    """What stands in the way: the team's offers, the quota (team limit or user cap), or the
-    devices (empty for ``now``)."""
+    """What stands in the way: the team's offers, a count the offer does not take, the quota
+    (team limit or user cap), or the devices (empty for ``now``)."""
 
     @property
     def now(self) -> bool:
@@ -70,6 +72,10 @@ def admit(team: Team, offer: Offer, count: int, nodes: int, usage: Usage) -> Adm
         allowed = ", ".join(sorted(team.offers or ())) or "none"
         why = f"team {team.name} may not request {offer.name}; allowed: {allowed}"
         return Admission("never", why, "offer")
+    if offer.kind == "gpu" and not 1 <= count <= offer.max_count:
+        return Admission(
+            "never", f"{offer.name} takes 1 to {offer.max_count} GPUs per node", "count"
+        )
     cost = offer.cost_milli(count) * nodes
     need = f"needs {fmt(cost)} GPU-eq"
     cap = team.user_cap_milli
