@@ -47,11 +47,6 @@ class Team:
         return self.offers is None or offer in self.offers
 
 
-def borrowed_milli(team: Team, used_milli: int) -> int:
-    """How much of ``used_milli`` lies above the guarantee."""
-    return max(0, used_milli - team.guarantee_milli)
-
-
 def resolve_team(
     teams: Mapping[str, Team], everyone: Team, groups: Iterable[str], requested: str | None
 ) -> Team:

@@ -1,0 +1,261 @@
+"""The settings of the Kubernetes job backend: its traits, their defaults, and what it reads of
+the pool (offers, GPU product labels).
+
+Vocabulary
+- *shared settings*: the namespace, Kueue queue template, GPU tolerations, priority class,
+  scheduler and product labels default to the ``KubeGPUSpawner`` (or ``KubeSpawner``) settings
+  of the same name, so notebooks and jobs land alike; set ``c.KubeJobBackend.<name>`` to differ.
+- *product labels*: GPU model → ``nvidia.com/gpu.product`` values, for the pods' node affinity.
+- *notebook pod*: the owner's live notebook pod (KubeSpawner's labels and annotation), whose spec
+  a job pod copies: the default server before named ones, a running pod before a pending one.
+
+Contract: no I/O but reading the service account's namespace file once, for the default
+namespace; the runtime (API calls) is :mod:`gpupool.jobs.kube`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from traitlets import Bool, Callable, Dict, Float, Int, List, Unicode, default, validate
+
+from gpupool.core.ledger import Allocation
+from gpupool.core.offers import Offer
+from gpupool.podspec import DEFAULT_GPU_TOLERATIONS, DEFAULT_PRODUCT_LABELS, check_queue_template
+
+from .backend import JobBackend
+from .kube_manifests import DEFAULT_LOG_DIR, DEFAULT_PYTHON, DEFAULT_TORCHRUN
+from .kube_status import TERMINAL_PHASES, phase
+
+SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+NOTEBOOK_SELECTOR = "component=singleuser-server,hub.jupyter.org/username={user}"
+USERNAME_ANNOTATION = "hub.jupyter.org/username"
+SERVERNAME_LABEL = "hub.jupyter.org/servername"
+
+
+class KubeJobSettings(JobBackend):
+    """The settings of :class:`gpupool.jobs.kube.KubeJobBackend` (its base class)."""
+
+    name = "kubernetes"
+
+    namespace = Unicode(
+        config=True,
+        help="""Namespace of the jobs' objects (default: KubeSpawner's ``namespace`` when
+        configured, else the hub's own namespace in the cluster, else ``default``). Example:
+        ``c.KubeJobBackend.namespace = "jhub"``""",
+    )
+    image = Unicode(
+        "",
+        config=True,
+        help="""Image of job pods whose notebook pod template names none (no running
+        notebook, no ``pod_template`` image). Example:
+        ``c.KubeJobBackend.image = "quay.io/jupyter/pytorch-notebook:cuda12-latest"``""",
+    )
+    pod_template = Dict(
+        {},
+        config=True,
+        help="""Base pod (Pod or PodSpec, API JSON) of job pods when the owner has no running
+        notebook pod: image, home volume and mount, security context… Example::
+
+            c.KubeJobBackend.pod_template = {
+                "containers": [{"name": "notebook", "image": "ghcr.io/org/torch:2.6",
+                                "volumeMounts": [{"name": "home", "mountPath": "/home/jovyan"}]}],
+                "volumes": [{"name": "home",
+                             "persistentVolumeClaim": {"claimName": "shared-home"}}],
+            }
+        """,
+    )
+    use_notebook_pod = Bool(
+        True,
+        config=True,
+        help="""Build job pods from the owner's running notebook pod (KubeSpawner's labels
+        ``component=singleuser-server``, ``hub.jupyter.org/username``) when there is one.
+        Example: ``c.KubeJobBackend.use_notebook_pod = False``""",
+    )
+    pod_template_hook = Callable(
+        None,
+        allow_none=True,
+        config=True,
+        help="""``hook(backend, job)`` (may be async) returning the notebook pod (API JSON) to
+        build the job's pods from, or None to fall back. Example::
+
+            def hook(backend, job):
+                return {"spec": {"containers": [{"name": "notebook", "image": "img:1"}]}}
+            c.KubeJobBackend.pod_template_hook = hook
+        """,
+    )
+    kueue_queue_template = Unicode(
+        config=True,
+        help="""When set, GPU and MIG jobs get the label ``kueue.x-k8s.io/queue-name`` with
+        this template filled in (``{team}``, ``{offer}``, ``{user}``) and wait for Kueue's
+        admission (default: ``KubeGPUSpawner.kueue_queue_template``). Example:
+        ``c.KubeJobBackend.kueue_queue_template = "{team}-batch"``""",
+    )
+    ttl_seconds_after_finished = Int(
+        7 * 24 * 3600,
+        allow_none=True,
+        config=True,
+        help="""Seconds a finished Job (its pods, so its logs, its Service and ConfigMap) is
+        kept; None keeps it until cancelled by hand. Example:
+        ``c.KubeJobBackend.ttl_seconds_after_finished = 86400``""",
+    )
+    log_dir = Unicode(
+        DEFAULT_LOG_DIR,
+        config=True,
+        help="""Folder in job containers (an ``emptyDir``) where rank_log's per-rank paths are
+        links to the pod log. Example: ``c.KubeJobBackend.log_dir = "/tmp/gpupool-logs"``""",
+    )
+    torchrun = List(
+        list(DEFAULT_TORCHRUN),
+        config=True,
+        help="""How job images start torchrun. Example:
+        ``c.KubeJobBackend.torchrun = ["python", "-m", "torch.distributed.run"]``""",
+    )
+    python = Unicode(
+        DEFAULT_PYTHON,
+        config=True,
+        help="""The Python of job images (it needs torch and gpupool_lab); torchrun starts each
+        rank with it. Example: ``c.KubeJobBackend.python = "/opt/conda/bin/python"``""",
+    )
+    kill_grace = Float(
+        30.0,
+        config=True,
+        help="""Seconds job pods get between SIGTERM and SIGKILL (their
+        ``terminationGracePeriodSeconds``). Example: ``c.KubeJobBackend.kill_grace = 60``""",
+    )
+    request_timeout = Float(
+        30.0,
+        config=True,
+        help="Seconds one request to the API server may take. Example: ``10``",
+    )
+    log_chunk_bytes = Int(
+        1 << 20,
+        config=True,
+        help="The most log bytes one read returns. Example: ``4 * 1024 * 1024``",
+    )
+    gpu_tolerations = List(
+        [dict(t) for t in DEFAULT_GPU_TOLERATIONS],
+        config=True,
+        help="""Tolerations of GPU and MIG job pods (default:
+        ``KubeGPUSpawner.gpu_tolerations``). Example::
+
+            c.KubeJobBackend.gpu_tolerations = [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            ]
+        """,
+    )
+    gpu_priority_class_name = Unicode(
+        config=True,
+        help="""PriorityClass of GPU and MIG job pods (default:
+        ``KubeGPUSpawner.gpu_priority_class_name``; empty keeps the notebook pod's). Example:
+        ``c.KubeJobBackend.gpu_priority_class_name = "gpu-batch"``""",
+    )
+    gpu_scheduler_name = Unicode(
+        config=True,
+        help="""Scheduler of GPU and MIG job pods (default:
+        ``KubeGPUSpawner.gpu_scheduler_name``). Example:
+        ``c.KubeJobBackend.gpu_scheduler_name = "kai-scheduler"``""",
+    )
+    gpu_product_labels = Dict(
+        config=True,
+        help="""``nvidia.com/gpu.product`` values by model key, over the built-in table
+        (default: ``KubeGPUSpawner.gpu_product_labels``). Example:
+        ``c.KubeJobBackend.gpu_product_labels = {"H100-80GB": ["NVIDIA-H100-80GB-HBM3"]}``""",
+    )
+    api_client_factory = Callable(
+        None,
+        allow_none=True,
+        config=True,
+        help="""Makes the ``kubernetes_asyncio`` ``ApiClient`` for each use (may be async); None
+        loads in-cluster credentials, else the kubeconfig (``KUBECONFIG``). Example::
+
+            from kubernetes_asyncio.client import ApiClient, Configuration
+            c.KubeJobBackend.api_client_factory = lambda: ApiClient(
+                Configuration(host="http://127.0.0.1:8001"))
+        """,
+    )
+    offers = Dict(
+        help="""Offers by name, for the offer model's GPU product affinity (default: the
+        manager's pool's offers)."""
+    )
+
+    # -- settings shared with KubeGPUSpawner ---------------------------------------------------
+    def _spawner_setting(self, name: str, fallback: Any) -> Any:
+        for section in ("KubeGPUSpawner", "KubeSpawner"):
+            if section in self.config and name in self.config[section]:
+                return self.config[section][name]
+        return fallback
+
+    @default("namespace")
+    def _default_namespace(self) -> str:
+        configured = self._spawner_setting("namespace", "")
+        if configured:
+            return str(configured)
+        try:
+            return Path(SA_NAMESPACE_FILE).read_text().strip() or "default"
+        except OSError:
+            return "default"
+
+    @default("kueue_queue_template")
+    def _default_queue(self) -> str:
+        return str(self._spawner_setting("kueue_queue_template", ""))
+
+    @default("gpu_tolerations")
+    def _default_tolerations(self) -> list[Any]:
+        return list(self._spawner_setting("gpu_tolerations", DEFAULT_GPU_TOLERATIONS))
+
+    @default("gpu_priority_class_name")
+    def _default_priority(self) -> str:
+        return str(self._spawner_setting("gpu_priority_class_name", ""))
+
+    @default("gpu_scheduler_name")
+    def _default_scheduler(self) -> str:
+        return str(self._spawner_setting("gpu_scheduler_name", ""))
+
+    @default("gpu_product_labels")
+    def _default_products(self) -> dict[str, Any]:
+        return dict(self._spawner_setting("gpu_product_labels", {}))
+
+    @validate("kueue_queue_template")
+    def _valid_queue_template(self, proposal: dict[str, Any]) -> str:
+        return check_queue_template(str(proposal["value"]), "KubeJobBackend.kueue_queue_template")
+
+    def _pool(self) -> Any:
+        return getattr(self.parent, "pool", None)
+
+    def offer_of(self, allocation: Allocation) -> Offer | None:
+        offers = self.offers or getattr(getattr(self._pool(), "ledger", None), "offers", {})
+        offer = offers.get(allocation.offer)
+        return offer if isinstance(offer, Offer) else None
+
+    def product_labels(self) -> dict[str, tuple[str, ...]]:
+        """Model → ``nvidia.com/gpu.product`` values: built-in, plus what a Kubernetes
+        inventory saw on the nodes, with ``gpu_product_labels`` overriding both."""
+        labels = {model: list(values) for model, values in DEFAULT_PRODUCT_LABELS.items()}
+        inventory = getattr(self._pool(), "inventory", None)
+        if inventory is not None and getattr(inventory, "source", "") == "kubernetes":
+            for gpu in inventory.gpus:
+                if gpu.product_name and gpu.product_name not in labels.get(gpu.model, []):
+                    labels.setdefault(gpu.model, []).append(gpu.product_name)
+        for model, values in self.gpu_product_labels.items():
+            labels[model] = [values] if isinstance(values, str) else list(values)
+        return {model: tuple(values) for model, values in labels.items()}
+
+
+def notebook_pod(pods: list[dict[str, Any]], owner: str) -> dict[str, Any] | None:
+    """The notebook pod of ``owner`` a job's pod is built from, among ``pods`` (as the API
+    lists them for :data:`NOTEBOOK_SELECTOR`), or ``None``."""
+    mine = [
+        p
+        for p in pods
+        if (p["metadata"].get("annotations") or {}).get(USERNAME_ANNOTATION, owner) == owner
+        and phase(p) not in TERMINAL_PHASES
+    ]
+    mine.sort(
+        key=lambda p: (
+            bool((p["metadata"].get("labels") or {}).get(SERVERNAME_LABEL)),
+            phase(p) != "Running",
+        )
+    )
+    return mine[0] if mine else None
