@@ -6,6 +6,14 @@ import { requestAPI } from './request';
 export type OfferKind = 'cpu' | 'gpu' | 'mig';
 
 /**
+ * The hub's verdict on a request (`gpupool.core.admission`): `now` (it can start now), `wait`
+ * (within the team's limit and the user's cap, but the quota is in use or the devices are busy:
+ * a job queues) or `never` (not allowed, beyond the team's limit or the user's cap, or larger
+ * than any node).
+ */
+export type Admission = 'now' | 'wait' | 'never';
+
+/**
  * One pickable (offer, count) line of a team.
  */
 export interface IOffer {
@@ -25,9 +33,17 @@ export interface IOffer {
    * How many of this offer can be placed now.
    */
   free: number;
+  /**
+   * The verdict on this line for one node. Hubs before admission was reported leave it out;
+   * read it through `lineAdmission` (validate.ts), which falls back to `enabled`.
+   */
+  admission?: Admission;
+  /**
+   * Whether the line can start now (`admission` is `now`).
+   */
   enabled: boolean;
   /**
-   * Why the line is not enabled (empty when it is).
+   * Why not now (empty when `admission` is `now`).
    */
   reason: string;
 }
@@ -84,8 +100,16 @@ export interface IJob {
   finished: string | null;
   exit_codes: { [rank: string]: number };
   queue_position: number | null;
+  /**
+   * The devices the job holds, or held once it has ended.
+   */
   devices: string[];
   time_limit?: number;
+  /**
+   * Whether this server remembers the job's submission and can submit it again (set by the
+   * server extension; absent means no).
+   */
+  resubmittable?: boolean;
 }
 
 export type CellsRequest = 'all' | { upto: number } | { selected: number[] };

@@ -9,17 +9,20 @@ import { Widget } from '@lumino/widgets';
 import { element } from './dom';
 
 import type { IOffersReply, ITeamOffers } from './api';
-import { formatGpuEq, formatLimit, quotaLine } from './format';
+import { formatLimit, quotaLine, teamChoiceLabel } from './format';
 import {
   baseLabel,
   CellsMode,
+  choiceAdmission,
   INotebookCells,
   IRunChoice,
   IRunForm,
+  lineAdmission,
   MAX_NODES,
   maxPerNode,
   offerEntries,
   offerNames,
+  queueNotice,
   validateChoice
 } from './validate';
 
@@ -48,7 +51,9 @@ let counter = 0;
 
 /**
  * The dialog's body. Inputs are named `name`, `team`, `offer`, `gpus`, `nodes`, `time_limit`
- * (minutes) and `cells` (radio buttons `all`, `upto`, `selected`).
+ * (minutes) and `cells` (radio buttons `all`, `upto`, `selected`). Below them,
+ * `.gpupool-form-notice` says when the job would queue ("The job will queue: <reason>."; it can
+ * still be submitted) and `.gpupool-form-error` why it cannot be submitted (Submit is disabled).
  */
 export class RunDistributedBody extends Widget implements Dialog.IBodyWidget<IRunForm> {
   constructor(options: IRunDialogOptions) {
@@ -85,11 +90,7 @@ export class RunDistributedBody extends Widget implements Dialog.IBodyWidget<IRu
     this._team = element('select', 'jp-mod-styled');
     this._team.name = 'team';
     for (const t of options.offers.teams) {
-      const option = element(
-        'option',
-        undefined,
-        trans.__('%1 (%2 of %3 GPU-eq left)', t.team, formatGpuEq(t.left), formatGpuEq(t.limit))
-      );
+      const option = element('option', undefined, teamChoiceLabel(t));
       option.value = t.team;
       this._team.append(option);
     }
@@ -147,6 +148,9 @@ export class RunDistributedBody extends Widget implements Dialog.IBodyWidget<IRu
 
     this._error = element('p', 'gpupool-form-error');
     this._error.setAttribute('role', 'alert');
+    this._notice = element('p', 'gpupool-form-notice');
+    this._notice.setAttribute('role', 'status');
+    this._notice.hidden = true;
 
     const gpusField = field(trans.__('GPUs per node'), this._gpus, `${uid}-gpus`);
     this._gpusLabel = gpusField.label;
@@ -173,6 +177,7 @@ export class RunDistributedBody extends Widget implements Dialog.IBodyWidget<IRu
       this._offerHint,
       numbers,
       cellsSet,
+      this._notice,
       this._error
     );
 
@@ -269,18 +274,27 @@ export class RunDistributedBody extends Widget implements Dialog.IBodyWidget<IRu
     for (const name of offerNames(team)) {
       const entries = offerEntries(team, name);
       const first = entries[0];
-      const enabled = entries.some(e => e.enabled);
+      // The offer's best line: one that starts now, else one that would queue, else the first.
+      const verdicts = entries.map(e => lineAdmission(e));
+      const best =
+        verdicts.find(v => v.verdict === 'now') ??
+        verdicts.find(v => v.verdict === 'wait') ??
+        verdicts[0];
       let text = baseLabel(first);
       if (first.kind !== 'cpu') {
         text = trans.__('%1 — %2 free', text, first.free);
       }
-      if (!enabled) {
-        text = trans.__('%1 (%2)', text, first.reason);
+      if (best.verdict === 'wait') {
+        text = trans.__('%1 (will queue)', text);
+      } else if (best.verdict === 'never') {
+        text = trans.__('%1 (%2)', text, best.reason);
       }
       const option = element('option', undefined, text);
       option.value = name;
-      option.disabled = !enabled;
-      option.title = [first.description, enabled ? '' : first.reason].filter(Boolean).join(' — ');
+      option.disabled = best.verdict === 'never';
+      option.dataset.admission = best.verdict;
+      const why = best.verdict === 'wait' ? trans.__('will queue: %1', best.reason) : best.reason;
+      option.title = [first.description, why].filter(Boolean).join(' — ');
       this._offer.append(option);
     }
     this._offer.value = keep;
@@ -315,16 +329,25 @@ export class RunDistributedBody extends Widget implements Dialog.IBodyWidget<IRu
     }
     const parts = [first.description];
     if (first.kind === 'gpu') {
-      const counts = entries.filter(e => e.enabled).map(e => e.count);
-      parts.push(
-        counts.length > 0
-          ? trans.__(
-              '%1 free now; up to %2 GPUs per node can start now',
-              first.free,
-              Math.max(...counts)
-            )
-          : trans.__('%1 free now', first.free)
-      );
+      const counts = (verdict: string) =>
+        entries.filter(e => lineAdmission(e).verdict === verdict).map(e => e.count);
+      const now = counts('now');
+      const wait = counts('wait');
+      if (now.length > 0) {
+        parts.push(
+          trans.__(
+            '%1 free now; up to %2 GPUs per node can start now',
+            first.free,
+            Math.max(...now)
+          )
+        );
+      } else if (wait.length > 0) {
+        parts.push(
+          trans.__('%1 free now; up to %2 GPUs per node can queue', first.free, Math.max(...wait))
+        );
+      } else {
+        parts.push(trans.__('%1 free now', first.free));
+      }
     } else if (first.kind === 'mig') {
       parts.push(trans.__('%1 free now; one instance per node', first.free));
     }
@@ -337,6 +360,11 @@ export class RunDistributedBody extends Widget implements Dialog.IBodyWidget<IRu
       Number.isInteger(seconds) && seconds > 0 ? `= ${formatLimit(seconds)}` : '';
     const problem = this.validate();
     const invalid = problem !== null;
+    const notice = invalid
+      ? ''
+      : queueNotice(choiceAdmission(this.getValue(), this._options.offers));
+    this._notice.textContent = notice;
+    this._notice.hidden = notice === '';
     this._error.textContent = problem ?? this._serverError ?? '';
     this._error.classList.toggle('jp-mod-error', invalid);
     this._error.classList.toggle('gpupool-mod-server', !invalid && this._serverError !== null);
@@ -370,6 +398,7 @@ export class RunDistributedBody extends Widget implements Dialog.IBodyWidget<IRu
   private _time: HTMLInputElement;
   private _timeHint: HTMLSpanElement;
   private _cells: HTMLInputElement[] = [];
+  private _notice: HTMLParagraphElement;
   private _error: HTMLParagraphElement;
 }
 

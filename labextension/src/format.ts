@@ -40,16 +40,54 @@ export function reclaimLabel(warning: IReclaimWarning): string {
 }
 
 /**
- * A team's quota in one line: "team vision: 1.5 of 3 GPU-eq used, 1.5 left; you: 0.5 of 1".
+ * The hub's pseudo-team of users in no team (`gpupool.core.quota.EVERYONE`).
+ */
+export const EVERYONE = 'everyone';
+
+/**
+ * Whether a team has no GPU quota at all (it may request CPU only).
+ */
+function cpuOnly(team: ITeamOffers): boolean {
+  return Math.round(team.limit * 1000) <= 0;
+}
+
+/**
+ * A team's quota in one line: "team vision: 1.5 of 3 GPU-eq used, 1.5 left; you hold 0.5 of
+ * your 1 cap"; "CPU only (you are in no team)" for the pseudo-team of users in no team without a
+ * GPU quota, "team x: CPU only" for a team without one.
  */
 export function quotaLine(team: ITeamOffers): string {
+  const noTeam = team.team === EVERYONE;
+  if (cpuOnly(team)) {
+    return noTeam ? 'CPU only (you are in no team)' : `team ${team.team}: CPU only`;
+  }
+  const who = noTeam ? 'users in no team' : `team ${team.team}`;
   let line =
-    `team ${team.team}: ${formatGpuEq(team.used)} of ${formatGpuEq(team.limit)} GPU-eq used, ` +
+    `${who}: ${formatGpuEq(team.used)} of ${formatGpuEq(team.limit)} GPU-eq used, ` +
     `${formatGpuEq(team.left)} left`;
   if (team.user_cap !== null && team.user_cap !== undefined) {
     line += `; you hold ${formatGpuEq(team.user_used)} of your ${formatGpuEq(team.user_cap)} cap`;
   }
   return line;
+}
+
+/**
+ * A team in the dialog's team menu: "vision (1.5 of 3 GPU-eq left)", "nlp (CPU only)",
+ * "no team (CPU only)".
+ */
+export function teamChoiceLabel(team: ITeamOffers): string {
+  const name = team.team === EVERYONE ? 'no team' : team.team;
+  if (cpuOnly(team)) {
+    return `${name} (CPU only)`;
+  }
+  return `${name} (${formatGpuEq(team.left)} of ${formatGpuEq(team.limit)} GPU-eq left)`;
+}
+
+/**
+ * The message of an error (what the server said, for a failed request), or the value as text.
+ */
+export function errorMessage(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
 }
 
 function plural(n: number, one: string, many: string): string {

@@ -1,6 +1,8 @@
 /**
- * gpupool in JupyterLab and Notebook 7: "Run distributed" (notebook toolbar and command
- * palette), the GPU jobs panel (left sidebar) and this server's allocation (status bar).
+ * gpupool in JupyterLab: "Run distributed" (notebook toolbar and command palette), the GPU jobs
+ * panel (left sidebar) and this server's allocation (status bar, skipped where there is none).
+ * Tested in JupyterLab's light and dark themes (tests/lab/test_browser.py); Notebook 7 is not
+ * installed or tested.
  */
 import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';

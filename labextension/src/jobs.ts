@@ -1,6 +1,7 @@
 /**
  * The GPU jobs panel (left sidebar): the user's jobs, and for the selected one its details,
- * live per-rank logs, cancel and resubmit.
+ * live per-rank logs (`joblog.ts`), cancel and resubmit. The texts it shows of a job come from
+ * `jobview.ts`.
  */
 import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
 import type { TranslationBundle } from '@jupyterlab/translation';
@@ -10,58 +11,22 @@ import { Widget } from '@lumino/widgets';
 
 import { element } from './dom';
 
-import { cancelJob, getJob, getLogs, IJob, isFinal, listJobs, resubmitJob } from './api';
-import { formatAge, formatLimit, jobDuration, jobResources, utf8Length } from './format';
+import { cancelJob, getJob, IJob, isFinal, listJobs, resubmitJob } from './api';
+import { errorMessage } from './format';
 import { gpuIcon } from './icons';
+import { LogFollower } from './joblog';
+import { detailRows, rowParts, stateBadge } from './jobview';
 import { IGpupoolJobs, JOBS_PANEL_ID } from './tokens';
 
 /**
- * Seconds between job list reloads while the panel is visible.
+ * Milliseconds between job list reloads while the panel is visible.
  */
-const LIST_INTERVAL = 3000;
+export const LIST_INTERVAL_MS = 3000;
 
 /**
- * Seconds between log reads while the selected job runs.
+ * The longest wait between list reloads while they fail (the poll backs off), in milliseconds.
  */
-const LOG_INTERVAL = 2000;
-
-/**
- * Reads right after another once the job has ended, to drain its log, before slowing down.
- */
-const MAX_DRAINS = 20;
-
-/**
- * The most log text kept in the page (older text is trimmed).
- */
-const MAX_LOG_CHARS = 2_000_000;
-
-function messageOf(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
-}
-
-function sleep(ms: number): Promise<void> {
-  return new Promise(resolve => setTimeout(resolve, ms));
-}
-
-/**
- * An ISO time in the browser's locale and time zone.
- */
-function localTime(iso: string | null): string {
-  if (!iso) {
-    return '';
-  }
-  const t = new Date(iso);
-  return Number.isNaN(t.getTime()) ? iso : t.toLocaleString();
-}
-
-/**
- * A state as text with the class `gpupool-state-<state>`.
- */
-function stateBadge(state: string): HTMLSpanElement {
-  const badge = element('span', `gpupool-state gpupool-state-${state}`, state);
-  badge.dataset.state = state;
-  return badge;
-}
+const LIST_RETRY_MAX_MS = 60 * 1000;
 
 export namespace JobsPanel {
   export interface IOptions {
@@ -121,7 +86,7 @@ export class JobsPanel extends Widget implements IGpupoolJobs {
     this._rank.id = 'gpupool-rank';
     rankLabel.htmlFor = this._rank.id;
     this._rank.addEventListener('change', () => {
-      this._followLog(this._selected, Number(this._rank.value));
+      this._logs.follow(this._selected, Number(this._rank.value));
     });
     this._cancel = element(
       'button',
@@ -139,18 +104,15 @@ export class JobsPanel extends Widget implements IGpupoolJobs {
     this._resubmit.addEventListener('click', () => void this._resubmitSelected());
     actions.append(rankLabel, this._rank, this._cancel, this._resubmit);
 
-    this._log = element('pre', 'gpupool-log');
-    this._log.tabIndex = 0;
-    this._log.setAttribute('aria-label', trans.__('Log of the selected rank'));
-    this._logStatus = element('p', 'gpupool-log-status');
-    this._detail.append(detailHeader, this._detailInfo, actions, this._logStatus, this._log);
+    this._logs = new LogFollower({ trans, isVisible: () => this.isVisible });
+    this._detail.append(detailHeader, this._detailInfo, actions, this._logs.status, this._logs.log);
 
     this.node.append(header, this._errorNode, this._empty, this._list, this._detail);
 
     this._poll = new Poll({
       auto: false,
       factory: () => this.refresh(),
-      frequency: { interval: LIST_INTERVAL, backoff: true, max: 60 * 1000 },
+      frequency: { interval: LIST_INTERVAL_MS, backoff: true, max: LIST_RETRY_MAX_MS },
       name: 'gpupool-lab:jobs',
       standby: () => (this.isVisible ? 'when-hidden' : true)
     });
@@ -175,7 +137,7 @@ export class JobsPanel extends Widget implements IGpupoolJobs {
     if (this.isDisposed) {
       return;
     }
-    this._logGeneration++;
+    this._logs.dispose();
     this._poll.dispose();
     super.dispose();
   }
@@ -188,7 +150,7 @@ export class JobsPanel extends Widget implements IGpupoolJobs {
       this._jobs = await listJobs();
       this._listError = null;
     } catch (error) {
-      this._listError = messageOf(error);
+      this._listError = errorMessage(error);
       this._render();
       throw error;
     }
@@ -220,7 +182,7 @@ export class JobsPanel extends Widget implements IGpupoolJobs {
   protected onAfterShow(msg: Message): void {
     super.onAfterShow(msg);
     void this._poll.refresh();
-    this._restartLogIfStalled();
+    this._logs.resume();
   }
 
   private _onListEvent(event: Event): void {
@@ -243,7 +205,7 @@ export class JobsPanel extends Widget implements IGpupoolJobs {
     }
     this._selected = jobId;
     this._renderedRanks = -1;
-    this._followLog(jobId, 0);
+    this._logs.follow(jobId, 0);
   }
 
   private _render(): void {
@@ -269,18 +231,7 @@ export class JobsPanel extends Widget implements IGpupoolJobs {
       li.classList.toggle('jp-mod-selected', selected);
       li.title = job.reason ? `${job.id}: ${job.reason}` : job.id;
 
-      const texts: [string, string][] = [
-        ['gpupool-job-gpus', jobResources(job)],
-        ['gpupool-job-team', job.team],
-        ['gpupool-job-age', formatAge(job.created, now)]
-      ];
-      const duration = jobDuration(job, now);
-      if (duration) {
-        texts.push(['gpupool-job-duration', trans.__('ran %1', duration)]);
-      }
-      if (job.state === 'queued' && job.queue_position !== null) {
-        texts.push(['gpupool-job-queue', trans.__('#%1 in queue', job.queue_position)]);
-      }
+      const texts = rowParts(job, now, trans);
       const signature = JSON.stringify([job.name, job.state, texts]);
       if (li.dataset.signature !== signature) {
         li.dataset.signature = signature;
@@ -320,41 +271,7 @@ export class JobsPanel extends Widget implements IGpupoolJobs {
     this._detailName.textContent = job.name || job.id;
     this._detailState.replaceWith((this._detailState = stateBadge(job.state)));
 
-    const rows: [string, string][] = [
-      [trans.__('Id'), job.id],
-      [trans.__('Team'), job.team],
-      [trans.__('Resources'), jobResources(job)],
-      [trans.__('Created'), `${localTime(job.created)} (${formatAge(job.created, now)})`]
-    ];
-    if (job.reason) {
-      rows.splice(1, 0, [trans.__('Reason'), job.reason]);
-    }
-    if (job.queue_position !== null && job.state === 'queued') {
-      rows.push([trans.__('Queue position'), String(job.queue_position)]);
-    }
-    if (job.started) {
-      rows.push([trans.__('Started'), localTime(job.started)]);
-    }
-    if (job.finished) {
-      rows.push([trans.__('Finished'), localTime(job.finished)]);
-    }
-    const duration = jobDuration(job, now);
-    if (duration) {
-      rows.push([trans.__('Duration'), duration]);
-    }
-    if (typeof job.time_limit === 'number') {
-      rows.push([trans.__('Time limit'), formatLimit(job.time_limit)]);
-    }
-    if (job.devices.length > 0) {
-      rows.push([trans.__('Devices'), job.devices.join(', ')]);
-    }
-    const codes = Object.entries(job.exit_codes);
-    if (codes.length > 0) {
-      rows.push([
-        trans.__('Exit codes'),
-        codes.map(([rank, code]) => trans.__('rank %1: %2', rank, code)).join(', ')
-      ]);
-    }
+    const rows = detailRows(job, now, trans);
     const info: HTMLElement[] = [];
     for (const [key, value] of rows) {
       info.push(element('dt', undefined, key), element('dd', undefined, value));
@@ -370,117 +287,17 @@ export class JobsPanel extends Widget implements IGpupoolJobs {
         options.push(option);
       }
       this._rank.replaceChildren(...options);
-      this._rank.value = String(this._logRank);
+      this._rank.value = String(this._logs.rank);
     }
     const final = isFinal(job.state);
     this._cancel.disabled = final;
+    // Only a submission this server remembers can be sent again (jobs from the command line or
+    // from an earlier server cannot): no button for the others.
+    this._resubmit.hidden = job.resubmittable !== true;
     this._resubmit.disabled = !final;
-  }
-
-  /**
-   * Show one rank's log from the start and follow it while the job runs.
-   */
-  private _followLog(jobId: string | null, rank: number): void {
-    const generation = ++this._logGeneration;
-    this._logRank = rank;
-    this._logOffset = 0;
-    this._logText = '';
-    this._log.textContent = '';
-    this._logStatus.textContent = '';
-    if (jobId !== null) {
-      void this._logLoop(jobId, rank, generation);
-    }
-  }
-
-  private _restartLogIfStalled(): void {
-    // The loop keeps itself alive while hidden; nothing to do unless it ended on an error.
-    if (this._selected !== null && this._logStalled) {
-      this._logStalled = false;
-      const generation = ++this._logGeneration;
-      void this._logLoop(this._selected, this._logRank, generation);
-    }
-  }
-
-  private async _logLoop(jobId: string, rank: number, generation: number): Promise<void> {
-    const trans = this._trans;
-    const current = () => generation === this._logGeneration && !this.isDisposed;
-    let failures = 0;
-    let drains = 0;
-    while (current()) {
-      if (!this.isVisible) {
-        await sleep(LOG_INTERVAL);
-        continue;
-      }
-      let chunk;
-      try {
-        chunk = await getLogs(jobId, rank, this._logOffset);
-      } catch (error) {
-        if (!current()) {
-          return;
-        }
-        failures++;
-        this._logStatus.textContent = trans.__('Could not read the log: %1', messageOf(error));
-        if (failures >= 5) {
-          this._logStalled = true;
-          return;
-        }
-        await sleep(LOG_INTERVAL * failures);
-        continue;
-      }
-      if (!current()) {
-        return;
-      }
-      failures = 0;
-      if (!chunk.text && chunk.size < this._logOffset) {
-        // The log was started over (a restarted rank): show it from the beginning.
-        this._logOffset = 0;
-        this._logText = '';
-        this._log.textContent = '';
-        continue;
-      }
-      if (chunk.text) {
-        this._appendLog(chunk.text);
-        // `size` is the offset to read from next (the server holds back a UTF-8 character
-        // cut at the end). Never fall behind the bytes already shown, though: a log that grew
-        // while the server read it must not show its tail twice.
-        const shown = chunk.text.includes('\uFFFD') ? 0 : utf8Length(chunk.text);
-        this._logOffset = Math.max(chunk.size, this._logOffset + shown);
-      }
-      const ended = isFinal(chunk.state);
-      if (ended && !chunk.text) {
-        this._logStatus.textContent = this._logText
-          ? trans.__('Job %1; end of log.', chunk.state)
-          : trans.__('Job %1; this rank wrote nothing.', chunk.state);
-        return;
-      }
-      this._logStatus.textContent =
-        chunk.state === 'queued'
-          ? trans.__('Waiting for the job to start…')
-          : trans.__('Following the log (job %1)…', chunk.state);
-      if (!ended) {
-        drains = 0;
-        await sleep(LOG_INTERVAL);
-      } else if (++drains > MAX_DRAINS) {
-        // The job has ended but the log keeps coming: read on at the normal pace.
-        await sleep(LOG_INTERVAL);
-      }
-    }
-  }
-
-  private _appendLog(text: string): void {
-    const log = this._log;
-    const atBottom = log.scrollHeight - log.scrollTop - log.clientHeight < 24;
-    this._logText += text;
-    if (this._logText.length > MAX_LOG_CHARS) {
-      const cut = this._logText.length - MAX_LOG_CHARS;
-      this._logText = this._logText.slice(cut);
-      log.textContent = this._trans.__('[earlier output not shown]\n') + this._logText;
-    } else {
-      log.append(text);
-    }
-    if (atBottom) {
-      log.scrollTop = log.scrollHeight;
-    }
+    this._resubmit.title = final
+      ? trans.__('Submit the same notebook again, with the same resources')
+      : trans.__('A job can be resubmitted once it has ended');
   }
 
   private async _cancelSelected(): Promise<void> {
@@ -505,7 +322,7 @@ export class JobsPanel extends Widget implements IGpupoolJobs {
       this._jobs = this._jobs.map(j => (j.id === cancelled.id ? cancelled : j));
       this._render();
     } catch (error) {
-      await showErrorMessage(trans.__('Could not cancel the job'), messageOf(error));
+      await showErrorMessage(trans.__('Could not cancel the job'), errorMessage(error));
     }
     await this.open();
   }
@@ -521,7 +338,7 @@ export class JobsPanel extends Widget implements IGpupoolJobs {
       this._jobs = [job, ...this._jobs.filter(j => j.id !== job.id)];
       await this.open(job.id);
     } catch (error) {
-      await showErrorMessage(trans.__('Could not resubmit the job'), messageOf(error));
+      await showErrorMessage(trans.__('Could not resubmit the job'), errorMessage(error));
     }
   }
 
@@ -532,11 +349,7 @@ export class JobsPanel extends Widget implements IGpupoolJobs {
   private _listError: string | null = null;
   private _selected: string | null = null;
   private _renderedRanks = -1;
-  private _logGeneration = 0;
-  private _logRank = 0;
-  private _logOffset = 0;
-  private _logText = '';
-  private _logStalled = false;
+  private _logs: LogFollower;
   private _errorNode: HTMLParagraphElement;
   private _empty: HTMLParagraphElement;
   private _list: HTMLUListElement;
@@ -547,6 +360,4 @@ export class JobsPanel extends Widget implements IGpupoolJobs {
   private _rank: HTMLSelectElement;
   private _cancel: HTMLButtonElement;
   private _resubmit: HTMLButtonElement;
-  private _log: HTMLPreElement;
-  private _logStatus: HTMLParagraphElement;
 }

@@ -9,6 +9,7 @@ import type { TranslationBundle } from '@jupyterlab/translation';
 
 import { getOffers, IJob, IOffersReply, submitJob } from './api';
 import { showRunDialog } from './dialog';
+import { errorMessage } from './format';
 import { LAST_CHOICE_KEY } from './tokens';
 import {
   INotebookCells,
@@ -18,10 +19,6 @@ import {
   submission,
   validateChoice
 } from './validate';
-
-function messageOf(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
-}
 
 /**
  * Where the last choice is remembered: the state database, or localStorage without one.
@@ -104,7 +101,7 @@ export async function runDistributed(options: IRunOptions): Promise<IJob | null>
   try {
     offers = await getOffers();
   } catch (error) {
-    await showErrorMessage(trans.__('Cannot run distributed'), messageOf(error));
+    await showErrorMessage(trans.__('Cannot run distributed'), errorMessage(error));
     return null;
   }
   const cells = notebookCells(panel);
@@ -127,14 +124,14 @@ export async function runDistributed(options: IRunOptions): Promise<IJob | null>
     try {
       await panel.context.save();
     } catch (e) {
-      error = trans.__('Could not save the notebook first: %1', messageOf(e));
+      error = trans.__('Could not save the notebook first: %1', errorMessage(e));
       continue;
     }
     let job: IJob;
     try {
       job = await submitJob(submission(panel.context.path, form, cells));
     } catch (e) {
-      error = messageOf(e);
+      error = errorMessage(e);
       try {
         offers = await getOffers(); // show what is available now
       } catch {

@@ -2,9 +2,17 @@
  * The "Run distributed" form's rules, as pure functions of the form and the offers reply.
  *
  * The hub decides in the end (a hand-made request gets the same answer); these checks only
- * keep the user from submitting what `GET offers` already says cannot be granted now.
+ * keep the user from submitting what `GET offers` already says can never be granted, and say
+ * when a job would queue instead of starting now.
  */
-import type { CellsRequest, IOffer, IOffersReply, ISubmitRequest, ITeamOffers } from './api';
+import type {
+  Admission,
+  CellsRequest,
+  IOffer,
+  IOffersReply,
+  ISubmitRequest,
+  ITeamOffers
+} from './api';
 import { formatGpuEq } from './format';
 
 export type CellsMode = 'all' | 'upto' | 'selected';
@@ -135,7 +143,93 @@ function sentence(text: string): string {
 }
 
 /**
- * Why a choice cannot be submitted now, or `null` when it can.
+ * A verdict with the reason, a phrase (empty for `now`).
+ */
+export interface IAdmission {
+  verdict: Admission;
+  reason: string;
+}
+
+const VERDICTS: ReadonlyArray<string> = ['now', 'wait', 'never'];
+
+/**
+ * The hub's verdict on one line of an offer, for one node. A hub that does not report
+ * `admission` is read by `enabled`: a line that cannot start now is refused, as before.
+ */
+export function lineAdmission(entry: IOffer): IAdmission {
+  const given = entry.admission;
+  const verdict: Admission =
+    given !== undefined && VERDICTS.includes(given) ? given : entry.enabled ? 'now' : 'never';
+  return { verdict, reason: verdict === 'now' ? '' : entry.reason || 'not available now' };
+}
+
+function milli(value: number): number {
+  return Math.round(value * 1000);
+}
+
+/**
+ * The verdict on one line of an offer on `nodes` nodes. One node: the hub's verdict on the line,
+ * word for word. More: the line's cost multiplied by the nodes against the team's figures, as
+ * the hub's rule does: more than the team's limit or the user's cap can never start, more than
+ * what is left of either waits for it; otherwise the line's own verdict.
+ */
+export function admitChoice(team: ITeamOffers, entry: IOffer, nodes: number): IAdmission {
+  const line = lineAdmission(entry);
+  const needMilli = milli(entry.cost) * nodes;
+  if (line.verdict === 'never' || nodes <= 1 || needMilli <= 0) {
+    return line;
+  }
+  const needs = `needs ${formatGpuEq(needMilli / 1000)} GPU-eq (${nodes} × ${formatGpuEq(entry.cost)})`;
+  const cap = team.user_cap ?? null;
+  if (needMilli > milli(team.limit)) {
+    return {
+      verdict: 'never',
+      reason: `${needs}; team ${team.team} may hold at most ${formatGpuEq(team.limit)}`
+    };
+  }
+  if (cap !== null && needMilli > milli(cap)) {
+    return {
+      verdict: 'never',
+      reason: `${needs}; your cap in team ${team.team} is ${formatGpuEq(cap)}`
+    };
+  }
+  if (needMilli > milli(team.left)) {
+    const left = Math.max(0, milli(team.left)) / 1000;
+    return { verdict: 'wait', reason: `${needs}; team ${team.team} has ${formatGpuEq(left)} left` };
+  }
+  if (cap !== null && needMilli > milli(cap) - milli(team.user_used)) {
+    const mine = Math.max(0, milli(cap) - milli(team.user_used)) / 1000;
+    return {
+      verdict: 'wait',
+      reason: `${needs}; you have ${formatGpuEq(mine)} of your cap left`
+    };
+  }
+  return line;
+}
+
+/**
+ * The verdict on a choice, or `null` when the choice names no team, offer line or node count
+ * that `GET offers` knows (`validateChoice` says what is wrong then).
+ */
+export function choiceAdmission(form: IRunChoice, offers: IOffersReply): IAdmission | null {
+  const team = findTeam(offers, form.team);
+  if (team === undefined || !isWhole(form.nodes, 1, MAX_NODES)) {
+    return null;
+  }
+  const entry = entryFor(offerEntries(team, form.offer), form.gpus);
+  return entry === undefined ? null : admitChoice(team, entry, form.nodes);
+}
+
+/**
+ * What the dialog says about a job that would wait: "The job will queue: <reason>."
+ */
+export function queueNotice(admission: IAdmission | null): string {
+  return admission?.verdict === 'wait' ? sentence(`The job will queue: ${admission.reason}`) : '';
+}
+
+/**
+ * Why a choice cannot be submitted, or `null` when it can (it may still have to wait in the
+ * queue: see `choiceAdmission`).
  *
  * @param form - the dialog's values
  * @param offers - the `GET offers` reply the dialog was built from
@@ -184,29 +278,9 @@ export function validateChoice(
     const top = maxPerNode(entries);
     return `${label} takes 1 to ${top} GPUs per node, not ${form.gpus}.`;
   }
-  if (!entry.enabled) {
-    return sentence(`${entry.label}: ${entry.reason || 'not available now'}`);
-  }
-
-  const needMilli = Math.round(entry.cost * 1000) * form.nodes;
-  if (needMilli > 0) {
-    const need = formatGpuEq(needMilli / 1000);
-    const leftMilli = Math.round(team.left * 1000);
-    if (needMilli > leftMilli) {
-      return (
-        `The job needs ${need} GPU-eq (${form.nodes} × ${formatGpuEq(entry.cost)}); ` +
-        `team ${team.team} has ${formatGpuEq(team.left)} left.`
-      );
-    }
-    if (team.user_cap !== null && team.user_cap !== undefined) {
-      const mineMilli = Math.round((team.user_cap - team.user_used) * 1000);
-      if (needMilli > mineMilli) {
-        return (
-          `The job needs ${need} GPU-eq; you have ${formatGpuEq(Math.max(0, mineMilli) / 1000)} ` +
-          `of your cap left in team ${team.team}.`
-        );
-      }
-    }
+  const admission = admitChoice(team, entry, form.nodes);
+  if (admission.verdict === 'never') {
+    return sentence(`${entry.label}: ${admission.reason}`);
   }
 
   if (!Number.isInteger(form.timeLimit) || form.timeLimit < MIN_TIME_LIMIT) {
@@ -278,25 +352,35 @@ export function initialChoice(offers: IOffersReply, last?: Partial<IRunChoice> |
     return { team: '', offer: '', gpus: wantGpus, nodes, timeLimit, cells };
   }
 
-  const usable = (name: string) => team.offers.some(o => o.name === name && o.enabled);
-  let offer: string | undefined =
-    prev.offer !== undefined && usable(prev.offer) ? prev.offer : undefined;
-  if (offer === undefined) {
+  // What starts now first, then what would queue, then anything; at each level the last
+  // choice before the other offers.
+  const rank = (o: IOffer) => VERDICTS.indexOf(lineAdmission(o).verdict);
+  const pick = (level: number): string | undefined => {
+    const usable = (o: IOffer) => rank(o) <= level;
+    if (prev.offer !== undefined && team.offers.some(o => o.name === prev.offer && usable(o))) {
+      return prev.offer;
+    }
     for (const kind of KIND_PREFERENCE) {
-      offer = team.offers.find(o => o.kind === kind && o.enabled)?.name;
-      if (offer !== undefined) {
-        break;
+      const found = team.offers.find(o => o.kind === kind && usable(o));
+      if (found !== undefined) {
+        return found.name;
       }
     }
+    return undefined;
+  };
+  let level = 0;
+  let offer = pick(level);
+  while (offer === undefined && level < 2) {
+    offer = pick(++level);
   }
-  offer = offer ?? team.offers[0]?.name ?? '';
+  offer = offer ?? '';
 
   const entries = offerEntries(team, offer);
   let gpus = wantGpus;
   if (entries.length > 0 && entries[0].kind === 'mig') {
     gpus = 1;
   } else if (entries.length > 0 && entries[0].kind === 'gpu') {
-    const counts = entries.filter(e => e.enabled).map(e => e.count);
+    const counts = entries.filter(e => rank(e) <= level).map(e => e.count);
     if (!counts.includes(wantGpus)) {
       const below = counts.filter(c => c <= wantGpus);
       gpus = below.length > 0 ? Math.max(...below) : counts.length > 0 ? Math.min(...counts) : 1;

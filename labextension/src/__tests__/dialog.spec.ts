@@ -1,7 +1,7 @@
 import { nullTranslator } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
-import type { IOffersReply } from '../api';
+import type { IOffersReply, ITeamOffers } from '../api';
 import { RunDistributedBody } from '../dialog';
 
 const offers: IOffersReply = {
@@ -37,6 +37,19 @@ const offers: IOffersReply = {
           count: 1,
           cost: 0.5,
           free: 0,
+          // A hub that does not report admission: not enabled reads as never.
+          enabled: false,
+          reason: 'none free right now'
+        },
+        {
+          name: 'mig-2g.20gb',
+          kind: 'mig',
+          label: 'MIG 2g.20gb',
+          description: 'A quarter of an H100',
+          count: 1,
+          cost: 0.25,
+          free: 0,
+          admission: 'wait',
           enabled: false,
           reason: 'none free right now'
         },
@@ -48,6 +61,7 @@ const offers: IOffersReply = {
           count,
           cost: count,
           free: 2,
+          admission: count <= 2 ? ('now' as const) : ('wait' as const),
           enabled: count <= 2,
           reason: count <= 2 ? '' : 'only 2 free on one node'
         }))
@@ -113,15 +127,18 @@ describe('RunDistributedBody', () => {
     });
   });
 
-  it('disables offers that cannot start, with the reason', () => {
+  it('disables offers that can never start, with the reason; marks those that queue', () => {
     const options = Array.from(field<HTMLSelectElement>(body, 'select[name="offer"]').options).map(
       o => [o.value, o.disabled, o.textContent]
     );
     expect(options).toEqual([
       ['cpu', false, 'CPU only'],
       ['mig-3g.40gb', true, 'MIG 3g.40gb — 0 free (none free right now)'],
+      ['mig-2g.20gb', false, 'MIG 2g.20gb — 0 free (will queue)'],
       ['h100', false, 'H100-80GB — 2 free']
     ]);
+    const queued = body.node.querySelector<HTMLOptionElement>('option[value="mig-2g.20gb"]');
+    expect(queued?.title).toBe('A quarter of an H100 — will queue: none free right now');
   });
 
   it('shows why the form is invalid and marks it for the dialog', () => {
@@ -129,13 +146,45 @@ describe('RunDistributedBody', () => {
     expect(error.textContent).toBe('');
     expect(error.classList.contains('jp-mod-error')).toBe(false);
 
-    type(field<HTMLInputElement>(body, 'input[name="gpus"]'), '3');
-    expect(error.textContent).toBe('H100-80GB ×3: only 2 free on one node.');
+    type(field<HTMLInputElement>(body, 'input[name="gpus"]'), '4');
+    expect(error.textContent).toBe('H100-80GB takes 1 to 3 GPUs per node, not 4.');
     expect(error.classList.contains('jp-mod-error')).toBe(true);
 
+    // 2 GPUs on 5 nodes: 10 GPU-eq, beyond the team's limit of 4.
+    type(field<HTMLInputElement>(body, 'input[name="gpus"]'), '2');
+    type(field<HTMLInputElement>(body, 'input[name="nodes"]'), '5');
+    expect(error.textContent).toBe(
+      'H100-80GB ×2: needs 10 GPU-eq (5 × 2); team vision may hold at most 4.'
+    );
+    expect(error.classList.contains('jp-mod-error')).toBe(true);
+
+    type(field<HTMLInputElement>(body, 'input[name="nodes"]'), '1');
     type(field<HTMLInputElement>(body, 'input[name="gpus"]'), '1');
     expect(error.textContent).toBe('');
     expect(error.classList.contains('jp-mod-error')).toBe(false);
+  });
+
+  it('says when the job will queue, and lets it be submitted', () => {
+    const notice = field<HTMLElement>(body, '.gpupool-form-notice');
+    const error = field<HTMLElement>(body, '.gpupool-form-error');
+    expect(notice.hidden).toBe(true);
+
+    type(field<HTMLInputElement>(body, 'input[name="gpus"]'), '3');
+    expect(notice.hidden).toBe(false);
+    expect(notice.textContent).toBe('The job will queue: only 2 free on one node.');
+    expect(error.classList.contains('jp-mod-error')).toBe(false);
+    expect(body.validate()).toBeNull();
+
+    // 2 GPUs on 2 nodes: 4 GPU-eq, within the limit of 4 but 3 are left.
+    type(field<HTMLInputElement>(body, 'input[name="gpus"]'), '2');
+    type(field<HTMLInputElement>(body, 'input[name="nodes"]'), '2');
+    expect(notice.textContent).toBe(
+      'The job will queue: needs 4 GPU-eq (2 × 2); team vision has 3 left.'
+    );
+
+    type(field<HTMLInputElement>(body, 'input[name="nodes"]'), '1');
+    expect(notice.hidden).toBe(true);
+    expect(notice.textContent).toBe('');
   });
 
   it('relabels the count for CPU and converts minutes to seconds', () => {
@@ -143,5 +192,56 @@ describe('RunDistributedBody', () => {
     expect(body.node.textContent).toContain('Processes per node');
     type(field<HTMLInputElement>(body, 'input[name="time_limit"]'), '90');
     expect(body.getValue()).toMatchObject({ offer: 'cpu', timeLimit: 5400 });
+  });
+});
+
+describe('RunDistributedBody for a user in no team', () => {
+  const everyone: ITeamOffers = {
+    team: 'everyone',
+    used: 0,
+    limit: 0,
+    guarantee: 0,
+    borrow_limit: 0,
+    left: 0,
+    user_used: 0,
+    user_cap: null,
+    offers: [
+      {
+        name: 'cpu',
+        kind: 'cpu',
+        label: 'CPU only',
+        description: 'No GPU',
+        count: 1,
+        cost: 0,
+        free: 0,
+        admission: 'now',
+        enabled: true,
+        reason: ''
+      }
+    ]
+  };
+
+  it('says CPU only, not a quota of 0 of 0', () => {
+    const body = new RunDistributedBody({
+      offers: { simulated: false, inventory: '4× H100-80GB', teams: [everyone] },
+      choice: { team: 'everyone', offer: 'cpu', gpus: 2, nodes: 1, timeLimit: 3600, cells: 'all' },
+      name: 'train',
+      cells: { count: 1, active: 0, selected: [0] },
+      trans: nullTranslator.load('gpupool_lab')
+    });
+    Widget.attach(body, document.body);
+    try {
+      expect(field<HTMLSelectElement>(body, 'select[name="team"]').options[0].textContent).toBe(
+        'no team (CPU only)'
+      );
+      expect(field<HTMLElement>(body, '.gpupool-quota').textContent).toBe(
+        'CPU only (you are in no team)'
+      );
+      expect(body.node.textContent).not.toMatch(/0 of 0|GPU-eq/);
+      expect(body.node.textContent).not.toMatch(/waiting for GPUs/i);
+      expect(body.validate()).toBeNull();
+    } finally {
+      body.dispose();
+    }
   });
 });

@@ -1,6 +1,7 @@
 import type { IJob } from '../api';
 import {
   allocationLabel,
+  errorMessage,
   formatAge,
   formatClock,
   formatGpuEq,
@@ -10,6 +11,7 @@ import {
   jobResources,
   quotaLine,
   reclaimLabel,
+  teamChoiceLabel,
   utf8Length
 } from '../format';
 
@@ -94,6 +96,36 @@ describe('format', () => {
     expect(quotaLine({ ...team, user_cap: null })).toBe(
       'team vision: 1.5 of 3 GPU-eq used, 1.5 left'
     );
+  });
+
+  it('says CPU only for a user in no team, not a quota of 0 of 0', () => {
+    const everyone = {
+      team: 'everyone',
+      used: 0,
+      limit: 0,
+      guarantee: 0,
+      borrow_limit: 0,
+      left: 0,
+      user_used: 0,
+      user_cap: null,
+      offers: []
+    };
+    expect(quotaLine(everyone)).toBe('CPU only (you are in no team)');
+    expect(teamChoiceLabel(everyone)).toBe('no team (CPU only)');
+    expect(quotaLine({ ...everyone, team: 'guests' })).toBe('team guests: CPU only');
+    expect(teamChoiceLabel({ ...everyone, team: 'guests' })).toBe('guests (CPU only)');
+    // An admin may give users in no team a GPU quota.
+    const shared = { ...everyone, limit: 0.25, left: 0.125, used: 0.125 };
+    expect(quotaLine(shared)).toBe('users in no team: 0.125 of 0.25 GPU-eq used, 0.125 left');
+    expect(teamChoiceLabel(shared)).toBe('no team (0.125 of 0.25 GPU-eq left)');
+    expect(teamChoiceLabel({ ...shared, team: 'vision' })).toBe(
+      'vision (0.125 of 0.25 GPU-eq left)'
+    );
+  });
+
+  it('takes the message of an error', () => {
+    expect(errorMessage(new Error('The hub is not reachable.'))).toBe('The hub is not reachable.');
+    expect(errorMessage('plain')).toBe('plain');
   });
 
   it('describes what a job holds', () => {

@@ -98,6 +98,69 @@ describe('JobsPanel', () => {
     );
   });
 
+  it('shows Resubmit only for a job this server can resubmit, enabled once it ended', async () => {
+    const finished = new Date().toISOString();
+    mocked.listJobs.mockResolvedValue([
+      job({ id: 'done', state: 'succeeded', finished, resubmittable: true }),
+      job({ id: 'running', state: 'running', resubmittable: true }),
+      job({ id: 'elsewhere', state: 'failed', finished, resubmittable: false }),
+      job({ id: 'old', state: 'failed', finished })
+    ]);
+    const resubmit = () => panel.node.querySelector<HTMLButtonElement>('.gpupool-resubmit');
+
+    await panel.open('done');
+    expect(resubmit()?.hidden).toBe(false);
+    expect(resubmit()?.disabled).toBe(false);
+
+    await panel.open('running');
+    expect(resubmit()?.hidden).toBe(false);
+    expect(resubmit()?.disabled).toBe(true);
+    expect(resubmit()?.title).toBe('A job can be resubmitted once it has ended');
+
+    await panel.open('elsewhere');
+    expect(resubmit()?.hidden).toBe(true);
+
+    // An older server extension does not say: no button.
+    await panel.open('old');
+    expect(resubmit()?.hidden).toBe(true);
+  });
+
+  it('shows the devices a finished job ran on', async () => {
+    mocked.listJobs.mockResolvedValue([
+      job({ id: 'j1', state: 'succeeded', finished: new Date().toISOString(), devices: ['2', '3'] })
+    ]);
+    await panel.open('j1');
+    const info = panel.node.querySelector('.gpupool-detail-info');
+    const rows = Array.from(info?.querySelectorAll('dt') ?? []).map(dt => [
+      dt.textContent,
+      dt.nextElementSibling?.textContent
+    ]);
+    expect(rows).toContainEqual(['Ran on', '2, 3']);
+  });
+
+  it('never says a CPU job waits for GPUs', async () => {
+    mocked.listJobs.mockResolvedValue([
+      job({
+        id: 'cpu1',
+        offer: 'cpu',
+        gpus: 2,
+        ranks: 2,
+        state: 'queued',
+        started: null,
+        queue_position: 1,
+        devices: [],
+        reason: 'CPU-only job limit reached: 2 of 2 processes per node'
+      })
+    ]);
+    mocked.getLogs.mockReset();
+    mocked.getLogs.mockResolvedValue({ text: '', size: 0, state: 'queued' });
+    await panel.open('cpu1');
+    await new Promise(resolve => setTimeout(resolve, 10));
+    expect(panel.node.textContent).toContain('CPU · 2 ranks');
+    expect(panel.node.textContent).toContain('Waiting for the job to start…');
+    expect(panel.node.textContent).not.toMatch(/waiting for GPUs/i);
+  });
+
   it('shows what the server said when the list fails', async () => {
     mocked.listJobs.mockRejectedValue(new Error('The hub is not reachable.'));
     await expect(panel.refresh()).rejects.toThrow('The hub is not reachable.');

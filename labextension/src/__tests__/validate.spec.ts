@@ -1,9 +1,13 @@
-import type { IOffer, IOffersReply, ITeamOffers } from '../api';
+import type { Admission, IOffer, IOffersReply, ITeamOffers } from '../api';
 import {
+  admitChoice,
+  choiceAdmission,
   INotebookCells,
   initialChoice,
   IRunChoice,
+  lineAdmission,
   parseChoice,
+  queueNotice,
   submission,
   validateChoice
 } from '../validate';
@@ -16,13 +20,21 @@ function offer(partial: Partial<IOffer> & { name: string }): IOffer {
     count: 1,
     cost: 1,
     free: 4,
+    admission: 'now',
     enabled: true,
     reason: '',
     ...partial
   };
 }
 
-function h100(count: number, enabled = true, reason = ''): IOffer {
+/**
+ * A line the hub judged: `enabled` follows the verdict, as in the offers document.
+ */
+function judged(admission: Admission, reason = ''): Partial<IOffer> {
+  return { admission, enabled: admission === 'now', reason };
+}
+
+function h100(count: number, admission: Admission = 'now', reason = ''): IOffer {
   return offer({
     name: 'h100',
     kind: 'gpu',
@@ -30,8 +42,7 @@ function h100(count: number, enabled = true, reason = ''): IOffer {
     count,
     cost: count,
     free: 2,
-    enabled,
-    reason
+    ...judged(admission, reason)
   });
 }
 
@@ -62,25 +73,32 @@ const vision = team({
       label: 'MIG 3g.40gb',
       cost: 0.5,
       free: 0,
-      enabled: false,
-      reason: 'none free right now'
+      ...judged('wait', 'none free right now')
     }),
     h100(1),
     h100(2),
-    h100(3, false, 'only 2 free on one node'),
-    h100(4, false, 'needs 4 GPU-eq; team vision has 3 left')
+    h100(3, 'wait', 'only 2 free on one node'),
+    h100(4, 'wait', 'needs 4 GPU-eq; team vision has 3 left')
   ]
 });
 
 const nlp = team({
   team: 'nlp',
-  limit: 1,
-  left: 1,
+  limit: 2,
+  left: 2,
   user_cap: 1,
   user_used: 0.5,
   offers: [
     offer({ name: 'cpu', kind: 'cpu', label: 'CPU only', cost: 0 }),
-    offer({ name: 'mig-1g.10gb', kind: 'mig', label: 'MIG 1g.10gb', cost: 0.125, free: 7 })
+    offer({ name: 'mig-1g.10gb', kind: 'mig', label: 'MIG 1g.10gb', cost: 0.125, free: 7 }),
+    offer({
+      name: 'mig-7g.80gb',
+      kind: 'mig',
+      label: 'MIG 7g.80gb',
+      cost: 1,
+      free: 0,
+      ...judged('never', 'this pool holds none of mig-7g.80gb on one node')
+    })
   ]
 });
 
@@ -100,6 +118,113 @@ function choice(partial: Partial<IRunChoice> = {}): IRunChoice {
   };
 }
 
+describe('admission', () => {
+  const admission = (partial: Partial<IRunChoice>) => choiceAdmission(choice(partial), offers);
+
+  it('lets a job that can start now be submitted, with no notice', () => {
+    expect(admission({ gpus: 2 })).toEqual({ verdict: 'now', reason: '' });
+    expect(validateChoice(choice({ gpus: 2 }), offers, cells)).toBeNull();
+    expect(queueNotice(admission({ gpus: 2 }))).toBe('');
+  });
+
+  it('lets a job that would wait be submitted, saying why it will queue', () => {
+    expect(admission({ gpus: 3 })).toEqual({ verdict: 'wait', reason: 'only 2 free on one node' });
+    expect(validateChoice(choice({ gpus: 3 }), offers, cells)).toBeNull();
+    expect(queueNotice(admission({ gpus: 3 }))).toBe(
+      'The job will queue: only 2 free on one node.'
+    );
+    const mig = choice({ offer: 'mig-3g.40gb', gpus: 1 });
+    expect(validateChoice(mig, offers, cells)).toBeNull();
+    expect(queueNotice(choiceAdmission(mig, offers))).toBe(
+      'The job will queue: none free right now.'
+    );
+  });
+
+  it('refuses a job that can never start, with the reason', () => {
+    const never = choice({ team: 'nlp', offer: 'mig-7g.80gb', gpus: 1 });
+    expect(choiceAdmission(never, offers)).toEqual({
+      verdict: 'never',
+      reason: 'this pool holds none of mig-7g.80gb on one node'
+    });
+    expect(validateChoice(never, offers, cells)).toBe(
+      'MIG 7g.80gb: this pool holds none of mig-7g.80gb on one node.'
+    );
+    expect(queueNotice(choiceAdmission(never, offers))).toBe('');
+  });
+
+  it("multiplies the line's cost by the nodes: beyond what is left waits", () => {
+    // vision: limit 4, 3 left.
+    expect(admission({ gpus: 1, nodes: 3 })).toEqual({ verdict: 'now', reason: '' });
+    expect(admission({ gpus: 2, nodes: 2 })).toEqual({
+      verdict: 'wait',
+      reason: 'needs 4 GPU-eq (2 × 2); team vision has 3 left'
+    });
+    expect(validateChoice(choice({ gpus: 2, nodes: 2 }), offers, cells)).toBeNull();
+    // nlp: cap 1, the user holds 0.5; 5 × 0.125 = 0.625.
+    const mig = { team: 'nlp', offer: 'mig-1g.10gb', gpus: 1 };
+    expect(admission({ ...mig, nodes: 4 })?.verdict).toBe('now');
+    expect(admission({ ...mig, nodes: 5 })).toEqual({
+      verdict: 'wait',
+      reason: 'needs 0.625 GPU-eq (5 × 0.125); you have 0.5 of your cap left'
+    });
+  });
+
+  it("multiplies the line's cost by the nodes: beyond the limit or the cap never starts", () => {
+    expect(admission({ gpus: 2, nodes: 3 })).toEqual({
+      verdict: 'never',
+      reason: 'needs 6 GPU-eq (3 × 2); team vision may hold at most 4'
+    });
+    expect(validateChoice(choice({ gpus: 2, nodes: 3 }), offers, cells)).toBe(
+      'H100-80GB ×2: needs 6 GPU-eq (3 × 2); team vision may hold at most 4.'
+    );
+    // nlp: limit 2, cap 1; 9 × 0.125 = 1.125.
+    const mig = choice({ team: 'nlp', offer: 'mig-1g.10gb', gpus: 1, nodes: 9 });
+    expect(validateChoice(mig, offers, cells)).toBe(
+      'MIG 1g.10gb: needs 1.125 GPU-eq (9 × 0.125); your cap in team nlp is 1.'
+    );
+  });
+
+  it("takes the hub's verdict on one node word for word", () => {
+    const full = { ...vision, used: 4, left: 0 };
+    const line = offer({ name: 'h100', cost: 1, ...judged('wait', 'team vision uses 4 of 4') });
+    expect(admitChoice(full, line, 1)).toEqual({
+      verdict: 'wait',
+      reason: 'team vision uses 4 of 4'
+    });
+    expect(admitChoice(full, line, 2)).toEqual({
+      verdict: 'wait',
+      reason: 'needs 2 GPU-eq (2 × 1); team vision has 0 left'
+    });
+  });
+
+  it('never lets more nodes turn a refused line into one that waits or starts', () => {
+    const line = offer({ name: 'x', cost: 0.5, ...judged('never', 'not allowed') });
+    expect(admitChoice(vision, line, 2)).toEqual({ verdict: 'never', reason: 'not allowed' });
+  });
+
+  it('costs nothing for CPU, whatever the nodes', () => {
+    const everyone = team({ team: 'everyone', limit: 0, left: 0, guarantee: 0, borrow_limit: 0 });
+    const cpu = offer({ name: 'cpu', kind: 'cpu', label: 'CPU only', cost: 0 });
+    expect(admitChoice(everyone, cpu, 8)).toEqual({ verdict: 'now', reason: '' });
+  });
+
+  it('reads a hub that does not report admission by enabled', () => {
+    const old = (enabled: boolean, reason = '') => {
+      const line = offer({ name: 'h100', enabled, reason });
+      delete line.admission;
+      return line;
+    };
+    expect(lineAdmission(old(true))).toEqual({ verdict: 'now', reason: '' });
+    expect(lineAdmission(old(false, 'none free right now'))).toEqual({
+      verdict: 'never',
+      reason: 'none free right now'
+    });
+    expect(lineAdmission(old(false))).toEqual({ verdict: 'never', reason: 'not available now' });
+    const odd = { ...old(false, 'later'), admission: 'someday' as Admission };
+    expect(lineAdmission(odd).verdict).toBe('never');
+  });
+});
+
 describe('validateChoice', () => {
   it('accepts what the offers say can start now', () => {
     expect(validateChoice(choice(), offers, cells)).toBeNull();
@@ -108,15 +233,6 @@ describe('validateChoice', () => {
     expect(
       validateChoice(choice({ team: 'nlp', offer: 'mig-1g.10gb', gpus: 1, nodes: 4 }), offers)
     ).toBeNull();
-  });
-
-  it('gives the reason of a line that is not enabled', () => {
-    expect(validateChoice(choice({ gpus: 3 }), offers, cells)).toBe(
-      'H100-80GB ×3: only 2 free on one node.'
-    );
-    expect(validateChoice(choice({ offer: 'mig-3g.40gb', gpus: 1 }), offers, cells)).toBe(
-      'MIG 3g.40gb: none free right now.'
-    );
   });
 
   it('refuses counts the offer does not take', () => {
@@ -146,23 +262,13 @@ describe('validateChoice', () => {
     );
   });
 
-  it("counts every node against the team's quota and the user's cap", () => {
-    expect(validateChoice(choice({ gpus: 2, nodes: 2 }), offers)).toBe(
-      'The job needs 4 GPU-eq (2 × 2); team vision has 3 left.'
-    );
-    // nlp: cap 1, holds 0.5 → 0.5 left for the user; 5 × 0.125 = 0.625.
-    expect(
-      validateChoice(choice({ team: 'nlp', offer: 'mig-1g.10gb', gpus: 1, nodes: 5 }), offers)
-    ).toBe('The job needs 0.625 GPU-eq; you have 0.5 of your cap left in team nlp.');
-  });
-
   it('knows teams and offers', () => {
     expect(validateChoice(choice({ team: 'audio' }), offers)).toBe(
       'You are not in team audio; your teams: vision, nlp.'
     );
     expect(validateChoice(choice({ team: '' }), offers)).toBe('Choose a team: vision, nlp.');
     expect(validateChoice(choice({ team: 'nlp', offer: 'h100' }), offers)).toBe(
-      'Team nlp may not request h100; allowed: cpu, mig-1g.10gb.'
+      'Team nlp may not request h100; allowed: cpu, mig-1g.10gb, mig-7g.80gb.'
     );
     expect(validateChoice(choice({ offer: '' }), offers)).toBe('Choose an offer.');
     expect(validateChoice(choice(), { ...offers, teams: [] })).toBe(
@@ -232,6 +338,33 @@ describe('initialChoice', () => {
     expect(initialChoice(offers, { team: 'nlp', gpus: 4 })).toMatchObject({
       team: 'nlp',
       offer: 'mig-1g.10gb',
+      gpus: 1
+    });
+  });
+
+  it('takes what would queue when nothing can start now', () => {
+    const busy = team({
+      team: 'audio',
+      offers: [
+        offer({ name: 'mig-3g.40gb', kind: 'mig', cost: 0.5, ...judged('wait', 'none free') }),
+        h100(1, 'wait', 'none free right now'),
+        h100(2, 'wait', 'none free right now'),
+        h100(3, 'never', 'this pool holds at most 2 of h100 on one node')
+      ]
+    });
+    const only = { ...offers, teams: [busy] };
+    expect(initialChoice(only, null)).toMatchObject({ team: 'audio', offer: 'h100', gpus: 1 });
+    expect(initialChoice(only, { offer: 'h100', gpus: 3 })).toMatchObject({ gpus: 2 });
+    expect(initialChoice(only, { offer: 'mig-3g.40gb', gpus: 2 })).toMatchObject({
+      offer: 'mig-3g.40gb',
+      gpus: 1
+    });
+    const refused = team({
+      team: 'audio',
+      offers: [h100(1, 'never', 'beyond the limit')]
+    });
+    expect(initialChoice({ ...offers, teams: [refused] }, null)).toMatchObject({
+      offer: 'h100',
       gpus: 1
     });
   });
