@@ -1,461 +1,31 @@
-"""The hub API client and the ``gpupool`` command against a stand-in hub over real HTTP.
+"""The hub API client and the ``gpupool`` command against the stand-in hub over real HTTP.
 
-``FakeHub`` serves the gpupool REST contract under ``/hub/api/gpupool/`` as the hub does:
-token auth (``Authorization: token …``), JupyterHub's JSON error bodies ``{"status", "message"}``
-with the matching status codes, 201 on submit, users seeing only their own jobs (an admin all)
-and their own allocations (``?all=1``: an admin everyone's; the idle reclaimer's ``idle``, set
-by tests),
-strict request validation (unknown fields refused, so contract drift shows), and log reads with
-``X-Gpupool-Log-Size``/``X-Gpupool-Job-State`` headers and a chunked ``follow=1`` stream that ends
-when the job has ended. Tests drive job progress (log output, finishing) from the test thread.
+The stand-in is :class:`tests.lab.fake_hub.FakeHub` (the ``hub`` fixture of ``conftest.py``):
+the hub's gpupool contract over real HTTP, as ``openapi.yaml`` documents it.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Iterator
-from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
-import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
 
 from gpupool_lab import cli
 from gpupool_lab.client import Client, HubError, HubUnreachable, NotConfigured, hub_api_url
-
-TOKENS = {"alice-token": "alice", "admin-token": "admin"}
-ADMINS = {"admin"}
-TERMINAL = {"succeeded", "failed", "cancelled", "lost"}
-JOB_FIELDS = {
-    "script",
-    "name",
-    "filename",
-    "workdir",
-    "args",
-    "env",
-    "offer",
-    "gpus",
-    "nodes",
-    "team",
-    "time_limit",
-    "max_restarts",
-    "priority",
-}
-
-
-def offer(name: str, kind: str, count: int, cost: float, free: int, reason: str = "") -> dict:
-    label = {"cpu": "CPU only", "gpu": f"{count}× H100", "mig": "MIG 3g.40gb"}[kind]
-    return {
-        "name": name,
-        "kind": kind,
-        "label": label,
-        "description": f"{label} for notebooks and jobs",
-        "count": count,
-        "cost": cost,
-        "free": free,
-        "enabled": not reason,
-        "reason": reason,
-    }
-
-
-OFFERS: dict[str, Any] = {
-    "simulated": True,
-    "inventory": "simulated: 1 node, 4× H100-80GB",
-    "teams": [
-        {
-            "team": "vision",
-            "used": 1.5,
-            "limit": 4.0,
-            "guarantee": 3.0,
-            "borrow_limit": 1.0,
-            "left": 2.5,
-            "user_used": 1.0,
-            "user_cap": 2.0,
-            "offers": [
-                offer("cpu", "cpu", 1, 0.0, 16),
-                offer("h100", "gpu", 1, 1.0, 2),
-                offer("h100", "gpu", 2, 2.0, 1),
-                offer("h100", "gpu", 4, 4.0, 0, "team vision has 2.5 GPU-eq left; this needs 4"),
-                offer("h100-mig-3g", "mig", 1, 0.5, 2),
-            ],
-        },
-        {
-            "team": "nlp",
-            "used": 0.0,
-            "limit": 2.0,
-            "guarantee": 2.0,
-            "borrow_limit": 0.0,
-            "left": 2.0,
-            "user_used": 0.0,
-            "user_cap": None,
-            "offers": [offer("h100-nlp", "gpu", 2, 2.0, 1)],
-        },
-    ],
-}
-TEAMS = [
-    {
-        "name": "vision",
-        "guarantee": 3.0,
-        "borrow_limit": 1.0,
-        "used": 1.5,
-        "borrowed": 0.0,
-        "jobs_queued": 1,
-        "jobs_running": 2,
-    },
-    {
-        "name": "nlp",
-        "guarantee": 2.0,
-        "borrow_limit": 0.0,
-        "used": 0.0,
-        "borrowed": 0.0,
-        "jobs_queued": 0,
-        "jobs_running": 0,
-    },
-]
-
-
-class HttpError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
-def now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-class FakeHub:
-    """The hub's gpupool state: jobs, their per-rank logs, and every request body received."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Condition()
-        self.jobs: dict[str, dict[str, Any]] = {}
-        self.logs: dict[tuple[str, int], bytearray] = {}
-        self.posted: list[dict[str, Any]] = []
-        self.ids = itertools.count(1)
-        self.follow_cut_after: int | None = None  # close a follow stream after N bytes (a proxy)
-        self.allocations: list[dict[str, Any]] = []
-        self.allocations_fail: int | None = None  # GET allocations answers this status instead
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self.handler_class())
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.api_url = self.url + "/hub/api"
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
-
-    # -- test controls ----------------------------------------------------------------------------
-
-    def add_job(self, owner: str, **fields: Any) -> dict[str, Any]:
-        with self.lock:
-            job_id = str(next(self.ids))
-            gpus, nodes = fields.get("gpus", 1), fields.get("nodes") or 1
-            job = {
-                "id": job_id,
-                "name": fields.get("name") or f"job-{job_id}",
-                "owner": owner,
-                "team": fields.get("team") or "vision",
-                "offer": fields.get("offer") or "h100",
-                "gpus": gpus,
-                "nodes": nodes,
-                "state": "queued",
-                "reason": "",
-                "priority": fields.get("priority") or 0,
-                "time_limit": fields.get("time_limit"),
-                "max_restarts": fields.get("max_restarts") or 0,
-                "restarts": 0,
-                "created": now(),
-                "started": None,
-                "finished": None,
-                "exit_codes": {},
-                "ranks": gpus * nodes,
-                "queue_position": 1 + sum(j["state"] == "queued" for j in self.jobs.values()),
-                "devices": [],
-            }
-            self.jobs[job_id] = job
-            for rank in range(job["ranks"]):
-                self.logs[(job_id, rank)] = bytearray()
-            self.lock.notify_all()
-            return dict(job)
-
-    def add_allocation(
-        self,
-        user: str,
-        *,
-        kind: str = "notebook",
-        idle: dict[str, Any] | None = None,
-        **fields: Any,
-    ) -> dict[str, Any]:
-        """An allocation as the hub lists it; ``idle`` (GPU notebooks) is the reclaimer's view."""
-        with self.lock:
-            allocation_id = fields.pop("id", f"alloc-{len(self.allocations) + 1}")
-            allocation = {
-                "id": allocation_id,
-                "user": user,
-                "team": "vision",
-                "offer": "h100",
-                "kind": kind,
-                "ref": f"{user}/" if kind == "notebook" else allocation_id,
-                "count": 1,
-                "cost": 1.0,
-                "node": "local",
-                "devices": ["GPU-a-0"],
-                "since": now(),
-                **fields,
-            }
-            if idle is not None:
-                allocation["idle"] = {
-                    "utilisation": {d: 0 for d in allocation["devices"]},
-                    "idle_since": None,
-                    "action": "stop",
-                    "warning": None,
-                    **idle,
-                }
-            self.allocations.append(allocation)
-            return dict(allocation)
-
-    def _job(self, job_id: str) -> dict[str, Any]:
-        """The job, waiting (a little) for a submission still on its way; call under the lock."""
-        if not self.lock.wait_for(lambda: job_id in self.jobs, timeout=30):
-            raise AssertionError(f"job {job_id} was never submitted")
-        return self.jobs[job_id]
-
-    def start(self, job_id: str) -> None:
-        with self.lock:
-            job = self._job(job_id)
-            job.update(state="running", started=now(), queue_position=None)
-            job["devices"] = [f"GPU-a-{i}" for i in range(job["ranks"])]
-            self.lock.notify_all()
-
-    def write(self, job_id: str, rank: int, data: bytes) -> None:
-        with self.lock:
-            self.logs[(job_id, rank)] += data
-            self.lock.notify_all()
-
-    def finish(self, job_id: str, state: str = "succeeded", reason: str = "") -> None:
-        with self.lock:
-            job = self._job(job_id)
-            code = 0 if state == "succeeded" else 1
-            codes = {str(r): code for r in range(job["ranks"])}
-            job.update(state=state, reason=reason, finished=now(), queue_position=None)
-            job["exit_codes"] = codes if state in ("succeeded", "failed") else {}
-            self.lock.notify_all()
-
-    # -- the API ----------------------------------------------------------------------------------
-
-    def user(self, authorization: str | None) -> str:
-        scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "token" or token not in TOKENS:
-            raise HttpError(403, "Missing or invalid credentials.")
-        return TOKENS[token]
-
-    def visible_job(self, user: str, job_id: str) -> dict[str, Any]:
-        job = self.jobs.get(job_id)
-        if job is None or (job["owner"] != user and user not in ADMINS):
-            raise HttpError(404, f"No such job: {job_id}")
-        return job
-
-    def submit(self, user: str, body: Any) -> dict[str, Any]:
-        if not isinstance(body, dict):
-            raise HttpError(400, "Request body must be a JSON object")
-        unknown = sorted(set(body) - JOB_FIELDS)
-        if unknown:
-            raise HttpError(400, f"Unknown job fields: {', '.join(unknown)}")
-        if not isinstance(body.get("script"), str) or not body["script"].strip():
-            raise HttpError(400, "A job needs a script")
-        gpus = body.get("gpus", 1)
-        if not isinstance(gpus, int) or gpus < 1:
-            raise HttpError(400, f"gpus must be a whole number of at least 1, not {gpus!r}")
-        team = body.get("team") or "vision"
-        teams = {t["team"]: t for t in OFFERS["teams"]}
-        if team not in teams:
-            raise HttpError(403, f"{user} is not a member of team {team}")
-        names = {o["name"] for o in teams[team]["offers"]}
-        if body.get("offer") is not None and body["offer"] not in names:
-            raise HttpError(400, f"No offer {body['offer']!r} for team {team}: {sorted(names)}")
-        if gpus * (body.get("nodes") or 1) > 4:
-            raise HttpError(
-                403,
-                f"Team {team} may use 4 GPU-eq; this job needs {gpus * (body.get('nodes') or 1)}",
-            )
-        self.posted.append(body)
-        return self.add_job(user, **body)
-
-    def handler_class(self) -> type[BaseHTTPRequestHandler]:
-        hub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                self.dispatch("GET")
-
-            def do_POST(self) -> None:
-                self.dispatch("POST")
-
-            def do_DELETE(self) -> None:
-                self.dispatch("DELETE")
-
-            def send_json(self, status: int, value: Any) -> None:
-                data = json.dumps(value).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def dispatch(self, method: str) -> None:
-                url = urlsplit(self.path)
-                query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
-                try:
-                    if not url.path.startswith("/hub/api/gpupool/"):
-                        raise HttpError(404, "Not Found")
-                    parts = url.path.removeprefix("/hub/api/gpupool/").strip("/").split("/")
-                    user = hub.user(self.headers.get("Authorization"))
-                    self.route(method, parts, query, raw, user)
-                except HttpError as exc:
-                    self.send_json(exc.status, {"status": exc.status, "message": exc.message})
-
-            def route(
-                self, method: str, parts: list[str], query: dict[str, str], raw: bytes, user: str
-            ) -> None:
-                with hub.lock:
-                    if (method, parts) == ("GET", ["offers"]):
-                        return self.send_json(200, OFFERS)
-                    if (method, parts) == ("GET", ["teams"]):
-                        return self.send_json(200, {"teams": TEAMS})
-                    if (method, parts) == ("GET", ["allocations"]):
-                        if hub.allocations_fail is not None:
-                            raise HttpError(hub.allocations_fail, "allocations are unavailable")
-                        everyone = query.get("all") in ("1", "true", "yes")
-                        if everyone and user not in ADMINS:
-                            raise HttpError(403, "Listing everyone's allocations needs admin.")
-                        mine = [a for a in hub.allocations if everyone or a["user"] == user]
-                        return self.send_json(200, {"allocations": mine})
-                    if (method, parts) == ("GET", ["jobs"]):
-                        jobs = [
-                            j for j in hub.jobs.values() if j["owner"] == user or user in ADMINS
-                        ]
-                        return self.send_json(200, {"jobs": jobs})
-                    if (method, parts) == ("POST", ["jobs"]):
-                        try:
-                            body = json.loads(raw or b"null")
-                        except ValueError:
-                            raise HttpError(400, "Request body is not JSON") from None
-                        return self.send_json(201, hub.submit(user, body))
-                    if len(parts) == 2 and parts[0] == "jobs":
-                        job = hub.visible_job(user, parts[1])
-                        if method == "GET":
-                            return self.send_json(200, job)
-                        if method == "DELETE":
-                            if job["state"] not in TERMINAL:
-                                job.update(state="cancelled", finished=now(), queue_position=None)
-                                job["reason"] = f"cancelled by {user}"
-                                hub.lock.notify_all()
-                            return self.send_json(200, job)
-                if (
-                    len(parts) == 3
-                    and parts[0] == "jobs"
-                    and parts[2] == "logs"
-                    and method == "GET"
-                ):
-                    return self.logs(hub.visible_job(user, parts[1]), query)
-                raise HttpError(404, "Not Found")
-
-            def logs(self, job: dict[str, Any], query: dict[str, str]) -> None:
-                try:
-                    rank, offset = int(query.get("rank", 0)), int(query.get("offset", 0))
-                except ValueError:
-                    raise HttpError(400, "rank and offset must be whole numbers") from None
-                if not 0 <= rank < job["ranks"] or offset < 0:
-                    raise HttpError(400, f"Job {job['id']} has ranks 0 to {job['ranks'] - 1}")
-                log = hub.logs[(job["id"], rank)]
-                if query.get("follow") != "1":
-                    with hub.lock:
-                        data, state = bytes(log[offset:]), job["state"]
-                    self.send_response(200)
-                    self.send_header("Content-Type", "text/plain; charset=utf-8")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.send_header("X-Gpupool-Log-Size", str(offset + len(data)))
-                    self.send_header("X-Gpupool-Job-State", state)
-                    self.end_headers()
-                    self.wfile.write(data)
-                    return
-                self.follow(job, log, offset)
-
-            def follow(self, job: dict[str, Any], log: bytearray, offset: int) -> None:
-                with hub.lock:
-                    size, state = len(log), job["state"]
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; charset=utf-8")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.send_header("X-Gpupool-Log-Size", str(size))
-                self.send_header("X-Gpupool-Job-State", state)
-                self.end_headers()
-                sent = 0
-                while True:
-                    with hub.lock:
-                        ended = job["state"] in TERMINAL
-                        data = bytes(log[offset:])
-                        if not data and not ended:
-                            hub.lock.wait(0.5)
-                            continue
-                    if data:
-                        if hub.follow_cut_after is not None and sent >= hub.follow_cut_after:
-                            self.close_connection = True
-                            return  # cut off without the final chunk, as a proxy timeout does
-                        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-                        self.wfile.flush()
-                        offset, sent = offset + len(data), sent + len(data)
-                    elif ended:
-                        self.wfile.write(b"0\r\n\r\n")
-                        self.wfile.flush()
-                        return
-
-        return Handler
-
-
-@pytest.fixture
-def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
-    fake = FakeHub()
-    fake.thread.start()
-    monkeypatch.setenv("JUPYTERHUB_API_URL", fake.api_url)
-    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "alice-token")
-    monkeypatch.setenv("JUPYTERHUB_USER", "alice")
-    yield fake
-    fake.server.shutdown()
-    fake.server.server_close()
+from gpupool_lab.options import OptionError
+from tests.lab.conftest import later, write_notebook
+from tests.lab.fake_hub import OFFERS, TEAMS, FakeHub, offer
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = cli.main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def later(seconds: float, action: Any, *args: Any) -> threading.Thread:
-    def act() -> None:
-        time.sleep(seconds)
-        action(*args)
-
-    thread = threading.Thread(target=act, daemon=True)
-    thread.start()
-    return thread
 
 
 # -- the client -----------------------------------------------------------------------------------
@@ -584,20 +154,40 @@ def test_offers_table_and_json(hub: FakeHub, capsys: pytest.CaptureFixture[str])
     )
     assert lines[2] == (
         "Team vision: 1.5 of 4 GPU-eq used (guarantee 3, may borrow 1), 2.5 left; "
-        "you use 1 of your cap 2"
+        "you use 1 of your cap 3"
     )
-    assert lines[3:9] == [
+    assert lines[3:10] == [
         "OFFER        KIND  LABEL        COUNT  COST  FREE  AVAILABLE",
         "cpu          cpu   CPU only         1     0    16  yes",
         "h100         gpu   1× H100          1     1     2  yes",
-        "h100         gpu   2× H100          2     2     1  yes",
-        "h100         gpu   4× H100          4     4     0  no: team vision has 2.5 GPU-eq left; "
-        "this needs 4",
+        "h100         gpu   2× H100          2     2     2  yes",
+        "h100         gpu   3× H100          3     3     2  queues: needs 3 GPU-eq; team vision "
+        "has 2.5 left",
+        "h100         gpu   4× H100          4     4     2  no: needs 4 GPU-eq; your cap in team "
+        "vision is 3",
         "h100-mig-3g  mig   MIG 3g.40gb      1   0.5     2  yes",
     ]
-    assert lines[10].endswith("2 left; you use 0")
+    assert lines[11].endswith("2 left; you use 0")
     code, out, _ = run(capsys, "offers", "--json")
     assert (code, json.loads(out)) == (0, OFFERS)
+
+
+def test_offers_from_an_older_hub_without_admission(
+    hub: FakeHub, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for team in OFFERS["teams"]:
+        for line in team["offers"]:
+            monkeypatch.delitem(line, "admission")
+    code, out, _ = run(capsys, "offers")
+    rows = out.splitlines()[4:9]
+    assert code == 0
+    assert [r.split("  ")[-1] for r in rows] == [  # enabled: yes; else the hub decides
+        "yes",
+        "yes",
+        "yes",
+        "queues: needs 3 GPU-eq; team vision has 2.5 left",
+        "queues: needs 4 GPU-eq; your cap in team vision is 3",
+    ]
 
 
 def test_teams_table_and_json(hub: FakeHub, capsys: pytest.CaptureFixture[str]) -> None:
@@ -667,11 +257,6 @@ def test_logs_print_bytes_and_follow(hub: FakeHub, capsys: pytest.CaptureFixture
 
 
 # -- the command line: submitting ------------------------------------------------------------------
-
-
-def write_notebook(path: Path, *cells: nbformat.NotebookNode) -> Path:
-    nbformat.write(new_notebook(cells=list(cells)), path)
-    return path
 
 
 def test_submit_converts_a_notebook(
@@ -782,15 +367,59 @@ def test_submit_a_script_as_is_and_wait(
     assert json.loads(out)["reason"] == "rank 1 exited with 1"
 
 
-def test_default_offer_rules() -> None:
+def test_submit_a_job_that_would_wait_queues_with_a_note(
+    hub: FakeHub, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    script = tmp_path / "big.py"
+    script.write_text("print('big')\n", encoding="utf-8")
+    why = "needs 3 GPU-eq; team vision has 2.5 left"
+    code, out, err = run(capsys, "submit", str(script), "--gpus", "3")
+    assert (code, out) == (0, "Submitted job 1 (big): queued #1\n")
+    assert err.splitlines() == [  # notes, not errors: the job was sent
+        "offer: h100 (the default for --gpus 3; --offer chooses another)",
+        f"will queue: {why}",
+    ]
+    assert {k: hub.posted[0][k] for k in ("offer", "gpus")} == {"offer": "h100", "gpus": 3}
+    assert (hub.jobs["1"]["state"], hub.jobs["1"]["reason"]) == ("queued", f"waiting: {why}")
+    code, out, _ = run(capsys, "show", "1")
+    assert code == 0 and f"reason:        waiting: {why}" in out.splitlines()
+
+    later(0.3, hub.start, "2")
+    later(0.5, hub.finish, "2")
+    code, out, err = run(
+        capsys, "submit", str(script), "--offer", "h100", "--gpus", "3", "-w", "--poll", "0.05"
+    )
+    assert (code, err) == (0, f"will queue: {why}\n")
+    assert out.splitlines()[-1] == "Job 2 succeeded"
+    code, out, err = run(capsys, "submit", str(script), "--offer", "h100", "--gpus", "1", "--json")
+    assert (code, err, json.loads(out)["reason"]) == (0, "", "waiting to start")  # it starts now
+    assert len(hub.posted) == 3
+
+
+def test_submit_refuses_an_offer_that_could_never_start(
+    hub: FakeHub, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    script = tmp_path / "huge.py"
+    script.write_text("pass\n", encoding="utf-8")
+    never = (
+        "4× H100 · vision could never start for you: needs 4 GPU-eq; your cap in team vision is 3"
+    )
+    for argv in (["--gpus", "4"], ["--gpus", "4", "--offer", "h100", "--team", "vision"]):
+        assert run(capsys, "submit", str(script), *argv) == (2, "", f"gpupool submit: {never}\n")
+    assert hub.posted == []
+
+
+def test_default_offer_rules() -> None:  # the rule itself: test_lab_options.py
     assert cli.choose_offer(OFFERS, 1) == "h100"
     assert cli.choose_offer(OFFERS, 2, "nlp") == "h100-nlp"
-    assert cli.choose_offer(OFFERS, 4) == "h100"  # busy or over quota: the job queues
+    assert cli.choose_offer(OFFERS, 3) == "h100"  # over the team's quota in use: the job queues
     cpu_only = {"teams": [{"team": "t", "offers": [offer("cpu", "cpu", 1, 0.0, 8)]}]}
     assert cli.choose_offer(cpu_only, 4) == "cpu"
-    with pytest.raises(cli.UsageError, match=r"no GPU offer comes with 3 GPU\(s\) per node"):
-        cli.choose_offer(OFFERS, 3)
-    with pytest.raises(cli.UsageError, match="you are not in team 'audio'"):
+    with pytest.raises(OptionError, match="could never start for you: needs 4 GPU-eq"):
+        cli.choose_offer(OFFERS, 4)
+    with pytest.raises(OptionError, match=r"no GPU offer comes with 5 GPU\(s\) per node"):
+        cli.choose_offer(OFFERS, 5)
+    with pytest.raises(OptionError, match="you are not in team 'audio'"):
         cli.choose_offer(OFFERS, 1, "audio")
 
 
@@ -799,10 +428,10 @@ def test_hub_errors_pass_through_word_for_word(
 ) -> None:
     script = tmp_path / "big.py"
     script.write_text("pass\n", encoding="utf-8")
-    assert run(capsys, "submit", str(script), "--offer", "h100", "--gpus", "3", "--nodes", "2") == (
+    assert run(capsys, "submit", str(script), "--offer", "h100", "--gpus", "2", "--nodes", "3") == (
         1,
         "",
-        "Team vision may use 4 GPU-eq; this job needs 6\n",
+        "The job needs 6 GPU-eq; team vision may hold at most 4; it could never start.\n",
     )
     assert run(capsys, "show", "77") == (1, "", "No such job: 77\n")
     assert run(capsys, "jobs", "--token", "nope") == (1, "", "Missing or invalid credentials.\n")
@@ -816,7 +445,7 @@ def test_hub_errors_pass_through_word_for_word(
         (["submit", "EXISTING.py", "--time-limit", "soon"], "not a duration: 'soon'"),
         (["submit", "EXISTING.py", "--gpus", "0"], "must be at least 1"),
         (["submit", "EXISTING.py", "--cells", "upto:x"], "not a cell choice"),
-        (["submit", "EXISTING.py", "--gpus", "3"], "no GPU offer comes with 3 GPU(s) per node"),
+        (["submit", "EXISTING.py", "--gpus", "5"], "no GPU offer comes with 5 GPU(s) per node"),
         (["jobs", "--", "x"], 'arguments after "--" are for submit only'),
         (["frobnicate"], "invalid choice"),
     ],

@@ -3,8 +3,9 @@
 The server comes from jupyter_server's own pytest fixtures (``pytest_jupyter.jupyter_server``:
 ``jp_serverapp``, ``jp_fetch``, ``jp_root_dir``, ``jp_server_config``), configured with the very
 file that ships to enable the extension (``labextension/jupyter-config/server-config``). The
-stand-in hub is :class:`tests.lab.test_client_cli.FakeHub` (the hub's gpupool contract over real
-HTTP), reached through ``JUPYTERHUB_API_URL``/``JUPYTERHUB_API_TOKEN`` as in a single-user server.
+stand-in hub is :class:`tests.lab.fake_hub.FakeHub` (the hub's gpupool contract over real HTTP;
+the ``hub`` fixture of ``conftest.py``), reached through ``JUPYTERHUB_API_URL`` and
+``JUPYTERHUB_API_TOKEN`` as in a single-user server.
 
 The plugin's fixtures are imported into this module only, not registered with
 ``pytest_plugins``: a test module's ``pytest_plugins`` registers the plugin for the whole session,
@@ -17,21 +18,21 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
 from pytest_jupyter import jupyter_server as jupyter_server_fixtures
 from tornado.httpclient import HTTPClientError
 
 import gpupool_lab
-from gpupool_lab.server import allocation_info, idle_state, log_reply
-from tests.lab.test_client_cli import OFFERS, FakeHub, hub
+from gpupool_lab.allocation import allocation_info, idle_state
+from gpupool_lab.server import log_reply
+from tests.lab.conftest import run_script, write_notebook
+from tests.lab.fake_hub import OFFERS, FakeHub
 
 globals().update(
     {
@@ -40,8 +41,6 @@ globals().update(
         if name.startswith(("jp_", "http_server", "echo_kernel", "io_loop"))
     }
 )
-
-__all__ = ["hub"]  # the stand-in hub's fixture, used here by name
 
 CONFIG_FILE = (
     Path(__file__).parents[2] / "labextension/jupyter-config/server-config/gpupool_lab.json"
@@ -85,20 +84,6 @@ def api(jp_fetch: Any, jp_asyncio_loop: Any, hub: FakeHub) -> Api:
         return response.code, json.loads(response.body) if response.body else None
 
     return call
-
-
-def notebook(path: Path, *cells: nbformat.NotebookNode) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(new_notebook(cells=list(cells)), path)
-    return path
-
-
-def run_script(script: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-"], input=script, capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 FOUR_CELLS = (
@@ -171,7 +156,10 @@ def test_jobs_job_and_cancel_are_the_hubs(api: Api, hub: FakeHub) -> None:
     hub.add_job("bob", name="hidden")
     status, reply = api("GET", "jobs")
     assert (status, [j["name"] for j in reply["jobs"]]) == (200, ["train"])
-    assert api("GET", "jobs", mine["id"]) == (200, hub.jobs[mine["id"]])
+    assert api("GET", "jobs", mine["id"]) == (
+        200,
+        {**hub.jobs[mine["id"]], "resubmittable": False},  # the hub's job, with our one field
+    )
     status, reply = api("DELETE", "jobs", mine["id"])
     assert (status, reply["state"], reply["reason"]) == (200, "cancelled", "cancelled by alice")
     assert hub.jobs[mine["id"]]["state"] == "cancelled"
@@ -182,11 +170,14 @@ def test_hub_errors_reach_the_user_word_for_word(
 ) -> None:
     assert api("GET", "jobs", "77") == (404, {"message": "No such job: 77"})
     assert api("GET", "jobs", "2", "logs") == (404, {"message": "No such job: 2"})
-    notebook(jp_root_dir / "big.ipynb", new_code_cell("pass"))
-    body = {"path": "big.ipynb", "offer": "h100", "gpus": 3, "nodes": 2}
+    write_notebook(jp_root_dir / "big.ipynb", new_code_cell("pass"))
+    body = {"path": "big.ipynb", "offer": "h100", "gpus": 2, "nodes": 3}
     assert api("POST", "submit", body=body) == (
         403,
-        {"message": "Team vision may use 4 GPU-eq; this job needs 6"},
+        {
+            "message": "The job needs 6 GPU-eq; team vision may hold at most 4; "
+            "it could never start."
+        },
     )
     body = {"path": "big.ipynb", "offer": "a100"}
     status, reply = api("POST", "submit", body=body)
@@ -214,7 +205,7 @@ def test_an_unreachable_or_missing_hub(api: Api, monkeypatch: pytest.MonkeyPatch
 def test_submit_converts_the_notebook_from_the_contents_manager(
     api: Api, hub: FakeHub, jp_serverapp: Any, jp_root_dir: Path, jp_home_dir: Path
 ) -> None:
-    notebook(
+    write_notebook(
         jp_root_dir / "exp" / "train.ipynb",
         new_markdown_cell("# Train"),
         new_code_cell("%matplotlib inline\nimport os\nprint('in', os.path.basename(os.getcwd()))"),
@@ -252,10 +243,13 @@ def test_submit_converts_the_notebook_from_the_contents_manager(
 
 
 def test_submit_defaults_name_and_offer(api: Api, hub: FakeHub, jp_root_dir: Path) -> None:
-    notebook(jp_root_dir / "eval.ipynb", new_code_cell("print('x')"))
+    write_notebook(jp_root_dir / "eval.ipynb", new_code_cell("print('x')"))
     status, job = api("POST", "submit", body={"path": "/eval.ipynb", "gpus": 2})
     assert (status, job["name"], job["offer"]) == (201, "eval", "h100")  # the CLI's default rule
     assert os.path.samefile(hub.posted[0]["workdir"], jp_root_dir)
+    status, job = api("POST", "submit", body={"path": "/eval.ipynb", "gpus": 3})
+    assert (status, job["offer"], job["state"]) == (201, "h100", "queued")  # it would wait
+    assert job["reason"] == "waiting: needs 3 GPU-eq; team vision has 2.5 left"
 
 
 @pytest.mark.parametrize(
@@ -269,7 +263,7 @@ def test_submit_defaults_name_and_offer(api: Api, hub: FakeHub, jp_root_dir: Pat
 def test_the_chosen_cells_reach_the_hub_as_the_script(
     api: Api, hub: FakeHub, jp_root_dir: Path, cells: Any, included: str, output: str
 ) -> None:
-    notebook(jp_root_dir / "four.ipynb", *FOUR_CELLS)
+    write_notebook(jp_root_dir / "four.ipynb", *FOUR_CELLS)
     status, _ = api("POST", "submit", body={"path": "four.ipynb", "cells": cells, "offer": "cpu"})
     assert status == 201
     script = hub.posted[0]["script"]
@@ -280,7 +274,7 @@ def test_the_chosen_cells_reach_the_hub_as_the_script(
 def test_a_notebook_with_a_magic_is_refused_naming_the_cell(
     api: Api, hub: FakeHub, jp_root_dir: Path
 ) -> None:
-    notebook(jp_root_dir / "t.ipynb", new_code_cell("x = 1"), new_code_cell("%pip install x"))
+    write_notebook(jp_root_dir / "t.ipynb", new_code_cell("x = 1"), new_code_cell("%pip install x"))
     assert api("POST", "submit", body={"path": "t.ipynb", "offer": "h100"}) == (
         400,
         {"message": f"cell #2 uses %pip install x (line 1): {FIX}"},
@@ -312,18 +306,25 @@ def test_a_notebook_with_a_magic_is_refused_naming_the_cell(
             "time_limit: not a duration: 'soon' (use seconds, or e.g. 30m, 2h, 1h30m)",
         ),
         ({"path": "missing.ipynb"}, 404, "No such file or directory: missing.ipynb"),
+        ({"path": "100% done.ipynb"}, 404, "No such file or directory: 100% done.ipynb"),
         (
-            {"path": "four.ipynb", "gpus": 3},
+            {"path": "four.ipynb", "gpus": 5},
             400,
-            "no GPU offer comes with 3 GPU(s) per node (counts offered: 1, 2, 4); "
+            "no GPU offer comes with 5 GPU(s) per node (counts offered: 1, 2, 3, 4); "
             "pass --offer (see: gpupool offers)",
+        ),
+        (
+            {"path": "four.ipynb", "gpus": 4},
+            400,
+            "4× H100 · vision could never start for you: needs 4 GPU-eq; your cap in team "
+            "vision is 3",
         ),
     ],
 )
 def test_bad_submit_requests(
     api: Api, hub: FakeHub, jp_root_dir: Path, body: Any, status: int, message: str
 ) -> None:
-    notebook(jp_root_dir / "four.ipynb", *FOUR_CELLS)
+    write_notebook(jp_root_dir / "four.ipynb", *FOUR_CELLS)
     answer = api("POST", "submit", body=body)
     assert answer[0] == status
     assert answer[1]["message"] == message
@@ -333,7 +334,7 @@ def test_bad_submit_requests(
 def test_resubmit_converts_the_same_notebook_again(
     api: Api, hub: FakeHub, jp_root_dir: Path
 ) -> None:
-    path = notebook(jp_root_dir / "four.ipynb", *FOUR_CELLS)
+    path = write_notebook(jp_root_dir / "four.ipynb", *FOUR_CELLS)
     request = {"path": "four.ipynb", "cells": {"selected": [1, 2]}, "gpus": 2, "offer": "h100"}
     status, first = api("POST", "submit", body=request)
     assert status == 201
@@ -346,11 +347,60 @@ def test_resubmit_converts_the_same_notebook_again(
     assert before == after
     assert run_script(hub.posted[1]["script"]) == "one, edited\ntwo\n"
     status, third = api("POST", "jobs", second["id"], "resubmit")  # a resubmission is remembered
-    assert (status, third["id"]) == (201, "3")
-    assert api("POST", "jobs", "99", "resubmit") == (
-        404,
-        {"message": "No submission of job 99 is remembered here to resubmit."},
+    assert (status, third["id"], third["resubmittable"]) == (201, "3", True)
+    assert api("POST", "jobs", "99", "resubmit") == (404, {"message": not_resubmittable("99")})
+
+
+def not_resubmittable(job_id: str) -> str:
+    return (
+        f"Job {job_id} cannot be resubmitted from JupyterLab: no notebook and options are "
+        "remembered for it (only for your latest jobs sent from the Run distributed dialog). "
+        "Submit it again the way it was sent."
     )
+
+
+def test_resubmittable_says_which_jobs_resubmit_can_send_again(
+    api: Api, hub: FakeHub, jp_root_dir: Path
+) -> None:
+    write_notebook(jp_root_dir / "four.ipynb", *FOUR_CELLS)
+    status, dialog = api("POST", "submit", body={"path": "four.ipynb", "offer": "cpu"})
+    assert (status, dialog["resubmittable"]) == (201, True)
+    # a job the hub knows but this server extension never submitted (REST, the CLI, the widget)
+    by_cli = hub.add_job("alice", name="from the CLI")
+    status, reply = api("GET", "jobs")
+    assert status == 200
+    assert {j["id"]: j["resubmittable"] for j in reply["jobs"]} == {
+        dialog["id"]: True,
+        by_cli["id"]: False,
+    }
+    assert reply["jobs"][1] == {**hub.jobs[by_cli["id"]], "resubmittable": False}
+    assert api("GET", "jobs", dialog["id"])[1]["resubmittable"] is True
+    assert api("GET", "jobs", by_cli["id"])[1]["resubmittable"] is False
+    status, cancelled = api("DELETE", "jobs", dialog["id"])
+    assert (status, cancelled["state"], cancelled["resubmittable"]) == (200, "cancelled", True)
+
+    before = len(hub.posted)
+    assert api("POST", "jobs", by_cli["id"], "resubmit") == (
+        404,
+        {"message": not_resubmittable(by_cli["id"])},
+    )
+    assert len(hub.posted) == before  # nothing was sent
+    status, again = api("POST", "jobs", dialog["id"], "resubmit")
+    assert (status, again["resubmittable"]) == (201, True)
+    status, reply = api("GET", "jobs")
+    assert [j["resubmittable"] for j in reply["jobs"]] == [True, False, True]
+
+
+def test_jobs_are_not_resubmittable_when_the_store_is_unreadable(
+    api: Api, hub: FakeHub, jp_home_dir: Path
+) -> None:
+    job = hub.add_job("alice")
+    store = jp_home_dir / ".gpupool" / "submissions.json"
+    store.parent.mkdir(parents=True, exist_ok=True)
+    store.write_text("not json", encoding="utf-8")
+    assert api("GET", "jobs")[1]["jobs"][0]["resubmittable"] is False
+    store.write_text(json.dumps({job["id"]: {"path": "four.ipynb"}}), encoding="utf-8")
+    assert api("GET", "jobs", job["id"])[1]["resubmittable"] is True
 
 
 # -- logs -----------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The notebook-side launcher, job handles, ``submit()`` and ``%%distributed``, against the
-stand-in hub (:class:`tests.lab.test_client_cli.FakeHub`, the hub's contract over real HTTP).
+stand-in hub (:class:`tests.lab.fake_hub.FakeHub`, the hub's contract over real HTTP; the ``hub``
+fixture of ``conftest.py``).
 
 The magic runs through a real IPython ``InteractiveShell`` (history in memory, its own
 IPYTHONDIR), as ``%load_ext gpupool_lab`` would load it in a kernel.
@@ -7,6 +8,8 @@ IPYTHONDIR), as ``%load_ext gpupool_lab`` would load it in a kernel.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,10 +26,8 @@ from gpupool_lab import Job, launcher, submit
 from gpupool_lab.client import HubError
 from gpupool_lab.convert import ConversionError
 from gpupool_lab.widget import Launcher
-from tests.lab.test_client_cli import FakeHub, hub, later
-from tests.lab.test_server_extension import run_script
-
-__all__ = ["hub"]  # the stand-in hub's fixture, used here by name
+from tests.lab.conftest import later, run_script
+from tests.lab.fake_hub import OFFERS, FakeHub
 
 
 @pytest.fixture
@@ -52,22 +53,25 @@ def texts(widget: Launcher) -> list[str]:
 def test_the_launcher_shows_the_hubs_choices(hub: FakeHub, nb: Path) -> None:
     widget = launcher(path=nb)
     assert isinstance(widget, Launcher)
-    assert texts(widget) == [
+    assert texts(widget) == [  # what a job may take: now, or queued (with why)
         "CPU only · vision — 16 free",
         "1× H100 · vision — 2 free",
-        "2× H100 · vision — 1 free",
+        "2× H100 · vision — 2 free",
+        "3× H100 · vision — 2 free (will queue: needs 3 GPU-eq; team vision has 2.5 left)",
         "MIG 3g.40gb · vision — 2 free",
-        "2× H100 · nlp — 1 free",
+        "1× H100 · nlp — 2 free",
+        "2× H100 · nlp — 2 free",
     ]
     chosen = widget.choice.value
     assert (chosen.offer, chosen.team, chosen.count) == ("h100", "vision", 1)  # the CLI's rule
     assert (widget.gpus.value, widget.nodes.value, widget.cells.value) == (1, 1, "all")
     assert widget.cell_numbers.disabled and widget.name.value == "train"
-    assert "4× H100 · vision: team vision has 2.5 GPU-eq left; this needs 4" in (
-        widget.unavailable.value
+    assert widget.unavailable.value == (  # could never start
+        "<div>Unavailable (could never start):<ul>"
+        "<li>4× H100 · vision: needs 4 GPU-eq; your cap in team vision is 3</li></ul></div>"
     )
     assert widget.quota.value == (
-        "Team vision: 1.5 of 4 GPU-eq used, 2.5 left; you use 1 of your cap 2<br>"
+        "Team vision: 1.5 of 4 GPU-eq used, 2.5 left; you use 1 of your cap 3<br>"
         "Team nlp: 0 of 2 GPU-eq used, 2 left"
     )
     head = widget.children[0].value
@@ -77,26 +81,76 @@ def test_the_launcher_shows_the_hubs_choices(hub: FakeHub, nb: Path) -> None:
 
 def test_the_launcher_takes_defaults_and_follows_the_choice(hub: FakeHub, nb: Path) -> None:
     widget = launcher(nb, offer="h100-nlp", team="nlp", gpus=2, cells=[0, 2], time_limit="1h")
-    assert widget.choice.value.text == "2× H100 · nlp — 1 free"
+    assert widget.choice.value.text == "2× H100 · nlp — 2 free"
     assert (widget.gpus.value, widget.time_limit.value) == (2, "1h")
     assert (widget.cells.value, widget.cell_numbers.value) == ("selected", "1,3")
     assert not widget.cell_numbers.disabled
     by_text = dict(widget.choice.options)
     widget.choice.value = by_text["MIG 3g.40gb · vision — 2 free"]
     assert widget.gpus.value == 1
-    widget.choice.value = by_text["2× H100 · vision — 1 free"]
+    widget.choice.value = by_text["2× H100 · vision — 2 free"]
     assert widget.gpus.value == 2
     widget.cells.value = "all"
     assert widget.cell_numbers.disabled
     assert launcher(nb, cells=2).cell_numbers.value == "3"
     with pytest.raises(TypeError, match="unexpected keywords: gpu"):
-        launcher(nb, gpu=2)
+        launcher(nb, gpu=2)  # type: ignore[call-arg]
+
+
+def test_the_launchers_default_follows_the_ranking(hub: FakeHub, nb: Path) -> None:
+    widget = launcher(nb, gpus=3)  # the line for 3 GPUs would wait: still the default
+    assert widget.choice.value.text == (
+        "3× H100 · vision — 2 free (will queue: needs 3 GPU-eq; team vision has 2.5 left)"
+    )
+    assert widget.status.value == ""
+    widget = launcher(nb, gpus=4)  # the one line for 4 could never start: not chosen, and why
+    assert widget.choice.value.text == "CPU only · vision — 16 free"  # the first of the now lines
+    assert "4× H100 · vision could never start for you: needs 4 GPU-eq" in widget.status.value
+    assert not widget.submit_button.disabled
+    widget = launcher(nb, offer="h100", gpus=3)
+    assert (widget.choice.value.count, widget.choice.value.admission) == (3, "wait")
+    widget = launcher(nb, team="nlp", gpus=3)  # no default in nlp: its first line
+    assert widget.choice.value.text == "1× H100 · nlp — 2 free"
+
+
+def test_a_line_that_would_wait_is_submitted_and_queued(hub: FakeHub, nb: Path) -> None:
+    widget = launcher(nb)
+    by_text = dict(widget.choice.options)
+    widget.choice.value = by_text[
+        "3× H100 · vision — 2 free (will queue: needs 3 GPU-eq; team vision has 2.5 left)"
+    ]
+    assert widget.gpus.value == 3
+    job = widget.submit()
+    assert job is not None and job.last["state"] == "queued"
+    assert job.last["reason"] == "waiting: needs 3 GPU-eq; team vision has 2.5 left"
+    assert widget.status.value.endswith(">Submitted job 1 (train): queued</pre>")
+    assert {k: hub.posted[0][k] for k in ("offer", "team", "gpus")} == {
+        "offer": "h100",
+        "team": "vision",
+        "gpus": 3,
+    }
+
+
+def test_the_launcher_with_an_older_hub(
+    hub: FakeHub, nb: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for team in OFFERS["teams"]:
+        for line in team["offers"]:
+            monkeypatch.delitem(line, "admission")  # only enabled: false reads as wait
+    widget = launcher(nb)
+    assert widget.unavailable.value == ""
+    assert texts(widget)[3:5] == [
+        "3× H100 · vision — 2 free (will queue: needs 3 GPU-eq; team vision has 2.5 left)",
+        "4× H100 · vision — 2 free (will queue: needs 4 GPU-eq; your cap in team vision is 3)",
+    ]
+    assert widget.choice.value.text == "1× H100 · vision — 2 free"
 
 
 def test_submit_from_the_launcher(hub: FakeHub, nb: Path) -> None:
     widget = launcher(path=nb)
-    widget.choice.value = dict(widget.choice.options)["2× H100 · vision — 1 free"]
-    widget.nodes.value = 2
+    widget.choice.value = dict(widget.choice.options)["MIG 3g.40gb · vision — 2 free"]
+    widget.choice.value = dict(widget.choice.options)["1× H100 · vision — 2 free"]
+    widget.nodes.value = 2  # 2 GPU-eq in all: within alice's cap of 3
     widget.time_limit.value = "30m"
     widget.cells.value = "upto"
     widget.cell_numbers.value = "3"
@@ -107,7 +161,7 @@ def test_submit_from_the_launcher(hub: FakeHub, nb: Path) -> None:
     (posted,) = hub.posted
     script = posted.pop("script")
     assert posted == {
-        "gpus": 2,
+        "gpus": 1,
         "name": "from the widget",
         "filename": "train.ipynb",
         "workdir": str(nb.parent.resolve()),
@@ -125,9 +179,17 @@ def test_submit_from_the_launcher(hub: FakeHub, nb: Path) -> None:
 
 def test_the_launcher_shows_refusals(hub: FakeHub, nb: Path, tmp_path: Path) -> None:
     widget = launcher(path=nb)
-    widget.gpus.value, widget.nodes.value = 3, 2
-    assert widget.submit() is None
-    assert ">Team vision may use 4 GPU-eq; this job needs 6</pre>" in widget.status.value
+    widget.gpus.value, widget.nodes.value = 2, 3
+    assert widget.submit() is None  # the hub's refusal, word for word
+    assert (
+        ">The job needs 6 GPU-eq; team vision may hold at most 4; it could never start.</pre>"
+    ) in widget.status.value
+    widget.gpus.value, widget.nodes.value = 4, 1
+    assert widget.submit() is None  # the offers document says so before anything is sent
+    assert (
+        ">4× H100 · vision could never start for you: needs 4 GPU-eq; your cap in team vision "
+        "is 3</pre>"
+    ) in widget.status.value
     widget.gpus.value, widget.nodes.value = 1, 1
     widget.time_limit.value = "soon"
     assert widget.submit() is None and "not a duration: &#x27;soon&#x27;" in widget.status.value
@@ -170,6 +232,12 @@ def test_the_launcher_without_the_hub(nb: Path, monkeypatch: pytest.MonkeyPatch)
 # -- submit() and Job -----------------------------------------------------------------------------
 
 
+def test_submit_a_job_that_would_wait(hub: FakeHub, nb: Path) -> None:
+    job = submit(nb, gpus=3)  # the default offer's line for 3 GPUs would wait: it queues
+    assert (hub.posted[0]["offer"], job.last["state"]) == ("h100", "queued")
+    assert job.status()["reason"] == "waiting: needs 3 GPU-eq; team vision has 2.5 left"
+
+
 def test_submit_a_notebook_and_use_its_handle(hub: FakeHub, nb: Path) -> None:
     job = submit(nb, gpus=2, time_limit="1h30m", cells=[2])
     assert job.id == "1" and repr(job) == "Job('1', name='train', state='queued')"
@@ -206,8 +274,13 @@ def test_submit_scripts_and_refusals(hub: FakeHub, nb: Path, tmp_path: Path) -> 
     }
     with pytest.raises(HubError, match=r"^No offer 'a100' for team vision"):
         submit(nb, offer="a100")
-    with pytest.raises(ValueError, match=r"no GPU offer comes with 3 GPU\(s\) per node"):
-        submit(nb, gpus=3)
+    with pytest.raises(ValueError, match=r"no GPU offer comes with 5 GPU\(s\) per node"):
+        submit(nb, gpus=5)
+    never = "4× H100 · vision could never start for you: needs 4 GPU-eq"
+    with pytest.raises(ValueError, match=never):
+        submit(nb, gpus=4)
+    with pytest.raises(ValueError, match=never):
+        submit(nb, gpus=4, offer="h100", team="vision")
     with pytest.raises(ValueError, match="cells applies to notebooks only"):
         submit(script, cells=[0])
     with pytest.raises(FileNotFoundError):
@@ -287,17 +360,42 @@ def test_the_distributed_magic_reports_errors(
         "%%distributed: this cell cannot run as a job:\n"
         "cell #1 uses %pip install x (line 1): remove it or tag the cell skip-distributed\n"
     )
-    assert shell.run_cell_magic("distributed", "--gpus 3 --nodes 2 --offer h100", "pass") is None
-    assert capsys.readouterr().err == "Team vision may use 4 GPU-eq; this job needs 6\n"
+    assert shell.run_cell_magic("distributed", "--gpus 2 --nodes 3 --offer h100", "pass") is None
+    assert capsys.readouterr().err == (
+        "The job needs 6 GPU-eq; team vision may hold at most 4; it could never start.\n"
+    )
+    assert shell.run_cell_magic("distributed", "--gpus 4", "pass") is None
+    assert capsys.readouterr().err == (
+        "4× H100 · vision could never start for you: needs 4 GPU-eq; your cap in team vision is 3\n"
+    )
     with pytest.raises(UsageError, match="not a duration"):
         shell.run_cell_magic("distributed", "--time-limit soon", "pass")
+    with pytest.raises(UsageError, match="must be at least 1, not 0"):  # as the CLI's --gpus
+        shell.run_cell_magic("distributed", "--gpus 0", "pass")
     assert hub.posted == []
 
 
 def test_the_package_exports_lazily() -> None:
     assert gpupool_lab.launcher is launcher and gpupool_lab.submit is submit
+    assert gpupool_lab.Job is Job is gpupool_lab.widget.Job  # importable where it was before
     with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
         _ = gpupool_lab.nothing  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("module", "not_imported"),
+    [
+        ("gpupool_lab", ["IPython", "ipywidgets", "jupyter_server", "nbformat"]),
+        ("gpupool_lab.cli", ["IPython", "ipywidgets", "jupyter_server", "nbformat"]),
+        ("gpupool_lab.job", ["ipywidgets", "jupyter_server"]),
+    ],
+)
+def test_what_each_entry_point_imports(module: str, not_imported: list[str]) -> None:
+    check = f"import sys, {module}\nprint(sorted(m for m in {not_imported!r} if m in sys.modules))"
+    result = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, timeout=60
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (0, "[]\n", "")
 
 
 def test_load_ext_registers_only_the_cell_magic(shell: InteractiveShell) -> None:
