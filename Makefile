@@ -16,9 +16,17 @@ LABSRC := $(shell find labextension/src labextension/style -type f 2>/dev/null) 
 export YARN_CACHE_FOLDER := $(CURDIR)/labextension/.yarn-cache
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install run test lint format bench clean chromium
+# `make run` installs quietly: everything the package managers print goes to this log.
+INSTALL_LOG := .run/install.log
+HUB_LOG     := .run/hub.log
 
-install: $(STAMP) $(CHP) chromium
+.PHONY: install run test test-fast lint format bench clean chromium node-check
+
+install: node-check $(STAMP) $(CHP) chromium
+
+# Node.js builds the extension and runs configurable-http-proxy: say which one is needed, once.
+node-check:
+	@scripts/check-node
 
 # 1. a venv with JupyterLab (for jlpm) and the build backend; 2. the JupyterLab extension,
 # built with jlpm; 3. the package itself, editable, finding the built extension in place.
@@ -29,7 +37,7 @@ $(VENV)/.base: constraints.txt
 	  'hatch-jupyter-builder>=0.9'
 	touch $@
 
-$(LABEXT): $(VENV)/.base $(LABSRC)
+$(LABEXT): $(VENV)/.base $(LABSRC) | node-check
 	cd labextension && $(JLPM) install --immutable && $(JLPM) build:prod
 	touch $@
 
@@ -42,14 +50,21 @@ chromium:
 	@command -v chromium >/dev/null || (apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
-$(CHP):
+$(CHP): | node-check
 	npm install --no-save --no-package-lock --no-audit --no-fund configurable-http-proxy@5.3.0
 
 # The demo hub on http://127.0.0.1:8000 (Ctrl-C stops the hub, its proxy and its servers). As
-# root, servers and jobs run as the unprivileged account gpupool-demo, created here.
-run: install
-	scripts/demo-account gpupool-demo $(BIN)/python
-	$(BIN)/jupyterhub -f jupyterhub_config.py
+# root, servers and jobs run as the unprivileged account gpupool-demo, created here. The install
+# (make install) prints into $(INSTALL_LOG), the hub into $(HUB_LOG); the terminal gets the
+# hub's warnings and, last, its banner: the address, the demo password, the admin-password file.
+run: node-check
+	@mkdir -p -m 700 .run && echo "gpupool: installing what is missing (log: $(INSTALL_LOG))" && \
+	  $(MAKE) --no-print-directory install >$(INSTALL_LOG) 2>&1 || { \
+	  echo "gpupool: make install failed; the end of $(CURDIR)/$(INSTALL_LOG):"; \
+	  tail -n 25 $(INSTALL_LOG); exit 1; }
+	@scripts/demo-account gpupool-demo $(BIN)/python
+	@echo "gpupool: starting the hub (log: $(HUB_LOG); Ctrl-C stops it, its proxy and servers)"
+	@$(BIN)/python scripts/run-hub $(HUB_LOG) $(BIN)/jupyterhub -f jupyterhub_config.py
 
 test: install
 	$(BIN)/ruff check .
@@ -57,6 +72,15 @@ test: install
 	$(BIN)/mypy
 	cd labextension && $(JLPM) lint:check && $(JLPM) test
 	$(BIN)/python -m pytest -q
+
+# `make test` without the tests marked slow (real hubs, the browser, real torchrun jobs, Helm
+# renders; tests/conftest.py marks them by folder and file).
+test-fast: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	cd labextension && $(JLPM) lint:check && $(JLPM) test
+	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: install
 	$(BIN)/ruff check .

@@ -34,8 +34,8 @@ from traitlets.config import Config
 from benchmarks.text import align
 from gpupool.config import GPUPool
 from gpupool.core.errors import PoolError
-from gpupool.hub.reclaim import IdleReclaimer
 from gpupool.hub.collector import PoolCollector
+from gpupool.hub.reclaim import IdleReclaimer
 from gpupool.pool import Pool
 
 SIZES = (64, 512, 4096)

@@ -1,6 +1,9 @@
 """Replay the Alibaba GPU trace (FGD, ATC'23) through the real ledger, once per placement policy.
 
-Run as ``python -m benchmarks.replay --policy all [--json] [--churn STEPS --seed S]``.
+Run as ``python -m benchmarks.replay --policy all [--json] [--churn STEPS --seed S]
+[--traces DIR]``. The trace is found as :mod:`benchmarks.trace` says (``--traces``,
+``$GPUPOOL_TRACES``, ``../shared/traces``); without one the replay runs on a synthetic trace of the
+same columns and shape and says so (``trace: synthetic`` in the table and the JSON).
 
 Vocabulary
 - *trace pod*: one row of ``openb_pod_list_default.csv``: ``num_gpu`` GPUs of ``gpu_milli``
@@ -52,12 +55,14 @@ import gc
 import json
 import random
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks import trace as traces
 from benchmarks.stats import mean, percentile
 from benchmarks.text import align
 from gpupool.core.errors import NoCapacity
@@ -67,10 +72,6 @@ from gpupool.core.mig import geometry_for
 from gpupool.core.offers import Offer, Request
 from gpupool.core.placement import POLICIES, make_policy
 from gpupool.core.quota import Team
-
-TRACE_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-gpu-v2023"
-DEFAULT_PODS = TRACE_DIR / "openb_pod_list_default.csv"
-DEFAULT_NODES = TRACE_DIR / "openb_node_list_gpu_node.csv"
 
 MODEL = "H100-80GB"
 MEMORY_MIB = 81559
@@ -401,32 +402,75 @@ def format_table(results: Sequence[ReplayResult]) -> str:
     return align(rows, left=(0,))
 
 
+def load_trace(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, tmp: Path
+) -> tuple[str, list[TracePod], list[tuple[str, int]]]:
+    """``(trace name, pods, nodes)``: the real files (the name is the pod file's path) or, when
+    none is found, a synthetic trace written under ``tmp`` (the name is ``synthetic``)."""
+    try:
+        source = traces.locate(args.traces)
+    except FileNotFoundError as e:
+        parser.error(str(e))
+    if source.folder is not None:
+        pods = args.pods or source.pods
+        nodes = args.nodes or source.nodes
+    elif args.pods and args.nodes:
+        pods, nodes = args.pods, args.nodes
+    elif args.pods or args.nodes:
+        parser.error(f"--pods and --nodes go together when no trace folder is found ({source.why})")
+    else:
+        print(traces.notice(source), file=sys.stderr)
+        folder = traces.write_synthetic_trace(tmp, args.trace_seed)
+        return (
+            traces.SYNTHETIC,
+            read_pods(folder / traces.POD_FILE),
+            read_nodes(folder / traces.NODE_FILE),
+        )
+    return traces.label(pods), read_pods(pods), read_nodes(nodes)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.replay",
         description="Replay the Alibaba GPU trace through the ledger with each placement policy.",
     )
-    parser.add_argument("--pods", type=Path, default=DEFAULT_PODS, help="pod list CSV")
-    parser.add_argument("--nodes", type=Path, default=DEFAULT_NODES, help="node list CSV")
+    parser.add_argument(
+        "--traces",
+        type=Path,
+        metavar="DIR",
+        help=f"folder holding {traces.SUBDIR}/ (default: ${traces.ENV}, else ../shared/traces "
+        "beside the repository; without a trace, a synthetic one)",
+    )
+    parser.add_argument("--pods", type=Path, help="pod list CSV (default: the trace folder's)")
+    parser.add_argument("--nodes", type=Path, help="node list CSV (default: the trace folder's)")
+    parser.add_argument(
+        "--trace-seed", type=int, default=0, metavar="S", help="seed of the synthetic trace"
+    )
     parser.add_argument("--policy", choices=[*POLICIES, "all"], default="all")
     parser.add_argument("--json", action="store_true", help="print a JSON list instead")
     parser.add_argument("--churn", type=int, default=0, metavar="STEPS")
     parser.add_argument("--seed", type=int, default=0, metavar="S")
     args = parser.parse_args(argv)
 
-    trace = read_pods(args.pods)
+    with tempfile.TemporaryDirectory(prefix="gpupool-trace-") as tmp:
+        name, trace, nodes = load_trace(parser, args, Path(tmp))
+    synthetic = name == traces.SYNTHETIC
     shapes = gpu_shapes(trace)
-    nodes = read_nodes(args.nodes)
     policies = list(POLICIES) if args.policy == "all" else [args.policy]
     results = [run_policy(p, shapes, nodes, args.churn, args.seed) for p in policies]
     if args.json:
-        print(json.dumps([r.to_json() for r in results], indent=2))
+        about: dict[str, Any] = {"trace": name}
+        if synthetic:
+            about["trace_seed"] = args.trace_seed
+        print(json.dumps([about | r.to_json() for r in results], indent=2))
         return 0
     gpus = sum(n for _, n in nodes)
     first = results[0]
+    seeded = f" (seed {args.trace_seed})" if synthetic else ""
     print(
-        f"trace: {len(trace):,} pods, {len(shapes):,} with GPUs ({len(trace) - len(shapes):,} "
-        f"GPU-less skipped); pool: {len(nodes):,} nodes, {gpus:,} {MODEL} (flex MIG)"
+        f"trace: {name}{seeded}: {len(trace):,} pods, {len(shapes):,} with GPUs "
+        f"({len(trace) - len(shapes):,} GPU-less skipped); pool: {len(nodes):,} nodes, "
+        f"{gpus:,} {MODEL} (flex MIG)"
     )
     wrapped = f", wrapping around after {len(shapes):,}" if first.offered > len(shapes) else ""
     print(

@@ -63,7 +63,7 @@ RECONCILE_ACTIONS = PromCounter(
 )
 RECONCILE_SECONDS = Histogram(
     "gpupool_reconcile_duration_seconds",
-    "Time one reconciliation pass took (reading JupyterHub's database, this hub's processes and "
+    "Time one reconciliation pass took (reading JupyterHub's servers, this hub's processes and "
     "NVML, deciding, and stopping what it stops).",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -36,124 +35,12 @@ from gpupool.discovery.kubernetes import (
 )
 from gpupool.pool import load_inventory
 from gpupool.settings import ConfigError
+from tests.conftest import a100_mixed_node, h100_node, kubeconfig, node
 
 A100 = GEOMETRIES["A100-80GB"]
 
 # all-balanced on an A100-80GB (mig-parted's default config): 2× 1g.10gb, 1× 2g.20gb, 1× 3g.40gb
 BALANCED = {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}
-
-
-def _labels(product: str, memory: str, count: int, mig_config: str) -> dict[str, str]:
-    return {
-        "beta.kubernetes.io/arch": "amd64",
-        "kubernetes.io/os": "linux",
-        "feature.node.kubernetes.io/pci-10de.present": "true",
-        "nvidia.com/cuda.driver.major": "550",
-        "nvidia.com/cuda.driver.minor": "90",
-        "nvidia.com/cuda.driver.rev": "07",
-        "nvidia.com/cuda.runtime.major": "12",
-        "nvidia.com/cuda.runtime.minor": "4",
-        "nvidia.com/gfd.timestamp": "1718000000",
-        "nvidia.com/gpu.compute.major": "9" if "H100" in product else "8",
-        "nvidia.com/gpu.compute.minor": "0",
-        "nvidia.com/gpu.count": str(count),
-        "nvidia.com/gpu.deploy.device-plugin": "true",
-        "nvidia.com/gpu.family": "hopper" if "H100" in product else "ampere",
-        "nvidia.com/gpu.machine": "DGX-H100" if "H100" in product else "DGXA100-920-23687-2530-000",
-        "nvidia.com/gpu.memory": memory,
-        "nvidia.com/gpu.present": "true",
-        "nvidia.com/gpu.product": product,
-        "nvidia.com/gpu.replicas": "1",
-        "nvidia.com/mig.capable": "true",
-        "nvidia.com/mig.config": mig_config,
-        "nvidia.com/mig.config.state": "success",
-        "nvidia.com/mig.strategy": "mixed",
-    }
-
-
-def node(
-    name: str,
-    labels: dict[str, str],
-    nvidia: dict[str, str],
-    *,
-    unschedulable: bool = False,
-    taints: list[dict[str, str]] | None = None,
-) -> dict[str, Any]:
-    """A node object as the API returns it (``status.capacity`` equals ``allocatable`` for the
-    device plugin's resources)."""
-    base = {"cpu": "255", "memory": "2113309416Ki", "pods": "110", "ephemeral-storage": "1.6Ti"}
-    spec: dict[str, Any] = {
-        "podCIDR": "10.244.1.0/24",
-        "providerID": f"baremetal://{name}",
-        "taints": taints
-        if taints is not None
-        else [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
-    }
-    if unschedulable:
-        spec["unschedulable"] = True
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "uid": f"00000000-0000-4000-8000-{sum(map(ord, name)):012d}",
-            "resourceVersion": "4242",
-            "creationTimestamp": "2025-01-01T00:00:00Z",
-            "labels": {"kubernetes.io/hostname": name, **labels},
-            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
-        },
-        "spec": spec,
-        "status": {
-            "capacity": {**base, **nvidia},
-            "allocatable": {**base, "cpu": "254", **nvidia},
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "True",
-                    "lastHeartbeatTime": "2025-01-01T00:00:00Z",
-                    "lastTransitionTime": "2025-01-01T00:00:00Z",
-                    "reason": "KubeletReady",
-                    "message": "kubelet is posting ready status",
-                }
-            ],
-            "nodeInfo": {
-                "architecture": "amd64",
-                "bootID": "b",
-                "containerRuntimeVersion": "containerd://1.7.20",
-                "kernelVersion": "5.15.0-1063-nvidia",
-                "kubeProxyVersion": "v1.33.1",
-                "kubeletVersion": "v1.33.1",
-                "machineID": "m",
-                "operatingSystem": "linux",
-                "osImage": "Ubuntu 22.04.4 LTS",
-                "systemUUID": "s",
-            },
-        },
-    }
-
-
-def h100_node(name: str = "dgx-h100-1") -> dict[str, Any]:
-    """Eight whole H100s, MIG off (``all-disabled``)."""
-    labels = _labels("NVIDIA-H100-80GB-HBM3", "81559", 8, "all-disabled")
-    return node(name, labels, {"nvidia.com/gpu": "8"})
-
-
-def a100_mixed_node(name: str = "dgx-a100-1") -> dict[str, Any]:
-    """Eight A100-80GBs: one whole, seven all-balanced (``mixed`` strategy)."""
-    labels = _labels("NVIDIA-A100-SXM4-80GB", "81920", 8, "balanced-7-whole-1")
-    for profile, memory, n in (("1g.10gb", "9728", 14), ("2g.20gb", "19968", 7)):
-        labels |= {
-            f"nvidia.com/mig-{profile}.count": str(n),
-            f"nvidia.com/mig-{profile}.memory": memory,
-        }
-    labels |= {"nvidia.com/mig-3g.40gb.count": "7", "nvidia.com/mig-3g.40gb.memory": "40192"}
-    resources = {
-        "nvidia.com/gpu": "1",
-        "nvidia.com/mig-1g.10gb": "14",
-        "nvidia.com/mig-2g.20gb": "7",
-        "nvidia.com/mig-3g.40gb": "7",
-    }
-    return node(name, labels, resources)
 
 
 def cordoned_node() -> dict[str, Any]:
@@ -365,19 +252,6 @@ class FakeAPIServer:
             "items": page,
         }
         return web.json_response(body)
-
-
-def kubeconfig(path: Path, server: str) -> Path:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "test", "cluster": {"server": server}}],
-        "users": [{"name": "test", "user": {"token": "not-a-secret"}}],
-        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
-        "current-context": "test",
-    }
-    path.write_text(json.dumps(config))
-    return path
 
 
 class ServedAPI:

@@ -1,19 +1,16 @@
 """Reconciliation both ways: the decision (a pure function of the ledger, JupyterHub's records and
-the processes found), and the layer that reads ``/proc`` and JupyterHub's database and stops
-processes, against real processes (started as the account that runs user code), a real pool
-database and a real JupyterHub database (made by JupyterHub's own ORM).
+the processes found), and the layer that reads ``/proc`` and JupyterHub's records (its database
+at start, its REST API while it runs) and stops processes, against real processes (started as the
+account that runs user code), a real pool database, a real JupyterHub database (made by
+JupyterHub's own ORM) and JupyterHub's REST API answered from it (:class:`tests.hubapi.FakeHub`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
-import pwd
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +37,9 @@ from gpupool.hub.reconcile import (
 )
 from gpupool.pool import Pool
 from gpupool.store import Store
-from tests.accounts import shared_account
+from tests.conftest import gone, holder, holders
 from tests.factories import OFFERS, TEAMS, mixed_inventory
+from tests.hubapi import TOKEN, FakeHub, free_port
 
 # -- the decision ---------------------------------------------------------------------------------
 
@@ -226,47 +224,6 @@ def test_a_lost_pool_database_is_told_from_an_empty_pool() -> None:
 # -- real processes -------------------------------------------------------------------------------
 
 
-@contextmanager
-def holders() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Processes started with :func:`holder`, killed at the end whatever happened."""
-    started: list[subprocess.Popen[bytes]] = []
-    try:
-        yield started
-    finally:
-        for p in started:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-
-
-def holder(
-    started: list[subprocess.Popen[bytes]], code: str = "", **env: str
-) -> subprocess.Popen[bytes]:
-    """A real process as the hub starts them for users (the account that runs user code, a
-    session of its own) with ``env``, running ``code`` and then waiting for a signal."""
-    account = shared_account()
-    become: dict[str, Any] = {}
-    if account:
-        pw = pwd.getpwnam(account)
-        become = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
-    p = subprocess.Popen(
-        [sys.executable, "-c", f"import os, signal, sys\n{code}\nsignal.pause()"],
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env},
-        cwd="/",
-        start_new_session=True,
-        stdout=subprocess.PIPE if code else None,
-        **become,
-    )
-    started.append(p)
-    if code:  # the code says "ready" once it has done its part
-        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
-    return p
-
-
-def gone(p: subprocess.Popen[bytes]) -> bool:
-    return p.poll() is not None
-
-
 IGNORE_TERM = "signal.signal(signal.SIGTERM, signal.SIG_IGN)"
 CHILD_IN_GROUP = (  # a child in the same process group, without the marker
     "import subprocess\n"
@@ -308,8 +265,8 @@ SIMULATED = "local: 3x H100-80GB, mig=1:3g.40gb+2g.20gb+1g.10gb"
 
 
 class Setting:
-    """A real pool (simulated inventory, SQLite), JupyterHub's database made by its own ORM,
-    and a reconciler over them, as a hub would have them."""
+    """A real pool (simulated inventory, SQLite), JupyterHub's database made by its own ORM, its
+    REST API answered from that database, and a reconciler over them, as a hub would have them."""
 
     def __init__(self, tmp: Path) -> None:
         self.nvml = SimulatedNVML(SIMULATED)
@@ -325,8 +282,16 @@ class Setting:
         self.pool = Pool(ledger, Store(self.pool_url), monitor=monitor)
         self.hub_url = f"sqlite:///{tmp / 'jupyterhub.sqlite'}"
         self.db = orm.new_session_factory(self.hub_url)()
-        self.reconciler = Reconciler(self.pool, self.hub_url, stop_grace=0.5)
+        self.api = FakeHub(self.hub_url)
+        self.log = logging.getLogger("gpupool.tests.reconcile")
+        self.reconciler = Reconciler(
+            self.pool, self.hub_url, self.api.api_url, TOKEN, stop_grace=0.5, log=self.log
+        )
         self.marker = self.pool.hub_marker
+
+    def close(self) -> None:
+        self.api.close()
+        self.db.close()
 
     def server(self, user: str, team: str, state: dict[str, Any]) -> None:
         """JupyterHub's record of ``user``'s running server with ``state``."""
@@ -351,14 +316,21 @@ class Setting:
         }
 
 
+@pytest.fixture
+def setting(tmp_path: Path) -> Iterator[Setting]:
+    s = Setting(tmp_path)
+    yield s
+    s.close()
+
+
 def actions_count(action: str) -> float:
     return REGISTRY.get_sample_value("gpupool_reconcile_actions_total", {"action": action}) or 0.0
 
 
 def test_at_start_and_while_running_real_processes_are_adopted_stopped_and_released(
-    tmp_path: Path,
+    setting: Setting,
 ) -> None:
-    s = Setting(tmp_path)
+    s = setting
     pool = s.pool
     ada = pool.allocate("ada", ["vision"], "gpu", 1, ref="ada/")
     dee = pool.allocate("dee", ["nlp"], "mig-3g.40gb", ref="dee/")
@@ -422,3 +394,74 @@ def group_members(pgid: int) -> list[int]:
             except ProcessLookupError:
                 continue
     return members
+
+
+def failures() -> float:
+    return REGISTRY.get_sample_value("gpupool_reconcile_failures_total") or 0.0
+
+
+def said(caplog: pytest.LogCaptureFixture, text: str) -> int:
+    return sum(text in r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+
+
+def test_a_pass_while_the_hub_runs_is_skipped_when_its_rest_api_cannot_be_read(
+    setting: Setting, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Never "could not read" taken for "no servers": nothing is released or stopped on it."""
+    s = setting
+    ada = s.pool.allocate("ada", ["vision"], "gpu", 1, ref="ada/")
+    with holders() as ps, caplog.at_level(logging.WARNING, logger=s.log.name):
+        dead = holder(ps, **s.env(ada))
+        start = process_start(dead.pid)
+        dead.kill()
+        dead.wait()
+        s.server("ada", "vision", {"pid": dead.pid, STATE_KEY: ada.id, START_KEY: start})
+        stray = holder(ps, **s.env(ada, GPUPOOL_ALLOCATION="released-long-ago"))
+        before = failures()
+
+        s.api.status = 503  # the hub answers, with an error
+        assert asyncio.run(s.reconciler.periodic()) == []
+        s.api.status = None
+        s.reconciler.api_url = f"http://127.0.0.1:{free_port()}/hub/api"  # nothing listens
+        assert asyncio.run(s.reconciler.periodic()) == []
+
+        assert said(caplog, "a reconciliation pass was skipped") == 2
+        assert failures() - before == 2
+        assert ada.id in s.pool.ledger.allocations and not gone(stray)
+        assert TOKEN not in caplog.text
+
+        s.reconciler.api_url = s.api.api_url  # readable again: the pass runs
+        actions = asyncio.run(s.reconciler.periodic())
+        assert sorted(a.action for a in actions) == ["released", "stopped"]
+        assert ada.id not in s.pool.ledger.allocations and gone(stray)
+        assert failures() - before == 2
+
+
+def test_without_the_rest_apis_url_only_the_pass_at_start_runs(
+    setting: Setting, caplog: pytest.LogCaptureFixture
+) -> None:
+    s = setting
+    ada = s.pool.allocate("ada", ["vision"], "gpu", 1, ref="ada/")
+    reconciler = Reconciler(s.pool, s.hub_url, log=s.log)
+    with caplog.at_level(logging.WARNING, logger=s.log.name):
+        assert asyncio.run(reconciler.periodic()) == []
+        assert asyncio.run(reconciler.periodic()) == []
+    assert said(caplog, "reconciliation while the hub runs is off") == 1
+    assert ada.id in s.pool.ledger.allocations
+    assert s.api.calls == []
+
+
+def test_a_token_that_cannot_read_servers_state_is_said_once_and_releases_nothing(
+    setting: Setting, caplog: pytest.LogCaptureFixture
+) -> None:
+    s = setting
+    ada = s.pool.allocate("ada", ["vision"], "gpu", 1, ref="ada/")
+    s.server("ada", "vision", {"pid": 2**22 + 1, STATE_KEY: ada.id})  # no such process
+    s.api.with_state = False  # a role without admin:server_state
+    with caplog.at_level(logging.WARNING, logger=s.log.name):
+        assert asyncio.run(s.reconciler.periodic()) == []
+        assert asyncio.run(s.reconciler.periodic()) == []
+    assert said(caplog, "needs the admin:server_state scope") == 1
+    assert ada.id in s.pool.ledger.allocations
+    s.api.with_state = True
+    assert [a.action for a in asyncio.run(s.reconciler.periodic())] == ["released"]

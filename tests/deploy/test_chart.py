@@ -272,6 +272,7 @@ def test_pods_name_the_local_queues_the_chart_creates(chart: helm.Chart, tmp_pat
 def test_hub_settings_are_real_traits_of_the_hub_classes(chart: helm.Chart, tmp_path: Path) -> None:
     from jupyterhub.app import JupyterHub
 
+    from gpupool.hub.reclaim import IdleReclaimer
     from gpupool.jobs.kube import KubeJobBackend
     from gpupool.jobs.manager import JobManager
     from gpupool_spawner.kube import KubeGPUSpawner
@@ -282,6 +283,7 @@ def test_hub_settings_are_real_traits_of_the_hub_classes(chart: helm.Chart, tmp_
         "JobManager": JobManager,
         "KubeGPUSpawner": KubeGPUSpawner,
         "KubeJobBackend": KubeJobBackend,
+        "IdleReclaimer": IdleReclaimer,
     }
     objects = render(chart, values_of("large"))
     c = hub_config(objects, tmp_path)

@@ -43,7 +43,7 @@ from gpupool.jobs.kube_manifests import (
     service_name,
 )
 from gpupool.podspec import DEFAULT_PRODUCT_LABELS
-from tests.adapters.test_kube_inventory import a100_mixed_node, h100_node, kubeconfig
+from tests.conftest import a100_mixed_node, h100_node, kubeconfig
 from tests.deploy.kube_api import Served, served
 
 K8S_VERSIONS = ("1.33", major_minor(kubernetes_validate.latest_version()))

@@ -42,7 +42,7 @@ from gpupool.pool import Pool
 from gpupool.store import Store
 from gpupool_spawner.kube import KubeGPUSpawner
 from tests.accounts import shared_mode
-from tests.adapters.test_kube_inventory import a100_mixed_node, h100_node, kubeconfig
+from tests.conftest import a100_mixed_node, h100_node, kubeconfig
 
 K8S_VERSIONS = ("1.33", major_minor(kubernetes_validate.latest_version()))
 OFFERS = {

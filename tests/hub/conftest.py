@@ -5,7 +5,8 @@ its state in a temporary directory and the users' homes in another (owned by the
 runs user code: ``gpupool-demo`` when the tests run as root, see :mod:`tests.accounts`); a small
 extra config adds a test service with the admin role (to read server state and drive the REST
 API) and a short poll interval. Waiting is always for a condition with a deadline, never a bare
-sleep.
+sleep. Below the hub: what several test modules here do with it (spawn and stop servers, submit
+and follow jobs, read processes and metrics).
 """
 
 from __future__ import annotations
@@ -19,13 +20,18 @@ import socket
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import jsonschema
 import pytest
 import requests
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from gpupool.core.ledger import Allocation
 from gpupool.store import Store
@@ -252,3 +258,93 @@ def kill_servers(hub: Hub) -> None:
         if any(item.startswith(mine) for item in environ.split(b"\0")):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(entry.name), signal.SIGKILL)
+
+
+# -- servers: spawn through the form, stop, read a server's processes ----------------------------
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def uid_of(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
+
+
+def spawn(hub: Hub, user: str, choice: str) -> None:
+    r = hub.spawn_form(user, choice)
+    assert r.status_code == 302, (
+        f"spawn of {user} ({choice}) failed {r.status_code}: {r.text[-600:]}"
+    )
+    hub.wait_ready(user)
+
+
+def stop_all(hub: Hub, *users: str) -> None:
+    for user in users:
+        if hub.server(user):
+            hub.stop_server(user)
+
+
+# -- jobs through the REST API, checked against the OpenAPI document -----------------------------
+OPENAPI = yaml.safe_load((ROOT / "hub/gpupool/hub/openapi.yaml").read_text())
+FINAL = {"succeeded", "failed", "cancelled", "lost"}
+
+
+def schema(name: str, value: Any) -> None:
+    """``value`` is valid against ``#/components/schemas/<name>`` of the OpenAPI document."""
+    resolver_doc = {"components": OPENAPI["components"], "$ref": f"#/components/schemas/{name}"}
+    jsonschema.validate(value, resolver_doc)
+
+
+def submit(hub: Hub, token: str, script: str, **fields: Any) -> dict[str, Any]:
+    r = hub.as_user(token, "POST", "/jobs", json={"script": script, **fields})
+    assert r.status_code == 201, r.text
+    schema("Job", r.json())
+    return dict(r.json())
+
+
+def wait_job(hub: Hub, token: str, job_id: str, states: set[str], timeout: float = 120) -> Any:
+    def reached() -> Any:
+        job = hub.as_user(token, "GET", f"/jobs/{job_id}").json()
+        return job if job["state"] in states else None
+
+    return wait_for(reached, timeout, f"job {job_id} to reach {states}")
+
+
+def log(hub: Hub, token: str, job_id: str, rank: int) -> str:
+    r = hub.as_user(token, "GET", f"/jobs/{job_id}/logs", params={"rank": rank})
+    assert r.status_code == 200, r.text
+    return r.text
+
+
+def job_processes(job_id: str) -> list[int]:
+    """Live processes of a job (found by the GPUPOOL_JOB variable in their environment)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                env = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if f"GPUPOOL_JOB={job_id}".encode() in env.split(b"\0"):
+                found.append(int(entry.name))
+    return found
+
+
+# -- /hub/metrics, parsed with prometheus_client's own parser ------------------------------------
+def scrape(hub: Hub) -> dict[str, list[Sample]]:
+    r = requests.get(
+        f"{hub.url}/hub/metrics", headers={"Authorization": f"token {TOKEN}"}, timeout=30
+    )
+    assert r.status_code == 200, r.text
+    out: dict[str, list[Sample]] = defaultdict(list)
+    for family in text_string_to_metric_families(r.text):
+        if family.name.startswith("gpupool_"):
+            out[family.name] += family.samples
+    return out
+
+
+def value(samples: list[Sample], name: str, **labels: str) -> float:
+    found = [s.value for s in samples if s.name == name and s.labels == labels]
+    assert len(found) == 1, f"{name}{labels}: {found}"
+    return found[0]

@@ -20,8 +20,7 @@ import requests
 from bs4 import BeautifulSoup, Tag
 
 from gpupool.pool import load_inventory
-from tests.hub.conftest import ROOT, Hub, wait_for
-from tests.hub.test_local_spawner import spawn, stop_all
+from tests.hub.conftest import ROOT, Hub, spawn, stop_all, wait_for
 
 USERS = ("ada", "ben", "cal")
 SLEEPER = "import time\nwhile True:\n    time.sleep(0.5)\n"

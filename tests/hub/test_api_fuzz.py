@@ -52,9 +52,7 @@ from schemathesis.checks import (
 )
 
 from tests.accounts import homes
-from tests.hub.conftest import ROOT, Hub, running
-from tests.hub.test_jobs import FINAL, wait_job
-from tests.hub.test_local_spawner import spawn
+from tests.hub.conftest import FINAL, ROOT, Hub, running, spawn, wait_job
 
 DOCUMENT = ROOT / "hub/gpupool/hub/openapi.yaml"
 EXAMPLES = int(os.environ.get("GPUPOOL_FUZZ_EXAMPLES", "50"))

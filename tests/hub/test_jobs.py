@@ -15,81 +15,25 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import nbformat
 import pytest
 import requests
-import yaml
 
 from gpupool.hub.handlers import handlers
-from tests.hub.conftest import ROOT, Hub, wait_for
-from tests.hub.test_local_spawner import spawn, stop_all
-
-OPENAPI = yaml.safe_load((ROOT / "hub/gpupool/hub/openapi.yaml").read_text())
-FINAL = {"succeeded", "failed", "cancelled", "lost"}
-
-TRAIN = """\
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-from gpupool_lab import ddp
-"""
-TRAIN_CELL = """\
-ddp.init()
-torch.manual_seed(0)
-model = DDP(torch.nn.Linear(4, 1))
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-g = torch.Generator().manual_seed(ddp.rank())
-for _ in range(5):
-    loss = model(torch.randn(8, 4, generator=g)).pow(2).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-params = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
-print("FINAL", ddp.rank(), ddp.world_size(), params, flush=True)
-ddp.cleanup()
-"""
-
-
-def schema(name: str, value: Any) -> None:
-    """``value`` is valid against ``#/components/schemas/<name>`` of the OpenAPI document."""
-    resolver_doc = {"components": OPENAPI["components"], "$ref": f"#/components/schemas/{name}"}
-    jsonschema.validate(value, resolver_doc)
-
-
-def submit(hub: Hub, token: str, script: str, **fields: Any) -> dict[str, Any]:
-    r = hub.as_user(token, "POST", "/jobs", json={"script": script, **fields})
-    assert r.status_code == 201, r.text
-    schema("Job", r.json())
-    return dict(r.json())
-
-
-def wait_job(hub: Hub, token: str, job_id: str, states: set[str], timeout: float = 120) -> Any:
-    def reached() -> Any:
-        job = hub.as_user(token, "GET", f"/jobs/{job_id}").json()
-        return job if job["state"] in states else None
-
-    return wait_for(reached, timeout, f"job {job_id} to reach {states}")
-
-
-def log(hub: Hub, token: str, job_id: str, rank: int) -> str:
-    r = hub.as_user(token, "GET", f"/jobs/{job_id}/logs", params={"rank": rank})
-    assert r.status_code == 200, r.text
-    return r.text
-
-
-def job_processes(job_id: str) -> list[int]:
-    """Live processes of a job (found by the GPUPOOL_JOB variable in their environment)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                env = (entry / "environ").read_bytes()
-            except OSError:
-                continue
-            if f"GPUPOOL_JOB={job_id}".encode() in env.split(b"\0"):
-                found.append(int(entry.name))
-    return found
+from tests.conftest import TRAIN, TRAIN_CELL
+from tests.hub.conftest import (
+    FINAL,
+    OPENAPI,
+    Hub,
+    job_processes,
+    log,
+    schema,
+    spawn,
+    stop_all,
+    submit,
+    wait_for,
+    wait_job,
+)
 
 
 @pytest.fixture(scope="module")

@@ -10,30 +10,10 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import pytest
 
-from tests.hub.conftest import Hub, refusal, wait_for
-
-
-def environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
-
-
-def spawn(hub: Hub, user: str, choice: str) -> None:
-    r = hub.spawn_form(user, choice)
-    assert r.status_code == 302, (
-        f"spawn of {user} ({choice}) failed {r.status_code}: {r.text[-600:]}"
-    )
-    hub.wait_ready(user)
-
-
-def stop_all(hub: Hub, *users: str) -> None:
-    for user in users:
-        if hub.server(user):
-            hub.stop_server(user)
+from tests.hub.conftest import Hub, environ, refusal, spawn, stop_all, wait_for
 
 
 def test_a_team_is_refused_at_its_quota_while_another_team_still_gets_a_gpu(hub: Hub) -> None:

@@ -11,33 +11,12 @@ from pathlib import Path
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
 
-from tests.hub.conftest import TOKEN, Hub, kill_servers
-from tests.hub.test_jobs import submit, wait_job
+from tests.hub.conftest import Hub, kill_servers, scrape, submit, value, wait_job
 
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED_LABELS = {"team", "offer", "kind", "state", "reason", "action", "le"}
 DEVICE_LABELS = {"node", "device", "model", "profile"}
-
-
-def scrape(hub: Hub) -> dict[str, list[Sample]]:
-    r = requests.get(
-        f"{hub.url}/hub/metrics", headers={"Authorization": f"token {TOKEN}"}, timeout=30
-    )
-    assert r.status_code == 200, r.text
-    out: dict[str, list[Sample]] = defaultdict(list)
-    for family in text_string_to_metric_families(r.text):
-        if family.name.startswith("gpupool_"):
-            out[family.name] += family.samples
-    return out
-
-
-def value(samples: list[Sample], name: str, **labels: str) -> float:
-    found = [s.value for s in samples if s.name == name and s.labels == labels]
-    assert len(found) == 1, f"{name}{labels}: {found}"
-    return found[0]
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,19 @@ from pathlib import Path
 import pytest
 
 from tests.accounts import IS_ROOT, NOT_ROOT, homes, remove_unix_user, unix_user
-from tests.hub.conftest import Hub, running
-from tests.hub.test_jobs import FINAL, job_processes, log, submit, wait_job
-from tests.hub.test_local_spawner import environ, spawn, stop_all
-from tests.hub.test_user_code import uid_of
+from tests.hub.conftest import (
+    FINAL,
+    Hub,
+    environ,
+    job_processes,
+    log,
+    running,
+    spawn,
+    stop_all,
+    submit,
+    uid_of,
+    wait_job,
+)
 
 pytestmark = pytest.mark.skipif(not IS_ROOT, reason=NOT_ROOT)
 ANN, BOB = "gpupool-ann", "gpupool-bob"

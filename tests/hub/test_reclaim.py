@@ -10,6 +10,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,9 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
+from gpupool.hub.reclaim import SERVICE_SCOPES, IdleReclaimer
 from tests.accounts import homes
-from tests.hub.conftest import TOKEN, Hub, running, wait_for
-from tests.hub.test_jobs import submit, wait_job
+from tests.conftest import small_pool
+from tests.hub.conftest import TOKEN, Hub, running, submit, wait_for, wait_job
 
 MINUTE = 60.0
 
@@ -175,6 +177,23 @@ def test_a_notebook_with_a_busy_kernel_is_not_idle(hub: Hub, clock: Clock) -> No
     assert seen["idle"]["idle_since"] is None and seen["idle"]["warning"] is None
     assert list(seen["idle"]["utilisation"].values()) == [0]
     assert hub.server("ben") is not None
+
+
+def test_the_reclaimers_own_scopes_read_a_servers_kernels_through_the_proxy(
+    hub: Hub, tmp_path: Path
+) -> None:
+    """ben's kernel is still busy (the test above): the reclaimer finds his server through the
+    REST API and reads its kernels through the proxy with a token of exactly its scopes."""
+    held = hub.allocations()["ben/"]
+    api, pool = f"{hub.url}/hub/api", small_pool(tmp_path)
+
+    def kernels(scopes: list[str]) -> tuple[bool | None, float | None]:
+        reclaimer = IdleReclaimer(pool, hub.token("admin", scopes), api, hub.url)
+        return asyncio.run(reclaimer.read_kernels(held))
+
+    busy, activity = kernels(SERVICE_SCOPES)
+    assert busy is True and activity is not None
+    assert kernels([s for s in SERVICE_SCOPES if s != "access:servers"]) == (None, None)
 
 
 def test_a_running_job_is_never_reclaimed(hub: Hub, clock: Clock) -> None:

@@ -9,19 +9,27 @@ carrying another hub's marker stands for another hub's server on the same machin
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from pathlib import Path
 
+import pytest
+
 from gpupool.core.ledger import Allocation, Device
 from gpupool.discovery import simulated_inventory
+from gpupool.hub.reconcile import (
+    SERVICE_SCOPES,
+    HubUnreadable,
+    fetch_users,
+    read_records,
+    rest_records,
+)
 from gpupool.pool import Pool
 from gpupool.store import Store
 from tests.accounts import homes
-from tests.adapters.test_reconcile import gone, holder, holders
-from tests.hub.conftest import Hub, running, wait_for
-from tests.hub.test_local_spawner import environ, spawn, stop_all
-from tests.hub.test_metrics import scrape, value
+from tests.conftest import gone, holder, holders
+from tests.hub.conftest import Hub, environ, running, scrape, spawn, stop_all, value, wait_for
 
 SIMULATED = "local: 4x H100-80GB, mig=2:3g.40gb+2g.20gb+1g.10gb, nvlink=2"  # the demo fallback
 WHOLE = [g.uuid for g in simulated_inventory(SIMULATED).gpus if g.mig_mode == "off"]
@@ -186,3 +194,25 @@ def test_a_server_that_died_while_the_hub_was_down_holds_nothing_after_the_resta
         hub.wait_stopped("ada")
         stop_all(hub, "ben")
         assert hub.allocations() == {}
+
+
+def test_the_rest_api_names_the_same_servers_as_the_hubs_database(tmp_path: Path) -> None:
+    """What the periodic passes read (the REST API, with exactly the reconciler service's
+    scopes) is what the pass at start reads (JupyterHub's database, through its ORM)."""
+    with homes() as root, running(Hub(tmp_path, root)) as hub:
+        spawn(hub, "ada", "vision|h100|1")
+        spawn(hub, "dee", "nlp|mig-3g.40gb|1")
+        api = f"{hub.url}/hub/api"
+        users = asyncio.run(fetch_users(api, hub.token("admin", SERVICE_SCOPES)))
+        from_rest = sorted(rest_records(users), key=lambda r: r.ref)
+        hub_db = f"sqlite:///{hub.state / 'jupyterhub.sqlite'}"
+        assert from_rest == sorted(read_records(hub_db), key=lambda r: r.ref)
+        held = hub.allocations()
+        assert [(r.ref, r.groups, r.allocation, r.pid, r.alive) for r in from_rest] == [
+            ("ada/", {"vision"}, held["ada/"].id, hub.pid("ada"), True),
+            ("dee/", {"nlp"}, held["dee/"].id, hub.pid("dee"), True),
+        ]
+        fewer = [s for s in SERVICE_SCOPES if s != "list:users"]
+        with pytest.raises(HubUnreadable, match="403"):
+            asyncio.run(fetch_users(api, hub.token("admin", fewer)))
+        stop_all(hub, "ada", "dee")

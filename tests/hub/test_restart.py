@@ -9,9 +9,7 @@ import signal
 from gpupool.core.ledger import Allocation, Device
 from gpupool.discovery import simulated_inventory
 from gpupool.store import Store
-from tests.hub.conftest import Hub
-from tests.hub.test_jobs import job_processes, log, submit, wait_job
-from tests.hub.test_local_spawner import spawn, stop_all
+from tests.hub.conftest import Hub, job_processes, log, spawn, stop_all, submit, wait_job
 
 SIMULATED = "local: 4x H100-80GB, mig=2:3g.40gb+2g.20gb+1g.10gb, nvlink=2"  # the demo fallback
 

@@ -10,9 +10,7 @@ import pytest
 
 from gpupool.store import Store
 from tests.accounts import homes
-from tests.hub.conftest import Hub, running
-from tests.hub.test_jobs import job_processes, submit, wait_job
-from tests.hub.test_local_spawner import spawn
+from tests.hub.conftest import Hub, job_processes, running, spawn, submit, wait_job
 
 
 @pytest.fixture

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.accounts import homes
-from tests.hub.conftest import Hub, running
-from tests.hub.test_local_spawner import stop_all
+from tests.hub.conftest import Hub, running, stop_all
 
 HELD = """
 import asyncio, os
@@ -26,7 +25,8 @@ class HeldSpawner(LocalGPUSpawner):
 
 
 c.JupyterHub.spawner_class = HeldSpawner
-c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}  # answer 202 at once while pending
+# answer 202 at once while pending (added to the settings: setup(c) put the pool's objects there)
+c.JupyterHub.tornado_settings["slow_spawn_timeout"] = 0
 """
 
 

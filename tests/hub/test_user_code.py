@@ -12,15 +12,12 @@ from __future__ import annotations
 import json
 import os
 import pwd
-from pathlib import Path
 
 import pytest
 
 from gpupool.usercode import DEMO_ACCOUNT
 from tests.accounts import IS_ROOT
-from tests.hub.conftest import Hub
-from tests.hub.test_jobs import FINAL, log, submit, wait_job
-from tests.hub.test_local_spawner import spawn, stop_all
+from tests.hub.conftest import FINAL, Hub, log, spawn, stop_all, submit, uid_of, wait_job
 
 pytestmark = pytest.mark.skipif(
     not IS_ROOT, reason="not root: the demo runs user code as the hub's own user, by design"
@@ -42,11 +39,6 @@ for path in PATHS:
         out["read"][path] = type(e).__name__
 print("PROBE", json.dumps(out), flush=True)
 """
-
-
-def uid_of(pid: int) -> int:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
 
 
 def test_a_job_cannot_read_the_hubs_secrets_databases_or_environment(hub: Hub) -> None:

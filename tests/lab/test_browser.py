@@ -23,8 +23,8 @@ import pytest
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
 from tests.accounts import give_to_shared_account, homes
+from tests.conftest import TRAIN, TRAIN_CELL
 from tests.hub.conftest import PASSWORD, ROOT, Hub, running
-from tests.hub.test_jobs import TRAIN, TRAIN_CELL
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [

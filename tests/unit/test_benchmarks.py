@@ -1,17 +1,24 @@
-"""The trace replay's pure pod mapping, and tiny replays whose outcome is worked out by hand."""
+"""The trace replay's pure pod mapping, tiny replays whose outcome is worked out by hand, and
+where the trace comes from: the public trace's folder when there is one, else the synthetic trace
+(both paths run here whether or not ``../shared/traces`` exists)."""
 
 from __future__ import annotations
 
+import csv
+import json
 import random
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from benchmarks import trace as traces
 from benchmarks.replay import (
     Shape,
     TracePod,
     fill_length,
     gpu_shapes,
+    main,
     mig_profile_for,
     order_pods,
     read_nodes,
@@ -197,3 +204,154 @@ def test_churn_releases_the_pod_the_seeded_rng_picks(tmp_path: Path, seed: int) 
     released_m4 = random.Random(seed).randrange(2) == 0
     assert result.churn_refused_share == (0.0 if released_m4 else 1.0)
     assert result.churn_mean_placed_demand == pytest.approx(0.58 if released_m4 else 0.47)
+
+
+# -- where the trace comes from -------------------------------------------------------------
+def csv_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+        return list(reader.fieldnames or ()), rows
+
+
+def test_the_synthetic_trace_has_the_real_files_names_and_columns(tmp_path: Path) -> None:
+    folder = traces.write_synthetic_trace(tmp_path, seed=1)
+    assert folder == tmp_path / "alibaba-gpu-v2023"
+    pod_columns, pods = csv_rows(folder / "openb_pod_list_default.csv")
+    node_columns, nodes = csv_rows(folder / "openb_node_list_gpu_node.csv")
+    assert pod_columns == [
+        "name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec", "qos",
+        "pod_phase", "creation_time", "deletion_time", "scheduled_time",
+    ]  # fmt: skip
+    assert node_columns == ["sn", "cpu_milli", "memory_mib", "gpu", "model"]
+    assert len(pods) == traces.SYNTHETIC_PODS
+    assert (pods, nodes) == traces.synthetic_trace(seed=1)
+
+
+def test_the_synthetic_trace_is_the_same_for_a_seed_and_differs_across_seeds(
+    tmp_path: Path,
+) -> None:
+    a = traces.write_synthetic_trace(tmp_path / "a", seed=7) / "openb_pod_list_default.csv"
+    b = traces.write_synthetic_trace(tmp_path / "b", seed=7) / "openb_pod_list_default.csv"
+    c = traces.write_synthetic_trace(tmp_path / "c", seed=8) / "openb_pod_list_default.csv"
+    assert a.read_bytes() == b.read_bytes() != c.read_bytes()
+
+
+def test_the_synthetic_trace_has_the_published_shape() -> None:
+    pods, nodes = traces.synthetic_trace(seed=0, pods=4000)
+    requests = Counter((int(p["num_gpu"]), int(p["gpu_milli"])) for p in pods)
+    share = {k: n / len(pods) for k, n in requests.items()}
+    # the trace: 13% GPU-less, 48% one whole GPU, 1% several whole GPUs, 38% one fraction
+    assert 0.10 < share[(0, 0)] < 0.17
+    assert 0.43 < share[(1, 1000)] < 0.53
+    assert 0.003 < sum(v for (g, _), v in share.items() if g > 1) < 0.02
+    assert 0.33 < sum(v for (g, m), v in share.items() if g == 1 and m < 1000) < 0.43
+    assert {m for g, m in requests if g == 1 and m < 1000} >= {810, 470, 320, 230, 160}
+    created = [int(p["creation_time"]) for p in pods]
+    assert created == sorted(created)
+    lifetimes = sorted(int(p["deletion_time"]) - c for p, c in zip(pods, created, strict=True))
+    assert lifetimes[0] >= 0
+    assert 300 < lifetimes[len(lifetimes) // 2] < 1000  # the trace's median: 540 s
+    for p in pods:  # pending pods were never scheduled
+        assert (p["pod_phase"] == "Pending") == (p["scheduled_time"] == "")
+    shapes = gpu_shapes(TracePod(p["name"], int(p["num_gpu"]), int(p["gpu_milli"])) for p in pods)
+    demand = sum(s.demand_milli for s in shapes)
+    gpus = sum(int(n["gpu"]) for n in nodes)
+    assert 0.9 < demand / (gpus * 1000) <= traces.DEMAND_OF_CAPACITY  # the trace: 97.98%
+    assert {int(n["gpu"]) for n in nodes} <= {1, 2, 4, 8}
+
+
+def test_the_trace_folder_is_the_option_then_the_environment_then_the_default(
+    tmp_path: Path,
+) -> None:
+    option = traces.write_synthetic_trace(tmp_path / "option").parent
+    env = traces.write_synthetic_trace(tmp_path / "env").parent
+    default = traces.write_synthetic_trace(tmp_path / "default").parent
+    missing = tmp_path / "missing"
+    sub = "alibaba-gpu-v2023"
+    assert traces.locate(option, {"GPUPOOL_TRACES": str(env)}, default).folder == option / sub
+    assert traces.locate(None, {"GPUPOOL_TRACES": str(env)}, default).folder == env / sub
+    assert traces.locate(None, {}, default).folder == default / sub
+    # the folder holding the two files works as well as the one holding alibaba-gpu-v2023/
+    assert traces.locate(option / sub, {}, missing).folder == option / sub
+    # an environment variable naming a folder without the trace means: the synthetic trace
+    source = traces.locate(None, {"GPUPOOL_TRACES": str(missing)}, default)
+    assert source.folder is None and f"GPUPOOL_TRACES={missing}" in source.why
+    source = traces.locate(None, {}, missing)
+    assert source.folder is None and "GPUPOOL_TRACES is not set" in source.why
+    with pytest.raises(FileNotFoundError, match="--traces"):
+        traces.locate(missing, {}, default)
+
+
+def test_without_a_trace_the_replay_runs_on_the_synthetic_one_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GPUPOOL_TRACES", str(tmp_path / "missing"))
+    assert main(["--policy", "first-fit", "--json"]) == 0
+    out, err = capsys.readouterr()
+    [result] = json.loads(out)
+    assert (result["trace"], result["trace_seed"]) == ("synthetic", 0)
+    assert result["offered"] > 0 and result["placed"] > 0
+    [line] = err.splitlines()  # one line: why, and where the public trace comes from
+    assert line.startswith("trace: synthetic (GPUPOOL_TRACES=")
+    assert "https://github.com/alibaba/clusterdata" in line
+    assert "cluster-trace-gpu-v2023" in line and "research" in line
+
+    assert main(["--policy", "first-fit", "--trace-seed", "3"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("trace: synthetic (seed 3): 815 pods")
+    assert "github.com/alibaba/clusterdata" in err
+
+
+def test_with_a_trace_folder_the_replay_reads_it_and_names_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = traces.write_synthetic_trace(tmp_path / "traces", seed=5, pods=300)
+    monkeypatch.setenv("GPUPOOL_TRACES", str(tmp_path / "traces"))
+    assert main(["--policy", "best-fit", "--json"]) == 0
+    out, err = capsys.readouterr()
+    [result] = json.loads(out)
+    assert Path(result["trace"]).resolve() == folder / "openb_pod_list_default.csv"
+    assert "trace_seed" not in result and err == ""
+    expected = run_policy(
+        "best-fit",
+        gpu_shapes(read_pods(folder / "openb_pod_list_default.csv")),
+        read_nodes(folder / "openb_node_list_gpu_node.csv"),
+    )
+    assert (result["placed"], result["refused"]) == (expected.placed, expected.refused)
+
+    assert main(["--policy", "best-fit"]) == 0
+    out, _ = capsys.readouterr()
+    assert out.startswith("trace: ") and "synthetic" not in out
+    assert "300 pods" in out.splitlines()[0]
+
+
+def test_a_traces_option_without_the_trace_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--traces", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert "--traces" in capsys.readouterr().err
+
+
+def test_the_public_trace_when_present_maps_onto_the_model() -> None:
+    """Only where the public trace is at hand (``$GPUPOOL_TRACES`` or ``../shared/traces``): every
+    pod has a shape, in the counts benchmarks/README.md gives."""
+    source = traces.locate(None)
+    if source.folder is None:
+        pytest.skip(f"no public trace here ({source.why}); the synthetic one is tested above")
+    pods = read_pods(source.pods)
+    shapes = gpu_shapes(pods)
+    if len(pods) != 8152:
+        pytest.skip(f"{source.pods} is not the public trace's default pod list")
+    kinds = Counter("gpu" if s.offer == "gpu" else s.offer for s in shapes)
+    assert kinds == {
+        "gpu": 3986,
+        "mig-7g.80gb": 1406,
+        "mig-4g.40gb": 971,
+        "mig-3g.40gb": 389,
+        "mig-2g.20gb": 280,
+        "mig-1g.10gb": 32,
+    }
+    assert sum(n for _, n in read_nodes(source.nodes)) == 6212

@@ -19,18 +19,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from pathlib import Path
 from typing import Any
 
 from ..config import GPUPool
 from ..pool import Pool
 from ..usercode import check_shared_mode, spawner_setting
-from . import refusals, shutdown
+from . import reconcile, refusals, shutdown
 from .collector import PoolCollector, register
 from .handlers import handlers
 from .objects import SETTINGS_KEY, HubObjects, build
 from .pages import pages
-from .reclaim import SERVICE, SERVICE_SCOPES
+from .reclaim import SERVICE, SERVICE_SCOPES, hub_urls
 from .reconcile import Reconciler
 from .scopes import ADMIN_SCOPE, CUSTOM_SCOPES, JOBS_SCOPE, SERVER_SCOPES
 
@@ -48,13 +49,15 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
     pool = Pool.from_config(GPUPool(config=c), logger)
     refusals.install()
     hub_db = c.JupyterHub.get("db_url", "sqlite:///jupyterhub.sqlite")
-    reconciler = Reconciler(pool, hub_db, config=c, log=logger)
+    api_url, _public_url = hub_urls(c)
+    reconciler = Reconciler(pool, hub_db, api_url, secrets.token_hex(32), config=c, log=logger)
     reconciler.at_start()
     hub = build(pool, c, logger)
     c.JupyterHub.tornado_settings = {**c.JupyterHub.get("tornado_settings", {}), SETTINGS_KEY: hub}
     _add_api(c)
     _add_pages(c)
-    _add_reclaimer_service(c, hub.reclaimer.token)
+    _add_service(c, SERVICE, SERVICE_SCOPES, hub.reclaimer.token)
+    _add_service(c, reconcile.SERVICE, reconcile.SERVICE_SCOPES, reconciler.token)
     register(PoolCollector(pool, hub.jobs, hub.reclaimer.idle))
     try:
         loop = asyncio.get_running_loop()
@@ -78,12 +81,13 @@ def _check_local_spawner(c: Any) -> None:
         check_shared_mode(shared, "LocalGPUSpawner.shared_account")
 
 
-def _add_reclaimer_service(c: Any, token: str) -> None:
-    """The reclaimer acts through the hub's REST API as a service of its own."""
-    services = [s for s in c.JupyterHub.get("services", []) if s.get("name") != SERVICE]
-    c.JupyterHub.services = [*services, {"name": SERVICE, "api_token": token, "display": False}]
-    roles = [r for r in c.JupyterHub.get("load_roles", []) if r.get("name") != SERVICE]
-    roles.append({"name": SERVICE, "scopes": SERVICE_SCOPES, "services": [SERVICE]})
+def _add_service(c: Any, name: str, scopes: list[str], token: str) -> None:
+    """A JupyterHub service of gpupool's own (the reclaimer, the reconciler): it acts through
+    the hub's REST API with ``token`` and a role of exactly ``scopes``."""
+    services = [s for s in c.JupyterHub.get("services", []) if s.get("name") != name]
+    c.JupyterHub.services = [*services, {"name": name, "api_token": token, "display": False}]
+    roles = [r for r in c.JupyterHub.get("load_roles", []) if r.get("name") != name]
+    roles.append({"name": name, "scopes": list(scopes), "services": [name]})
     c.JupyterHub.load_roles = roles
 
 

@@ -25,7 +25,7 @@ from tornado import web
 
 from ..core.errors import InvalidRequest, PoolError
 from ..core.jobs import Job
-from ..core.parse import check_size, whole_number
+from ..core.parse import check_size, clip, whole_number
 from .errors import http_error
 from .models import allocation_model, job_model, offers_model, team_model
 from .objects import HubObjects, hub_objects
@@ -76,8 +76,8 @@ class GPUPoolHandler(APIHandler):
     # -- errors, in one place ---------------------------------------------------------------
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         if isinstance(value, PoolError):  # a refusal, not a fault
-            self.log.info("gpupool: refused %s %s: %s", self.request.method, self.request.path,
-                          value.message)  # fmt: skip
+            what = clip(self.request.path, 200)
+            self.log.info("gpupool: refused %s %s: %s", self.request.method, what, value.message)
             return
         super().log_exception(typ, value, tb)
 

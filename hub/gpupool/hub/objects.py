@@ -26,7 +26,7 @@ from traitlets.config import Config
 
 from ..jobs.manager import JobManager
 from ..pool import Pool
-from .reclaim import IdleReclaimer
+from .reclaim import IdleReclaimer, hub_urls
 
 SETTINGS_KEY = "gpupool"
 """The tornado settings key that holds the hub's :class:`HubObjects`."""
@@ -46,7 +46,10 @@ def build(pool: Pool, config: Config, log: logging.Logger) -> HubObjects:
     """The job manager and the reclaimer over ``pool``, configured from the hub's ``config``;
     the reclaimer gets a fresh random service token (in memory only, never logged)."""
     jobs = JobManager(pool, config=config, log=log)
-    reclaimer = IdleReclaimer(pool, secrets.token_hex(32), config=config, log=log)
+    api_url, public_url = hub_urls(config)
+    reclaimer = IdleReclaimer(
+        pool, secrets.token_hex(32), api_url, public_url, config=config, log=log
+    )
     return HubObjects(pool, jobs, reclaimer)
 
 

@@ -3,19 +3,30 @@
 Vocabulary
 - *look*: one pass over every GPU notebook allocation (``kind == "notebook"`` with devices; jobs
   are never reclaimed): device activity from the pool's :class:`DeviceMonitor` (NVML), kernel
-  activity from the server's own ``/api/kernels``, judged by :func:`gpupool.core.idle.observe`
-  under the team's policy.
+  activity from the server's ``/api/kernels`` (read through the proxy), judged by
+  :func:`gpupool.core.idle.observe` under the team's policy.
 - *warning*: shown to the user in JupyterLab (the extension's status item reads it through
   ``GET /hub/api/gpupool/allocations``) and on the "my GPUs" page, with the time the GPUs go
   and a reminder that saving work is the user's.
 - *reclaim*: stopping the server through the hub's REST API (so the spawner releases the
   allocation as on any stop), or, with ``action = "cpu"``, stopping it and starting it again on
   the ``cpu`` offer. Logged and counted (``gpupool_reclaims_total``) with its reason.
+- *server*: the notebook's server as JupyterHub's REST API models it (``GET
+  {api_url}/users/{name}``: ``servers[name]`` with ``ready`` and its ``url`` path); its kernels
+  are read through the proxy, ``{public_url}{url}api/kernels``, like any client's.
 
 Seams: ``clock`` (default :func:`gpupool.clock.utcnow`) and the HTTP client. The reclaimer talks
-to the hub as the ``gpupool-reclaimer`` service, whose token :func:`gpupool.hub.setup` makes at
-start (random, in memory, never logged), with the scopes to list users, stop and start servers
-and read servers' kernels.
+to the hub like any service, through the REST API only (as jupyterhub-idle-culler does): as the
+``gpupool-reclaimer`` service (:data:`SERVICE`), whose token ``setup(c)`` makes at start
+(random, in memory, never logged), with :data:`SERVICE_SCOPES`: read servers, stop and start
+them, and reach them (their kernels). ``setup(c)`` also passes the hub's REST API URL
+(``api_url``) and the proxy's public URL (``public_url``), both as the hub's own process reaches
+them (:func:`hub_urls`). Without ``api_url`` the reclaimer does not run (it says so once).
+
+Contract: the reclaimer never reaches into the hub's objects or database. A server whose kernels
+cannot be read (not ready, not found, a call failed) counts as kernels unknown: its devices still
+count (the first such failure is a warning, later ones are debug). A reclaim whose calls fail is
+logged and leaves the allocation alone.
 """
 
 from __future__ import annotations
@@ -23,13 +34,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlparse
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-from traitlets import Callable, Dict, Float, validate
+from traitlets import Callable, Dict, Float, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
 from .. import metrics
@@ -40,7 +52,8 @@ from ..pool import Pool
 from ..settings import ConfigError
 
 SERVICE = "gpupool-reclaimer"
-SERVICE_SCOPES = ["list:users", "read:users", "servers", "access:servers"]
+SERVICE_SCOPES = ["read:servers", "delete:servers", "start:servers", "access:servers"]
+"""Read a user's servers, stop one (``stop``), start it again (``cpu``), read its kernels."""
 DEFAULT_POLICY = {"threshold": 5, "idle_minutes": 120, "warn_minutes": 30, "action": "stop"}
 _POLICY_KEYS = set(DEFAULT_POLICY)
 KERNEL_CALLS_AT_ONCE = 16
@@ -116,21 +129,36 @@ class IdleReclaimer(LoggingConfigurable):
     request_timeout = Float(
         10.0, config=True, help="Seconds one call to the hub or a server may take. Example: 5"
     )
+    proxy_url = Unicode(
+        "",
+        config=True,
+        help="""Where the reclaimer reaches the proxy to read servers' kernels, when it is not on
+        the hub's machine (default: from ``JupyterHub.bind_url``, on the loopback). The Helm
+        chart sets the proxy's service. Example: ``c.IdleReclaimer.proxy_url =
+        "http://proxy-public"``""",
+    )
 
     @validate("policies")
     def _valid_policies(self, proposal: dict[str, Any]) -> Any:
         parse_policies(proposal["value"])
         return proposal["value"]
 
-    def __init__(self, pool: Pool, token: str = "", **kwargs: Any) -> None:
+    def __init__(
+        self, pool: Pool, token: str = "", api_url: str = "", public_url: str = "", **kwargs: Any
+    ) -> None:
+        """``token``: the :data:`SERVICE`'s; ``api_url``: the hub's REST API
+        (``http://127.0.0.1:8081/hub/api``); ``public_url``: the proxy's public URL
+        (``http://127.0.0.1:8000``), where servers' kernels are read."""
         super().__init__(**kwargs)
         self.pool = pool
         self.token = token
+        self.api_url = api_url.rstrip("/")
+        self.public_url = (self.proxy_url or public_url).rstrip("/")
         self.watches: dict[str, Watch] = {}
         self._policies = parse_policies(self.policies)
         self._task: asyncio.Task[None] | None = None
-        self.hub_api = ""
-        """The hub's REST API URL (``.../hub/api``), known once the hub runs."""
+        self._kernels_unread = False
+        """Whether some server's kernels could not be read yet (said once, at warning level)."""
         self.last_look: float | None = None
         """When the last complete pass began (the reclaimer's clock)."""
 
@@ -138,7 +166,7 @@ class IdleReclaimer(LoggingConfigurable):
         return self._policies.get(team, self._policies["*"])
 
     def now(self) -> float:
-        return self.clock().timestamp()
+        return float(self.clock().timestamp())
 
     # -- what others read ----------------------------------------------------------------------
     def idle(self) -> dict[str, str]:
@@ -168,13 +196,19 @@ class IdleReclaimer(LoggingConfigurable):
             out["warning"] = {
                 "reclaim_at": iso(reclaim_at),
                 "action": policy.action,
-                "message": warning_text(allocation, policy, watch, reclaim_at),
+                "message": warning_message(allocation, policy, watch, reclaim_at),
             }
         return out
 
     # -- the loop ------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the loop in the hub's event loop; it waits for the hub to be up."""
+        """Start the loop in the hub's event loop; it waits for the hub's REST API to answer."""
+        if not self.api_url:
+            self.log.warning(
+                "gpupool: the idle GPU reclaimer is off: no URL of JupyterHub's REST API was "
+                "given (IdleReclaimer api_url)"
+            )
+            return
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
@@ -184,9 +218,8 @@ class IdleReclaimer(LoggingConfigurable):
                 await self._task
 
     async def _loop(self) -> None:
-        while not self.hub_api:
-            self.hub_api = hub_api_url()
-            await asyncio.sleep(0 if self.hub_api else 0.5)
+        while not await self._hub_up():
+            await asyncio.sleep(0.5)
         while True:
             try:
                 await self.look()
@@ -209,10 +242,10 @@ class IdleReclaimer(LoggingConfigurable):
 
         async def kernels_of(a: Allocation) -> tuple[bool | None, float | None]:
             async with limit:
-                return await self._kernels(a)
+                return await self.read_kernels(a)
 
         all_kernels = await asyncio.gather(*(kernels_of(a) for a in notebooks))
-        done = []
+        done: list[tuple[Allocation, str]] = []
         for allocation, kernels in zip(notebooks, all_kernels, strict=True):
             reading = Reading(
                 {
@@ -246,20 +279,48 @@ class IdleReclaimer(LoggingConfigurable):
                 out[uuid] = DeviceReading(s.utilisation, s.memory_used, s.pids)
         return out
 
-    async def _kernels(self, allocation: Allocation) -> tuple[bool | None, float | None]:
+    async def read_kernels(self, allocation: Allocation) -> tuple[bool | None, float | None]:
         """(any kernel busy, newest kernel activity) from the server, or (None, None)."""
-        url = server_url(allocation)
-        if not url:
-            return None, None
         try:
+            url = await self.server_url(allocation)
+            if not url:
+                return None, None
             kernels = await self._call("GET", url + "api/kernels")
-        except (HTTPClientError, OSError) as e:
-            self.log.debug("gpupool: kernels of %s unreadable: %s", allocation.ref, e)
+            if not isinstance(kernels, list):
+                raise ValueError(f"not a list of kernels: {kernels!r:.80}")
+            busy = any(k.get("execution_state") == "busy" for k in kernels)
+            stamps = [_parse_time(k.get("last_activity")) for k in kernels]
+        except (HTTPClientError, OSError, ValueError, AttributeError) as e:
+            level = logging.DEBUG if self._kernels_unread else logging.WARNING
+            self._kernels_unread = True
+            self.log.log(
+                level,
+                "gpupool: kernels of %s unreadable (its devices alone count): %s",
+                allocation.ref,
+                e,
+            )
             return None, None
-        busy = any(k.get("execution_state") == "busy" for k in kernels)
-        stamps = [_parse_time(k.get("last_activity")) for k in kernels]
         newest = max((t for t in stamps if t is not None), default=None)
         return busy, newest
+
+    async def server_url(self, allocation: Allocation) -> str | None:
+        """The notebook server's URL through the proxy (``{public_url}/user/ada/``) from the
+        hub's REST API, or ``None`` while it is not ready (or gone)."""
+        user, _, name = allocation.ref.partition("/")
+        try:
+            model = await self._call("GET", f"{self.api_url}/users/{quote(user, safe='')}")
+        except HTTPClientError as e:
+            if e.code == 404:
+                return None
+            raise
+        servers = model.get("servers") if isinstance(model, dict) else None
+        server = servers.get(name) if isinstance(servers, dict) else None
+        if not isinstance(server, dict) or not server.get("ready"):
+            return None
+        path = server.get("url")
+        if not isinstance(path, str) or not path.endswith("/"):
+            raise ValueError(f"the server's url is {path!r}")
+        return path if urlparse(path).netloc else self.public_url + path
 
     def _warn(self, allocation: Allocation, policy: IdlePolicy, watch: Watch) -> None:
         metrics.IDLE_WARNINGS.labels(team=allocation.team).inc()
@@ -286,13 +347,14 @@ class IdleReclaimer(LoggingConfigurable):
             policy.idle_after // 60,
             "restarting it on cpu" if action == "cpu" else "stopping the server",
         )
-        path = f"/users/{quote(user)}/" + (f"servers/{quote(server)}" if server else "server")
+        path = f"/users/{quote(user, safe='')}/"
+        path += f"servers/{quote(server, safe='')}" if server else "server"
         try:
-            await self._call("DELETE", self.hub_api + path)
+            await self._call("DELETE", self.api_url + path)
             if action == "cpu":
                 await self._wait_stopped(user, server)
                 body = {"offer": "cpu", "team": allocation.team}
-                await self._call("POST", self.hub_api + path, body)
+                await self._call("POST", self.api_url + path, body)
         except (HTTPClientError, OSError, TimeoutError) as e:
             self.log.error("gpupool: could not reclaim %s: %s", allocation.ref, e)
             return
@@ -303,11 +365,19 @@ class IdleReclaimer(LoggingConfigurable):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while loop.time() < deadline:
-            model = await self._call("GET", f"{self.hub_api}/users/{quote(user)}")
+            model = await self._call("GET", f"{self.api_url}/users/{quote(user, safe='')}")
             if server not in (model.get("servers") or {}):
                 return
             await asyncio.sleep(0.5)
         raise TimeoutError(f"server {user}/{server} did not stop within {timeout:.0f} s")
+
+    async def _hub_up(self) -> bool:
+        """Whether the hub's REST API answers (its root needs no token)."""
+        try:
+            await self._call("GET", self.api_url + "/")
+        except (HTTPClientError, OSError, ValueError):
+            return False
+        return True
 
     async def _call(self, method: str, url: str, body: Any = None) -> Any:
         request = HTTPRequest(
@@ -316,12 +386,13 @@ class IdleReclaimer(LoggingConfigurable):
             headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
             body=None if body is None and method != "POST" else json.dumps(body or {}),
             request_timeout=self.request_timeout,
+            follow_redirects=False,
         )
         response = await AsyncHTTPClient().fetch(request)
         return json.loads(response.body) if response.body else None
 
 
-def warning_text(
+def warning_message(
     allocation: Allocation, policy: IdlePolicy, watch: Watch, reclaim_at: float
 ) -> str:
     minutes = int((reclaim_at - (watch.idle_since or reclaim_at)) // 60)
@@ -335,40 +406,39 @@ def warning_text(
     )
 
 
-def _hub() -> Any:
-    """The running JupyterHub application, or None (not started yet, or not in a hub)."""
-    from jupyterhub.app import JupyterHub
+def hub_urls(c: Any) -> tuple[str, str]:
+    """The hub's REST API URL and the proxy's public URL (scheme, host and port: servers' URL
+    paths carry the base URL), as the hub's own process reaches them, from the hub's config
+    ``c`` as JupyterHub reads it: ``hub_bind_url`` (else ``hub_ip`` and ``hub_port``),
+    ``bind_url`` (or the deprecated ``ip`` and ``port``), ``base_url``, ``ssl_cert`` and
+    ``internal_ssl``, with "all interfaces" read as the loopback. The public URL is ``""`` for a
+    proxy on a unix socket. Where the proxy is not on the hub's machine (Kubernetes), pass its
+    service's URL instead (e.g. ``http://proxy-public``)."""
+    hub = c.JupyterHub
+    bind = urlparse(str(hub.get("bind_url", "http://:8000")))
+    base = str(hub.get("base_url", "") or bind.path or "/").strip("/")
+    base = f"/{base}/" if base else "/"
+    scheme = "https" if hub.get("ssl_cert") else "http"
+    host = hub.get("ip", bind.hostname)
+    port = hub.get("port", bind.port) or (443 if scheme == "https" else 80)
+    public = "" if bind.scheme.endswith("+unix") else f"{scheme}://{_here(host)}:{port}"
+    if hub.get("hub_bind_url"):
+        hub_bind = urlparse(str(hub.hub_bind_url))
+        hub_host, hub_port = hub_bind.hostname, hub_bind.port
+    else:
+        hub_host, hub_port = hub.get("hub_ip", ""), hub.get("hub_port")
+    hub_scheme = "https" if hub.get("internal_ssl") else "http"
+    api = f"{hub_scheme}://{_here(hub_host)}:{hub_port or 8081}{base}hub/api"
+    return api, public
 
-    if not JupyterHub.initialized():
-        return None
-    app = JupyterHub.instance()
-    return app if getattr(app, "hub", None) is not None and getattr(app, "db", None) else None
 
-
-def hub_api_url() -> str:
-    """The hub's own REST API URL (``http://127.0.0.1:8081/hub/api``), once the hub runs."""
-    app = _hub()
-    return str(app.hub.api_url).rstrip("/") if app is not None else ""
-
-
-def server_url(allocation: Allocation) -> str | None:
-    """The notebook server's own URL (``http://host:port/user/ada/``), from the running hub."""
-    try:
-        from jupyterhub import orm
-
-        app = _hub()
-        if app is None:
-            return None
-        name, _, server = allocation.ref.partition("/")
-        found = orm.User.find(app.db, name)
-        if found is None:
-            return None
-        spawner = app.users[found].spawners.get(server)
-        if spawner is None or spawner.server is None or not spawner.ready:
-            return None
-        return str(spawner.server.url)
-    except Exception:  # the hub's internals moved: kernels unknown, devices still count
-        return None
+def _here(host: str | None) -> str:
+    """``host`` to connect to from this machine ("all interfaces": the loopback)."""
+    if not host or host in ("0.0.0.0", "*"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
 
 
 def _parse_time(text: Any) -> float | None:

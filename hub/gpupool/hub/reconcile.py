@@ -2,12 +2,18 @@
 devices has an allocation.
 
 Vocabulary
-- *record*: JupyterHub's record of a running server (``spawners.server_id`` set): its user and
-  name, the user's groups, and the saved state: ``gpupool_allocation`` (:data:`STATE_KEY`), and
-  for a local server ``pid`` and ``gpupool_process_start`` (:data:`START_KEY`). A record is
-  *alive* when that pid is the very process (same start time; or, for a state without one, a
-  process whose environment names the allocation), *dead* when not, and *unchecked* (``None``)
-  without a pid: not a local process (Kubernetes).
+- *record*: JupyterHub's record of an active server (started, starting or stopping): its user
+  and name, the user's groups, and the spawner's state: ``gpupool_allocation``
+  (:data:`STATE_KEY`), and for a local server ``pid`` and ``gpupool_process_start``
+  (:data:`START_KEY`). A record is *alive* when that pid is the very process (same start time;
+  or, for a state without one, a process whose environment names the allocation), *dead* when
+  not, and *unchecked* (``None``) without a pid (not a local process: Kubernetes) or while its
+  start is in progress (the spawner's). Records are read two ways, parsed by one function
+  (:func:`record`): at start from JupyterHub's database through JupyterHub's own ORM
+  (:func:`read_records`; JupyterHub has not loaded it yet and its REST API is not up), and while
+  the hub runs from its REST API (:func:`fetch_users`, :func:`rest_records`) as the
+  ``gpupool-reconciler`` service (:data:`SERVICE`, :data:`SERVICE_SCOPES`: list users, their
+  groups and servers, and the servers' state), whose token ``setup(c)`` makes at start.
 - *marker*: ``GPUPOOL_HUB=<Pool.hub_marker>``, in the environment of every server this hub starts
   (and so of everything a server starts). The *scan* reads ``/proc/*/environ`` and keeps only
   processes with this hub's marker: processes of another hub, another test run or anyone else
@@ -28,8 +34,8 @@ actions out):
    (kernels left behind) are stopped. Named by an alive or unchecked record: held.
 2. At start only, a notebook allocation no record names is released; if processes claim it (a
    server the hub started but died before recording: JupyterHub will never stop it), they are
-   stopped first. While the hub runs such an allocation is a start in progress (JupyterHub
-   records a server when its start returns) and is left alone.
+   stopped first. While the hub runs such an allocation is left alone: a start in progress
+   (allocated before its state names it), or a server missing from a page of the REST reply.
 3. Processes claiming an allocation the ledger does not know are stopped, except at start, where
    they are adopted when that is consistent: an alive record names the allocation and its pid is
    one of them; the offer and team in the server's environment exist, the record's user is in the
@@ -51,17 +57,23 @@ actions out):
    while JupyterHub records running servers that hold some: deleted or emptied, not an empty pool.
 
 When and how atomic: :meth:`Reconciler.at_start` runs in ``setup(c)``, before JupyterHub loads
-its spawners or serves a request, so nothing is allocated while it decides, stops, releases and
-adopts (stops wait for the processes to be gone). :meth:`Reconciler.periodic` runs every
-``period`` seconds in the hub's event loop: the scan and JupyterHub's database are read in a
-worker thread, then the decision reads the ledger under the pool's lock (:meth:`Pool.deciding`),
-after the scan: an allocation made since is known, and an id unknown then is unknown for good
-(ids are never reused). It adopts nothing, and releases only allocations whose holders are gone.
+its database or spawners or serves a request, so nothing is allocated while it decides, stops,
+releases and adopts (stops wait for the processes to be gone). :meth:`Reconciler.periodic` runs
+every ``period`` seconds in the hub's event loop: JupyterHub's records come from its REST API
+(``GET /users?state=active``, every page), then ``/proc`` is read in a worker thread, then the
+decision reads the ledger under the pool's lock (:meth:`Pool.deciding`), after the scan: an
+allocation made since is known, and an id unknown then is unknown for good (ids are never
+reused). It adopts nothing, and releases only allocations whose holders are gone. When the REST
+API cannot be read (not up, refused, a bad reply), the pass is skipped with a warning (and
+counted in ``gpupool_reconcile_failures_total``): "could not read" is never taken for "no
+servers". Without an API URL (``api_url``) only the pass at start runs.
 
-Contract: JupyterHub's tables (``users``, ``spawners``, ``groups``, ``user_group_map``) are read,
-never written. Only processes with this hub's marker (or the pid of an alive record) are ever
-signalled, never pid 1, the hub's own process group, or a process running as root; a process is
-signalled only while it is the very process scanned (pid and start time).
+Contract: JupyterHub's database is read only at start, through JupyterHub's ORM models
+(``users``, ``spawners``, ``groups``, ``user_group_map``; only the columns needed), never
+written, created or upgraded; while the hub runs, only its REST API is read. Only processes with
+this hub's marker (or the pid of an alive record) are ever signalled, never pid 1, the hub's own
+process group, or a process running as root; a process is signalled only while it is the very
+process scanned (pid and start time).
 """
 
 from __future__ import annotations
@@ -78,9 +90,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from sqlalchemy import create_engine, inspect, text
-from sqlalchemy.engine import Engine, make_url
+from jupyterhub import orm
+from sqlalchemy import create_engine, inspect, select
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Float
 from traitlets.config import LoggingConfigurable
 
@@ -97,6 +112,10 @@ STATE_KEY = "gpupool_allocation"
 START_KEY = "gpupool_process_start"
 """The spawner state key with a local server's process start time (clock ticks since boot)."""
 MARKER = "GPUPOOL_HUB"
+SERVICE = "gpupool-reconciler"
+"""The JupyterHub service the periodic passes read JupyterHub's records as."""
+SERVICE_SCOPES = ["list:users", "read:users:groups", "read:servers", "admin:server_state"]
+"""Its scopes: list the users with their groups and active servers, and the servers' state."""
 
 _background: set[asyncio.Task[None]] = set()
 
@@ -442,40 +461,69 @@ def server_alive(pid: int, start: int | None, allocation: str) -> bool:
     return env.get("GPUPOOL_ALLOCATION") == allocation
 
 
-# -- reading JupyterHub's database --------------------------------------------------------------
-def read_records(engine: Engine) -> list[Record]:
-    """JupyterHub's running servers, with liveness checked for local ones."""
-    with engine.connect() as conn:
-        tables = set(inspect(conn).get_table_names())
-        if not {"users", "spawners"} <= tables:
+# -- reading JupyterHub's records ----------------------------------------------------------------
+def record(user: str, name: str, groups: Iterable[str], state: Any, pending: Any = None) -> Record:
+    """One running server as JupyterHub keeps it, read the same way from its database and from
+    its REST API: the spawner's saved ``state`` (:data:`STATE_KEY`, ``pid``, :data:`START_KEY`)
+    and, for a local server, whether that pid is alive (``/proc``). A server whose start is in
+    progress (``pending == "spawn"``) is its spawner's: unchecked."""
+    value: Any = json.loads(state) if isinstance(state, str | bytes) else state
+    value = value if isinstance(value, dict) else {}
+    allocation = str(value.get(STATE_KEY) or "")
+    pid = _int(value.get("pid"))
+    pid = pid if pid is not None and pid > 0 else None
+    start = _int(value.get(START_KEY))
+    alive = None
+    if pid is not None and pending != "spawn":
+        alive = server_alive(pid, start, allocation)
+    return Record(user, name or "", frozenset(groups), allocation, pid, alive)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def read_records(url: str) -> list[Record]:
+    """JupyterHub's running servers (spawners with a server) from its database at ``url``,
+    through JupyterHub's own ORM (:mod:`jupyterhub.orm`), read only: nothing is created,
+    upgraded or written, and a database that does not exist yet, or has no tables yet, records
+    none. Only the columns read are selected, so a database JupyterHub has yet to upgrade reads
+    too."""
+    if _missing_sqlite(url):
+        return []
+    # no statement cache: JupyterHub's JSONDict type cannot be cached (SQLAlchemy warns)
+    base = create_engine(url)
+    engine = base.execution_options(compiled_cache=None)
+    try:
+        tables = set(inspect(engine).get_table_names())
+        if not {orm.User.__tablename__, orm.Spawner.__tablename__} <= tables:
             return []
-        rows = conn.execute(
-            text(
-                "SELECT u.id, u.name, s.name, s.state FROM spawners s JOIN users u "
-                "ON s.user_id = u.id WHERE s.server_id IS NOT NULL"
-            )
-        ).all()
-        groups: dict[int, set[str]] = defaultdict(set)
-        if {"groups", "user_group_map"} <= tables:
-            for user_id, name in conn.execute(
-                text(
-                    "SELECT m.user_id, g.name FROM user_group_map m JOIN groups g "
-                    "ON g.id = m.group_id"
-                )
-            ):
-                groups[user_id].add(name)
-    records = []
-    for user_id, user, name, state in rows:
-        value: Any = json.loads(state) if isinstance(state, str | bytes) else state
-        value = value if isinstance(value, dict) else {}
-        allocation = str(value.get(STATE_KEY) or "")
-        pid = value.get("pid")
-        pid = pid if isinstance(pid, int) and pid > 0 else None
-        start = value.get(START_KEY)
-        start = start if isinstance(start, int) else None
-        alive = server_alive(pid, start, allocation) if pid is not None else None
-        records.append(Record(user, name or "", frozenset(groups[user_id]), allocation, pid, alive))
-    return records
+        with Session(engine) as db:
+            rows = db.execute(
+                select(orm.User.id, orm.User.name, orm.Spawner.name, orm.Spawner.state)
+                .join(orm.Spawner, orm.Spawner.user_id == orm.User.id)
+                .where(orm.Spawner.server_id.is_not(None))
+            ).all()
+            groups: dict[int, set[str]] = defaultdict(set)
+            if {orm.Group.__tablename__, orm.user_group_map.name} <= tables:
+                for user_id, group in db.execute(
+                    select(orm.User.id, orm.Group.name).join(orm.User.groups)
+                ):
+                    groups[user_id].add(group)
+    finally:
+        base.dispose()
+    return [record(user, name, groups[user_id], state) for user_id, user, name, state in rows]
+
+
+def _missing_sqlite(url: str) -> bool:
+    """Whether ``url`` is a SQLite database that does not exist (opening it would create it)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return False
+    path = parsed.database or ""
+    if path in ("", ":memory:"):
+        return True  # a fresh, empty database: no records
+    return not path.startswith("file:") and not os.path.exists(path)
 
 
 def _safe_url(url: str) -> str:
@@ -483,6 +531,68 @@ def _safe_url(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:
         return "(unparsable URL)"
+
+
+class HubUnreadable(Exception):
+    """JupyterHub's REST API could not be read (unreachable, refused, or an unexpected reply)."""
+
+
+PAGINATION = "application/jupyterhub-pagination+json"
+PAGE = 200
+"""Users per page asked for (JupyterHub's default ``api_page_max_limit``)."""
+
+
+async def fetch_users(api_url: str, token: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """Every user with an active server (a server started, starting or stopping), as JupyterHub's
+    REST API models them: ``GET {api_url}/users?state=active``, page by page. Raises
+    :class:`HubUnreadable` if any page cannot be read: never a partial list."""
+    users: list[dict[str, Any]] = []
+    offset = 0
+    while True:
+        url = f"{api_url}/users?state=active&offset={offset}&limit={PAGE}"
+        request = HTTPRequest(
+            url,
+            headers={"Authorization": f"token {token}", "Accept": PAGINATION},
+            request_timeout=timeout,
+            follow_redirects=False,
+        )
+        try:
+            response = await AsyncHTTPClient().fetch(request)
+            reply = json.loads(response.body)
+        except (HTTPClientError, OSError, ValueError) as e:
+            raise HubUnreadable(f"GET {url}: {e}") from e
+        if isinstance(reply, list):  # a hub that does not page
+            items, following = reply, None
+        elif isinstance(reply, dict) and isinstance(reply.get("items"), list):
+            items = reply["items"]
+            following = (reply.get("_pagination") or {}).get("next")
+        else:
+            raise HubUnreadable(f"GET {url}: not a list of users")
+        users += [u for u in items if isinstance(u, dict)]
+        if not following:
+            return users
+        after = following.get("offset") if isinstance(following, dict) else None
+        if not isinstance(after, int) or after <= offset:
+            raise HubUnreadable(f"GET {url}: the next page is at offset {after!r}")
+        offset = after
+
+
+def rest_records(users: Iterable[Mapping[str, Any]]) -> list[Record]:
+    """JupyterHub's running servers from its REST API's user models: each user's ``groups`` and
+    active ``servers`` with their ``state`` (present only with ``admin:server_state``) and
+    ``pending`` event."""
+    records = []
+    for user in users:
+        name = user.get("name")
+        servers = user.get("servers")
+        if not isinstance(name, str) or not isinstance(servers, dict):
+            continue
+        groups = [g for g in user.get("groups") or () if isinstance(g, str)]
+        for server_name, server in servers.items():
+            if isinstance(server, dict) and not server.get("stopped"):
+                state = server.get("state")
+                records.append(record(name, server_name, groups, state, server.get("pending")))
+    return records
 
 
 # -- the hub's reconciler -------------------------------------------------------------------------
@@ -502,34 +612,77 @@ class Reconciler(LoggingConfigurable):
         Example: ``c.Reconciler.stop_grace = 10``""",
     )
 
-    def __init__(self, pool: Pool, hub_db_url: str, **kwargs: Any) -> None:
+    request_timeout = Float(
+        10.0,
+        config=True,
+        help="""Seconds one call to JupyterHub's REST API may take. Example:
+        ``c.Reconciler.request_timeout = 30``""",
+    )
+
+    def __init__(
+        self, pool: Pool, hub_db_url: str, api_url: str = "", token: str = "", **kwargs: Any
+    ) -> None:
+        """``hub_db_url``: JupyterHub's database (read at start); ``api_url``: its REST API
+        (``http://127.0.0.1:8081/hub/api``) and ``token`` the :data:`SERVICE`'s, for the
+        periodic passes (none without them)."""
         super().__init__(**kwargs)
         self.pool = pool
         self.hub_db_url = hub_db_url
-        self._engine: Engine | None = None
+        self.api_url = api_url.rstrip("/")
+        self.token = token
         self._said: set[str] = set()
         """What the last pass reported (reported again only once it has been gone a pass)."""
         self._saying: set[str] = set()
         self._task: asyncio.Task[None] | None = None
-
-    @property
-    def engine(self) -> Engine:
-        if self._engine is None:
-            self._engine = create_engine(self.hub_db_url)
-        return self._engine
+        self._warned: set[str] = set()
+        """The one-time warnings given (no REST API; no servers' state)."""
 
     # -- observing ---------------------------------------------------------------------------
-    def look(self) -> tuple[list[Record], list[Proc]]:
-        """JupyterHub's records and this hub's processes: those with its marker, and the live
-        servers JupyterHub records (servers started before they carried the marker)."""
-        records = read_records(self.engine)
+    def processes(self, records: Sequence[Record]) -> list[Proc]:
+        """This hub's processes: those with its marker, and the live servers JupyterHub records
+        (servers started before they carried the marker)."""
         procs = {p.pid: p for p in scan(self.pool.hub_marker)}
         for r in records:
             if r.alive and r.pid is not None and r.pid not in procs:
                 found = read_process(r.pid)
                 if found is not None and found.allocation == r.allocation:
                     procs[r.pid] = found
-        return records, list(procs.values())
+        return list(procs.values())
+
+    async def read_hub(self) -> list[dict[str, Any]] | None:
+        """The users with active servers, from JupyterHub's REST API as :data:`SERVICE`; ``None``
+        (logged) when it cannot be read: never taken for "no servers"."""
+        if not self.api_url:
+            self._warn_once(
+                "no-api",
+                "gpupool: reconciliation while the hub runs is off: no URL of JupyterHub's REST "
+                "API was given (Reconciler api_url); only the pass at start runs",
+            )
+            return None
+        try:
+            users = await fetch_users(self.api_url, self.token, self.request_timeout)
+        except HubUnreadable as e:
+            metrics.RECONCILE_FAILURES.inc()
+            self.log.warning(
+                "gpupool: a reconciliation pass was skipped: JupyterHub's REST API could not "
+                "be read (%s); nothing is released or stopped until it can be",
+                e,
+            )
+            return None
+        servers = [s for u in users for s in (u.get("servers") or {}).values()]
+        if any(isinstance(s, dict) and "state" not in s for s in servers):
+            self._warn_once(
+                "no-state",
+                f"gpupool: JupyterHub's REST API gives the {SERVICE} service no servers' state "
+                "(it needs the admin:server_state scope): dead servers' allocations are not "
+                "released while the hub runs",
+            )
+        return users
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            self.log.warning(message)
 
     def on_devices(self, procs: list[Proc]) -> tuple[list[Proc], dict[str, list[int]]]:
         """``procs`` with the devices NVML finds each on, and the live processes NVML finds on
@@ -565,7 +718,8 @@ class Reconciler(LoggingConfigurable):
         began = time.perf_counter()
         self._said, self._saying = self._saying, set()
         try:
-            records, procs = self.look()
+            records = read_records(self.hub_db_url)
+            procs = self.processes(records)
             procs, foreign = self.on_devices(procs)
             jobs = self.known_jobs(procs)
 
@@ -589,12 +743,21 @@ class Reconciler(LoggingConfigurable):
         return actions
 
     async def periodic(self) -> list[Action]:
-        """One pass while the hub runs: JupyterHub's database and ``/proc`` are read in a
-        worker thread, NVML and the decision in the event loop, the decision under the pool's
-        lock; what it stops gets ``stop_grace`` seconds without blocking the loop."""
+        """One pass while the hub runs: JupyterHub's records from its REST API (the pass is
+        skipped, logged, when it cannot be read), ``/proc`` read in a worker thread, NVML and
+        the decision in the event loop, the decision under the pool's lock; what it stops gets
+        ``stop_grace`` seconds without blocking the loop."""
         began = time.perf_counter()
+        users = await self.read_hub()
+        if users is None:
+            return []
         self._said, self._saying = self._saying, set()
-        records, procs = await asyncio.to_thread(self.look)
+
+        def look() -> tuple[list[Record], list[Proc]]:
+            records = rest_records(users)
+            return records, self.processes(records)
+
+        records, procs = await asyncio.to_thread(look)
         procs, foreign = self.on_devices(procs)
         jobs = self.known_jobs(procs)
 
@@ -630,7 +793,7 @@ class Reconciler(LoggingConfigurable):
             await asyncio.sleep(self.period)
             try:
                 await self.periodic()
-            except SQLAlchemyError as e:  # e.g. JupyterHub's SQLite busy: the next pass will do
+            except SQLAlchemyError as e:  # e.g. the job store's SQLite busy: the next pass will do
                 metrics.RECONCILE_FAILURES.inc()
                 self.log.warning("gpupool: a reconciliation pass could not read a database: %s", e)
             except Exception:
