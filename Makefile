@@ -20,7 +20,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 INSTALL_LOG := .run/install.log
 HUB_LOG     := .run/hub.log
 
-.PHONY: install run test test-fast lint format bench clean chromium node-check
+.PHONY: install run test test-fast conformance conformance-baseline lint format bench clean chromium node-check
 
 install: node-check $(STAMP) $(CHP) chromium
 
@@ -72,6 +72,22 @@ test: install
 	$(BIN)/mypy
 	cd labextension && $(JLPM) lint:check && $(JLPM) test
 	$(BIN)/python -m pytest -q
+	$(CONFORMANCE)
+
+# JupyterHub's own tests (from the installed JupyterHub) with gpupool's spawner and setup(c) in
+# place of the mock spawner's base (tests/conformance/plugin.py); bounded: 15 minutes, 2 per test.
+CONFORMANCE_TESTS := --pyargs jupyterhub.tests.test_spawner jupyterhub.tests.test_api \
+  jupyterhub.tests.test_named_servers jupyterhub.tests.test_pages \
+  -k "not test_pages or test_spawn or test_server_not_running or test_pre_spawn or test_malformed_form"
+CONFORMANCE := PATH=$(CURDIR)/node_modules/.bin:$$PATH timeout 900 $(BIN)/python -m pytest -q \
+  -c tests/conformance/pytest.ini --rootdir $(CURDIR) $(CONFORMANCE_TESTS)
+
+conformance: install
+	$(CONFORMANCE)
+
+# The same selection with JupyterHub's unmodified mock spawner (what the deviations are read against).
+conformance-baseline: install
+	GPUPOOL_CONFORMANCE_BASELINE=1 $(CONFORMANCE)
 
 # `make test` without the tests marked slow (real hubs, the browser, real torchrun jobs, Helm
 # renders; tests/conftest.py marks them by folder and file).

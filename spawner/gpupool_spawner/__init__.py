@@ -5,6 +5,7 @@ Import the classes from their modules (``gpupool_spawner.local``, ``gpupool_spaw
 that the local spawner does not pull in the Kubernetes client.
 """
 
-from .mixin import GPUSpawnerMixin, parse_user_options
+from .mixin import GPUSpawnerMixin
+from .options import parse_user_options
 
 __all__ = ["GPUSpawnerMixin", "parse_user_options"]

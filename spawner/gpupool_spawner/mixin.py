@@ -1,9 +1,14 @@
 """The GPU logic every gpupool spawner shares: choose, check and hold devices around a server.
 
 Vocabulary
-- *user options*: ``{"offer": "h100", "count": 2, "team": "vision"}``, from the spawn form or
-  from ``user_options`` of the REST API; ``team`` may be left out by a user in one team, and
-  ``offer`` defaults to ``cpu``. Both doors are checked by the same code, on the hub.
+- *user options*: gpupool's keys ``{"offer": "h100", "count": 2, "team": "vision"}`` (see
+  :mod:`gpupool_spawner.options`), from the spawn form, a spawn link or ``user_options`` of the
+  REST API, next to any keys of others, which gpupool leaves alone; ``team`` may be left out by a
+  user in one team; a start that names no offer gets the user's only choice, else
+  ``default_offer``. Both doors are checked by the same code, on the hub.
+- *spawn form*: gpupool's radio list, shown per ``spawn_form`` (by default only when there is
+  something to choose); ``options_from_form`` stays JupyterHub's configurable trait, with
+  gpupool's parser as its default, and an admin's callable composes with it.
 - *allocation*: what the pool granted this server (see :class:`gpupool.core.ledger.Allocation`);
   its id is in the spawner's state, so a hub restart re-attaches the running server to it.
 - *ref*: ``user/server-name``, what the allocation is for.
@@ -22,38 +27,21 @@ from typing import Any
 
 from jupyterhub.spawner import Spawner
 from sqlalchemy.orm import object_session
-from traitlets import Int, Unicode, default
+from traitlets import Int, TraitError, Unicode, default, validate
 
 from gpupool.core.errors import InvalidRequest, PoolError, TooLarge, UnknownAllocation
 from gpupool.core.ledger import Allocation
 from gpupool.core.offers import Offer
-from gpupool.core.parse import check_size, clip, clip_names, json_size, whole_number
+from gpupool.core.parse import check_size, json_size
+from gpupool.core.quota import EVERYONE
 from gpupool.hub.errors import http_error
-from gpupool.hub.form import FIELD, render
-from gpupool.hub.menu import menu
+from gpupool.hub.form import SPAWN_FORMS, render
+from gpupool.hub.menu import Choice, menu
 from gpupool.hub.objects import hub_objects
 from gpupool.hub.reconcile import STATE_KEY
 from gpupool.pool import Pool
 
-MAX_COUNT = 64
-"""The largest ``count`` a request may name at all (each offer has its own, smaller maximum)."""
-
-
-def parse_user_options(options: dict[str, Any]) -> tuple[str, int, str | None]:
-    """``(offer, count, team)`` from user options, or :class:`InvalidRequest` saying why not."""
-    offer = options.get("offer", "cpu")
-    team = options.get("team") or None
-    if not isinstance(offer, str) or not offer:
-        raise InvalidRequest(f"user_options.offer must be an offer name, got {clip(offer)}.")
-    count = whole_number(options.get("count", 1), "user_options.count", 1, MAX_COUNT)
-    if team is not None and not isinstance(team, str):
-        raise InvalidRequest(f"user_options.team must be a team name, got {clip(team)}.")
-    unknown = sorted(set(options) - {"offer", "count", "team"})
-    if unknown:
-        raise InvalidRequest(
-            f"Unknown user_options {clip_names(unknown)}; use offer, count and team."
-        )
-    return offer, count, team
+from .options import from_form, others, parse_user_options
 
 
 class GPUSpawnerMixin(Spawner):
@@ -101,30 +89,105 @@ class GPUSpawnerMixin(Spawner):
             with contextlib.suppress(UnknownAllocation):
                 self.gpupool.release(alloc_id)
 
-    # -- the spawn page ----------------------------------------------------------------------
+    # -- the spawn page and the options ------------------------------------------------------
+    spawn_form = Unicode(
+        "choices",
+        config=True,
+        help="""When the spawn page shows gpupool's form: ``choices`` (when the user has more than
+        one thing that could start: offers, counts or teams; with nothing to choose the server
+        starts at once, as JupyterHub does without a form), ``always``, or ``never`` (every start
+        takes what the REST call or spawn link names, else ``default_offer``). Example:
+        ``c.GPUSpawnerMixin.spawn_form = "always"``""",
+    )
+    default_offer = Unicode(
+        "cpu",
+        config=True,
+        help="""The offer of a start that names none (a REST call without ``offer``, a spawn page
+        without a form) when the user has more than one choice; a user with one choice gets that
+        one. Example: ``c.GPUSpawnerMixin.default_offer = "mig-1g.10gb"``""",
+    )
+
+    @validate("spawn_form")
+    def _valid_spawn_form(self, proposal: dict[str, Any]) -> str:
+        value = str(proposal["value"])
+        if value not in SPAWN_FORMS:
+            raise TraitError(
+                f"GPUSpawnerMixin.spawn_form must be one of {', '.join(SPAWN_FORMS)}, not {value!r}"
+            )
+        return value
+
+    def gpupool_choices(self) -> list[Choice]:
+        """What this user could start (every line of the spawn menu that is not ``never``)."""
+        menus = menu(self.gpupool.ledger, self.user.name, self.gpupool_groups())
+        return [c for m in menus for c in m.choices if c.admission.verdict != "never"]
+
+    def gpupool_defaults(self) -> dict[str, Any]:
+        """gpupool's keys for a start that names no offer: the user's only choice, or
+        ``default_offer``."""
+        choices = self.gpupool_choices()
+        if len(choices) == 1:
+            c = choices[0]
+            return {
+                "offer": c.offer,
+                "count": c.count,
+                "team": None if c.team == EVERYONE else c.team,
+            }
+        return {"offer": self.default_offer}
+
     @default("options_form")
     def _gpupool_options_form(self) -> Any:
         return self._render_gpupool_form
 
     def _render_gpupool_form(self, spawner: Any = None) -> str:
+        """gpupool's form, or ``""`` (no form: JupyterHub starts at once) per ``spawn_form``."""
+        if self.spawn_form == "never" or (
+            self.spawn_form == "choices" and len(self.gpupool_choices()) <= 1
+        ):
+            return ""
         pool = self.gpupool
         menus = menu(pool.ledger, self.user.name, self.gpupool_groups())
         return render(menus, pool.inventory.label, pool.inventory.simulated)
 
-    def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
+    @default("options_from_form")
+    def _gpupool_default_options_from_form(self) -> Any:
+        return self.gpupool_options_from_form
+
+    def gpupool_options_from_form(self, form_data: dict[str, list[str]]) -> dict[str, Any]:
+        """gpupool's default ``options_from_form``: its keys parsed, every other field passed
+        through as JupyterHub's default does."""
+        return {**others(form_data), **self._gpupool_form_keys(form_data)}
+
+    def run_options_from_form(self, form_data: dict[str, list[str]]) -> dict[str, Any]:
+        """The configured ``options_from_form`` (an admin's callable, ``"simple"``, or gpupool's
+        default), composed with gpupool's: an admin's callable gets the fields gpupool does not
+        read, and gpupool's keys are added to what it returns. Over ``max_user_options_bytes``:
+        413 before anything reads the data."""
+        self._gpupool_check_size(form_data, "The spawn form")
+        if self.options_from_form == self.gpupool_options_from_form:
+            return self.gpupool_options_from_form(form_data)
+        theirs = super().run_options_from_form(others(form_data))
+        return {**(theirs or {}), **self._gpupool_form_keys(form_data)}
+
+    def options_from_query(self, query_data: dict[str, list[str]]) -> dict[str, Any]:
+        """A spawn link (``/hub/spawn?opt-offer=h100&opt-count=2``): as a form."""
+        return self.run_options_from_form(query_data)
+
+    def _gpupool_form_keys(self, form_data: dict[str, list[str]]) -> dict[str, Any]:
         try:
-            check_size(json_size(formdata), self.max_user_options_bytes, "The spawn form")
-            parts = (formdata.get(FIELD) or [""])[0].split("|")
-            if len(parts) != 3:
-                raise InvalidRequest("Choose one of the offers on the form.")
-            team, offer, count = parts
-            number = whole_number(count, "count", 1, MAX_COUNT)
-        except PoolError as e:
-            if not isinstance(e, TooLarge):
-                e = InvalidRequest("Choose one of the offers on the form.")
-            self.log.info("gpupool: refused the spawn form of %s: %s", self.gpupool_ref, e.message)
+            return from_form(form_data)
+        except PoolError:
+            refusal = InvalidRequest("Choose one of the offers on the form.")
+            self.log.info(
+                "gpupool: refused the spawn form of %s: %s", self.gpupool_ref, refusal.message
+            )
+            raise http_error(refusal) from None
+
+    def _gpupool_check_size(self, value: Any, what: str) -> None:
+        try:
+            check_size(json_size(value), self.max_user_options_bytes, what)
+        except TooLarge as e:
+            self.log.info("gpupool: refused the options of %s: %s", self.gpupool_ref, e.message)
             raise http_error(e) from None
-        return {"team": team or None, "offer": offer, "count": number}
 
     @default("apply_user_options")
     def _gpupool_apply_user_options(self) -> Any:
@@ -150,6 +213,8 @@ class GPUSpawnerMixin(Spawner):
         try:
             options = dict(self.user_options or {})
             check_size(json_size(options), self.max_user_options_bytes, "user_options")
+            if not options.get("offer"):
+                options = {**options, **self.gpupool_defaults()}
             offer, count, team = parse_user_options(options)
             stale = [a.id for a in pool.ledger.allocations.values() if a.ref == self.gpupool_ref]
             for alloc_id in stale:  # left by a start the hub did not finish (e.g. a crash)

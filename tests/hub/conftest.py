@@ -201,10 +201,10 @@ class Hub:
 
     def spawn_form(self, user: str, choice: str) -> requests.Response:
         s = self.login(user)
-        s.get(f"{self.url}/hub/spawn", timeout=30)
+        s.get(f"{self.url}/hub/home", timeout=30)  # for the _xsrf cookie (/hub/spawn may start)
         return s.post(
             f"{self.url}/hub/spawn",
-            data={"gpupool_choice": choice, "_xsrf": s.cookies.get("_xsrf")},
+            data={"gpupool_choice": choice, "_xsrf": xsrf(s, "/hub/spawn")},
             timeout=60,
             allow_redirects=False,
         )
@@ -238,10 +238,49 @@ def running(hub: Hub) -> Iterator[Hub]:
         kill_servers(hub)
 
 
+def exits(hub: Hub, user: str | None = None, timeout: float = 90) -> int:
+    """Start ``hub`` (as ``user``, default: this account) and wait for it to exit; a hub that
+    comes up instead is stopped and the test fails."""
+    env = {**hub.env, "HOME": str(hub.state)}
+    with hub.log.open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(hub.config)],
+            cwd=hub.state,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            user=user,
+        )
+    hub.proc = proc
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        try:
+            up = requests.get(f"{hub.url}/hub/api", timeout=2).ok
+        except requests.ConnectionError:
+            up = False
+        if up or time.monotonic() > deadline:
+            hub.stop_hub()
+            pytest.fail(f"the hub started (or hung) instead of stopping:\n{hub.log_tail()}")
+        time.sleep(0.2)
+    return proc.returncode
+
+
+def last_line(hub: Hub) -> str:
+    lines = [line for line in hub.log.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1]
+
+
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     with homes() as home_root, running(Hub(tmp_path_factory.mktemp("hub"), home_root)) as h:
         yield h
+
+
+def xsrf(session: requests.Session, path: str) -> str | None:
+    """The ``_xsrf`` cookie a browser would send to ``path`` (pages may set one per path)."""
+    sent = [c for c in session.cookies if c.name == "_xsrf" and path.startswith(c.path or "/")]
+    return max(sent, key=lambda c: len(c.path or "")).value if sent else None
 
 
 def kill_servers(hub: Hub) -> None:

@@ -116,7 +116,7 @@ def test_spawn_options_over_the_cap_get_a_short_413_and_are_not_kept(
 @pytest.mark.parametrize(
     ("user", "options", "status", "quoted"),
     [
-        ("ada", {"offer": "h100", "k" * 3000: 1}, 400, "Unknown user_options k"),
+        ("ada", {"offer": "h100", "count": "k" * 3000}, 400, "user_options.count must be a whole"),
         ("ada", {"offer": "o" * 3000}, 400, "Unknown offer 'o"),
         ("ada", {"offer": "h100", "team": "t" * 3000}, 403, "You are not in team 't"),
         ("dee", {"offer": "h100", "count": 1}, 403, "Team nlp may not request h100"),

@@ -14,55 +14,18 @@ import os
 import pwd
 import random
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import requests
 
 from gpupool.store import Store
 from tests.accounts import IS_ROOT, homes, shared_account
-from tests.hub.conftest import Hub, running
+from tests.hub.conftest import Hub, exits, last_line, running
 
 MOVE_AWAY = "move it away to start with an empty pool, or restore a backup"
 BAD_CONFIG = "Bad config encountered during initialization: GPUPool.db_url: gpupool's database"
-
-
-def exits(hub: Hub, user: str | None = None, timeout: float = 90) -> int:
-    """Start ``hub`` (as ``user``, default: this account) and wait for it to exit; a hub that
-    comes up instead is stopped and the test fails."""
-    env = {**hub.env, "HOME": str(hub.state)}
-    with hub.log.open("ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyterhub", "-f", str(hub.config)],
-            cwd=hub.state,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            user=user,
-        )
-    hub.proc = proc
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None:
-        try:
-            up = requests.get(f"{hub.url}/hub/api", timeout=2).ok
-        except requests.ConnectionError:
-            up = False
-        if up or time.monotonic() > deadline:
-            hub.stop_hub()
-            pytest.fail(f"the hub started (or hung) instead of stopping:\n{hub.log_tail()}")
-        time.sleep(0.2)
-    return proc.returncode
-
-
-def last_line(hub: Hub) -> str:
-    lines = [line for line in hub.log.read_text(errors="replace").splitlines() if line.strip()]
-    return lines[-1]
 
 
 def real_database(path: Path) -> bytes:

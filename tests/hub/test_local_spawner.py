@@ -97,7 +97,7 @@ def test_a_tampered_form_is_refused_by_the_hub(
         ("ada", {"offer": "mig-2g.20gb"}, 403, "Team vision may not request mig-2g.20gb"),
         ("dee", {"offer": "h100", "count": 1}, 403, "Team nlp may not request h100"),
         ("ada", {"offer": "h100", "count": "lots"}, 400, "count must be a whole number"),
-        ("ada", {"offer": "h100", "gpus": 8}, 400, "Unknown user_options gpus"),
+        ("ada", {"offer": ["h100"], "gpus": 8}, 400, "user_options.offer must be an offer name"),
         ("dee", {"offer": "mig-3g.40gb", "team": "vision"}, 403, "not in team 'vision'"),
     ],
 )

@@ -299,14 +299,28 @@ def colours(page: Page) -> dict[str, tuple[str, str]]:
 
 
 def use_theme(page: Page, theme: str) -> None:
-    """Switch JupyterLab's theme from the command palette (apputils:change-theme)."""
-    page.keyboard.press("Control+Shift+C")
-    palette = page.locator(".lm-CommandPalette-input")
-    expect(palette).to_be_visible()
-    palette.fill(theme)
-    page.locator(".lm-CommandPalette-item", has_text=f"Use Theme: {theme}").first.click()
+    """Make ``theme`` the user's JupyterLab theme (the setting the theme menu writes, through the
+    server's settings API), reload, and wait until the page wears it."""
+    status = page.evaluate(
+        """async (theme) => {
+            const base = location.pathname.split("/lab")[0] + "/";  // /user/ada/
+            const xsrf = (document.cookie.match(/(?:^|; )_xsrf=([^;]*)/) || [])[1] || "";
+            const r = await fetch(base + "lab/api/settings/@jupyterlab/apputils-extension:themes", {
+                method: "PUT",
+                headers: {
+                    "Content-Type": "application/json",
+                    "X-XSRFToken": decodeURIComponent(xsrf),
+                },
+                body: JSON.stringify({raw: JSON.stringify({theme})}),
+            });
+            return r.status;
+        }""",
+        theme,
+    )
+    assert status == 204, status
+    page.reload()
     light = "true" if "Light" in theme else "false"
-    expect(page.locator("body")).to_have_attribute("data-jp-theme-name", theme, timeout=30_000)
+    expect(page.locator("body")).to_have_attribute("data-jp-theme-name", theme, timeout=60_000)
     expect(page.locator("body")).to_have_attribute("data-jp-theme-light", light)
 
 

@@ -23,17 +23,20 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from jupyterhub.roles import get_default_roles
+
 from ..config import GPUPool
 from ..pool import Pool
 from ..usercode import check_shared_mode, spawner_setting
 from . import reconcile, refusals, shutdown
 from .collector import PoolCollector, register
+from .form import check_spawn_form
 from .handlers import handlers
 from .objects import SETTINGS_KEY, HubObjects, build
 from .pages import pages
 from .reclaim import SERVICE, SERVICE_SCOPES, hub_urls
 from .reconcile import Reconciler
-from .scopes import ADMIN_SCOPE, CUSTOM_SCOPES, JOBS_SCOPE, SERVER_SCOPES
+from .scopes import ADMIN_SCOPE, CUSTOM_SCOPES, JOBS_SCOPE, SERVER_ROLE_SCOPES
 
 log = logging.getLogger("gpupool")
 
@@ -46,6 +49,7 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
     Pass ``logging.getLogger("JupyterHub").getChild("gpupool")`` to log with the hub's handler.
     """
     _check_local_spawner(c)
+    check_spawn_form(c)
     pool = Pool.from_config(GPUPool(config=c), logger)
     refusals.install()
     hub_db = c.JupyterHub.get("db_url", "sqlite:///jupyterhub.sqlite")
@@ -104,13 +108,22 @@ def _add_api(c: Any) -> None:
     c.JupyterHub.extra_handlers = [*c.JupyterHub.get("extra_handlers", []), *handlers()]
     c.JupyterHub.custom_scopes = {**c.JupyterHub.get("custom_scopes", {}), **CUSTOM_SCOPES}
     roles = list(c.JupyterHub.get("load_roles", []))
-    user_role = next((r for r in roles if r.get("name") == "user"), None)
-    if user_role is None:
-        roles.append({"name": "user", "scopes": ["self", JOBS_SCOPE]})
-    elif JOBS_SCOPE not in user_role.setdefault("scopes", ["self"]):
-        user_role["scopes"].append(JOBS_SCOPE)
+    _add_to_role(roles, "user", [JOBS_SCOPE])
     admins = sorted(c.Authenticator.get("admin_users", set()))
     roles.append({"name": "gpupool-admin", "scopes": [ADMIN_SCOPE], "users": admins})
+    _add_to_role(roles, "server", SERVER_ROLE_SCOPES)
     c.JupyterHub.load_roles = roles
-    if "server_token_scopes" not in c.Spawner:
-        c.Spawner.server_token_scopes = SERVER_SCOPES
+
+
+def _add_to_role(roles: list[dict[str, Any]], name: str, scopes: list[str]) -> None:
+    """Add ``scopes`` to the role ``name`` of ``load_roles``: to the admin's own definition of it,
+    or to JupyterHub's default one (a role in ``load_roles`` replaces the default's scopes). A
+    server's token gets the ``server`` role's scopes, unless ``Spawner.server_token_scopes`` is
+    set (then JupyterHub ignores the role, and gpupool's scopes must be listed there)."""
+    default = next(r for r in get_default_roles() if r["name"] == name)
+    role = next((r for r in roles if r.get("name") == name), None)
+    if role is None:
+        role = {"name": name}
+        roles.append(role)
+    have = role.setdefault("scopes", list(default["scopes"]))
+    have.extend(s for s in scopes if s not in have)

@@ -1,18 +1,38 @@
 """The spawn page's HTML: a plain form (radio buttons, no JavaScript needed), escaped throughout.
 
 Contract: ``render(menus, inventory_label, simulated)`` returns the HTML JupyterHub puts inside its
-spawn form; the chosen radio button posts ``gpupool_choice=team|offer|count``.
+spawn form; the chosen radio button posts ``gpupool_choice=team|offer|count``. Whether the page
+shows it at all is ``GPUSpawnerMixin.spawn_form`` (:data:`SPAWN_FORMS`, checked at start by
+:func:`check_spawn_form`).
 """
 
 from __future__ import annotations
 
 from html import escape
+from typing import Any
 
 from ..core.quota import EVERYONE
 from ..core.units import fmt
+from ..settings import ConfigError
 from .menu import TeamMenu
 
 FIELD = "gpupool_choice"
+SPAWN_FORMS = ("choices", "always", "never")
+"""The values of ``GPUSpawnerMixin.spawn_form``: when the spawn page shows this form."""
+SPAWNER_SECTIONS = ("GPUSpawnerMixin", "LocalGPUSpawner", "KubeGPUSpawner")
+
+
+def check_spawn_form(config: Any) -> None:
+    """Stop the hub at start, naming the key, if ``spawn_form`` is set to something unknown
+    (spawners are built only at the first spawn, too late to say so)."""
+    for section in SPAWNER_SECTIONS:
+        if section in config and "spawn_form" in config[section]:
+            value = config[section]["spawn_form"]
+            if value not in SPAWN_FORMS:
+                raise ConfigError(
+                    f"{section}.spawn_form",
+                    f"must be one of {', '.join(SPAWN_FORMS)}, not {value!r}",
+                )
 
 
 def render(menus: list[TeamMenu], inventory_label: str, simulated: bool) -> str:

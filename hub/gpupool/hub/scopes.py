@@ -3,7 +3,7 @@
 Vocabulary
 - ``custom:gpupool:jobs`` (:data:`JOBS_SCOPE`): submit, list, read the logs of and cancel one's
   own jobs; see one's own allocations. Every user holds it (the ``user`` role), and so does their
-  server's token.
+  server's token (the ``server`` role).
 - ``custom:gpupool:admin`` (:data:`ADMIN_SCOPE`): see and cancel everyone's jobs and
   allocations, the admin page. Held by JupyterHub's admin users (the ``gpupool-admin`` role).
 
@@ -22,5 +22,7 @@ CUSTOM_SCOPES = {
 }
 """For ``c.JupyterHub.custom_scopes``."""
 
-SERVER_SCOPES = ["users:activity!user", "access:servers!server", JOBS_SCOPE, ADMIN_SCOPE]
-"""A server's token: JupyterHub's defaults plus gpupool's (only those its user holds)."""
+SERVER_ROLE_SCOPES = [JOBS_SCOPE]
+"""What gpupool adds to JupyterHub's ``server`` role, whose scopes every server's token gets:
+the owner's own jobs. Never the admin scope: code running in an admin's notebook does not act
+on everyone's jobs (the admin page and the admin's own tokens do)."""
