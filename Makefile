@@ -6,6 +6,7 @@ PYTHON ?= $(if $(and $(ROOT),$(wildcard /usr/bin/python3)),/usr/bin/python3,pyth
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+TOOLS  := .venv-tools/bin
 PIP    := $(BIN)/python -m pip
 
 CHP    := node_modules/.bin/configurable-http-proxy
@@ -22,7 +23,13 @@ HUB_LOG     := .run/hub.log
 
 .PHONY: install run test test-fast conformance conformance-baseline lint format bench clean chromium node-check
 
-install: node-check $(STAMP) $(CHP) chromium
+install: node-check $(STAMP) $(CHP) chromium $(TOOLS)/nca
+
+# Manifest checkers the chart tests run (network-config-analyzer, checkov), in a venv of their
+# own: their pins (PyYAML, networkx, packaging) clash with the hub's.
+$(TOOLS)/nca:
+	$(PYTHON) -m venv .venv-tools
+	$(TOOLS)/python -m pip install --quiet "checkov==3.3.30" "network-config-analyzer==1.9.2"
 
 # Node.js builds the extension and runs configurable-http-proxy: say which one is needed, once.
 node-check:
@@ -121,5 +128,5 @@ helm-table: install
 	$(BIN)/python scripts/helm-gpu-equivalents
 
 clean:
-	rm -rf $(VENV) node_modules .run .pytest_cache .mypy_cache .ruff_cache .hypothesis \
+	rm -rf $(VENV) .venv-tools node_modules .run .pytest_cache .mypy_cache .ruff_cache .hypothesis \
 	  labextension/node_modules labextension/lib labextension/gpupool_lab/labextension

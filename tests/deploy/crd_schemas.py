@@ -2,9 +2,10 @@
 cannot check (it ships only the built-in kinds).
 
 They are written from the CRDs' Go types (Kueue ``apis/kueue/v1beta2``: ResourceFlavor,
-ClusterQueue, LocalQueue; Prometheus Operator ``monitoring.coreos.com/v1``: ServiceMonitor) and
-cover the fields this chart sets, strictly: an unknown field, a missing required one, a bad name
-or quantity, or a namespace on a cluster-scoped kind, fails as it would at the API server.
+ClusterQueue, LocalQueue, WorkloadPriorityClass; Prometheus Operator
+``monitoring.coreos.com/v1``: ServiceMonitor) and cover the fields this chart sets, strictly:
+an unknown field, a missing required one, a bad name or quantity, or a namespace on a
+cluster-scoped kind, fails as it would at the API server.
 Fields the chart never sets are left out, so a template that starts using one fails here until
 its schema is added from the upstream type.
 """
@@ -136,6 +137,7 @@ SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
                     }
                 ),
                 "resourceGroups": {"type": "array", "maxItems": 16, "items": _RESOURCE_GROUP},
+                "fairSharing": _strict({"weight": _QUANTITY}),
             }
         ),
         namespaced=False,
@@ -145,6 +147,22 @@ SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
         "LocalQueue",
         _strict({"clusterQueue": {"type": "string", "pattern": DNS_SUBDOMAIN}}, ("clusterQueue",)),
         namespaced=True,
+    ),
+    # WorkloadPriorityClass has no spec: value (int32, required) and description at the top.
+    ("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass"): _strict(
+        {
+            "apiVersion": {"const": "kueue.x-k8s.io/v1beta2"},
+            "kind": {"const": "WorkloadPriorityClass"},
+            "metadata": {
+                **_METADATA,
+                "properties": {
+                    k: v for k, v in _METADATA["properties"].items() if k != "namespace"
+                },
+            },
+            "value": {"type": "integer", "minimum": -(2**31), "maximum": 2**31 - 1},
+            "description": {"type": "string", "maxLength": 2048},
+        },
+        ("apiVersion", "kind", "metadata", "value"),
     ),
     ("monitoring.coreos.com/v1", "ServiceMonitor"): _object(
         "monitoring.coreos.com/v1",

@@ -9,6 +9,11 @@ cluster and the hub would check it.
 - Bad values: the schema (typos, negative quotas, bad kinds) and the chart's checks (a team naming
   an undefined offer, an unknown MIG profile, GPU models Kueue cannot tell apart) refuse them,
   naming the key.
+- The default values start a hub: their gpupool settings pass gpupool's own validation and build
+  a pool (on a simulated inventory standing in for the nodes).
+- Kueue keeps gpupool's promises: no queue reclaims lent quota from a notebook (LowerPriority, and
+  notebooks rank above jobs); WorkloadPriorityClasses and fair-sharing weights from the team values.
+- The two idle reapers agree: the JupyterHub chart's culler waits longer than gpupool's reclaim.
 - One source of truth: the hub loads the rendered ``gpupool.json`` with its own config classes,
   and the quotas it will enforce equal the Kueue ClusterQueues'; the Kueue GPU-equivalents of
   each MIG resource equal the hub's; the queue names the hub puts on pods are the LocalQueues.
@@ -38,6 +43,7 @@ from gpupool.core.ledger import Allocation
 from gpupool.core.mig import GEOMETRIES
 from gpupool.hub.fileconfig import load_config_file
 from gpupool.podspec import gpu_equivalents, queue_name
+from gpupool.pool import Pool
 from tests.deploy.crd_schemas import SCHEMAS, validate_custom
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,6 +196,47 @@ BAD_VALUES = [
         {"kueue": {"enabled": True, "gpuModels": ["H100-80GB", "A100-40GB"]}},
         "kueue.gpuModels: nvidia.com/mig-1g.10gb",
         id="kueue-models-disagree",
+    ),
+    pytest.param(
+        {"gpupool": {"offers": {"mig-1g.10gb": {}}}},
+        "gpupool.offers.mig-1g.10gb.model: 1g.10gb takes a different share of the GPU on "
+        "A100-40GB (250m), A100-80GB (125m), H100-80GB (125m); set model",
+        id="ambiguous-mig-offer",
+    ),
+    pytest.param(
+        {"kueue": {"enabled": True, "preemption": {"reclaimWithinCohort": "Any"}}},
+        "reclaimWithinCohort",
+        id="kueue-preempts-notebooks",
+    ),
+    pytest.param(
+        {"kueue": {"enabled": True, "priorities": {"notebook": 100, "job": 100}}},
+        "kueue.priorities.notebook: 100 must be above kueue.priorities.job (100)",
+        id="kueue-job-not-below-notebook",
+    ),
+    pytest.param(
+        {"priorityClasses": {"enabled": True, "notebook": 10, "job": 500}},
+        "priorityClasses.notebook: 10 must be above priorityClasses.job (500)",
+        id="pod-job-above-notebook",
+    ),
+    pytest.param(
+        {"jupyterhub": {"enabled": True, "cull": {"enabled": True, "timeout": 3600}}},
+        "jupyterhub.cull.timeout: 3600 seconds would stop GPU notebooks without gpupool's "
+        'warning; gpupool reclaims idle GPU notebooks after 120 minutes (team "*"), so set it '
+        "to at least 7800",
+        id="culler-before-reclaim",
+    ),
+    pytest.param(
+        {
+            "gpupool": {"idlePolicies": {"nlp": {"idle_minutes": 300}}},
+            "jupyterhub": {"enabled": True, "cull": {"timeout": 14400, "every": 600}},
+        },
+        'after 300 minutes (team "nlp"), so set it to at least 18600',
+        id="culler-before-a-team-reclaim",
+    ),
+    pytest.param(
+        {"gpupool": {"idlePolicies": {"nlp": {"action": "sleep"}}}},
+        "action",
+        id="bad-idle-action",
     ),
 ]
 
@@ -377,8 +424,153 @@ def test_rendezvous_policy_selects_job_pods_both_ways(chart: helm.Chart) -> None
     job_pods = {"matchExpressions": [{"key": "gpupool.io/job", "operator": "Exists"}]}
     assert policy["spec"]["podSelector"] == job_pods
     assert policy["spec"]["ingress"] == [{"from": [{"podSelector": job_pods}]}]
-    assert policy["spec"]["egress"] == [{"to": [{"podSelector": job_pods}]}]
+    ranks, dns = policy["spec"]["egress"]  # nothing else by default
+    assert ranks == {"to": [{"podSelector": job_pods}]}
+    assert dns == {
+        "to": [
+            {
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
+                },
+                "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+            }
+        ],
+        "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}],
+    }
     assert not by_kind(
         render(chart, merge(values_of("small"), {"networkPolicy": {"enabled": False}})),
         "NetworkPolicy",
     )
+
+
+# -- the defaults start a hub ------------------------------------------------------------------
+VALUES_EXAMPLE = {
+    "offers": {
+        "h100": {"kind": "gpu", "model": "H100-80GB", "max_count": 8, "nvlink": True},
+        "mig-3g.40gb": {"description": "Half an H100 (MIG 3g.40gb)"},
+        "mig-1g.10gb": {"model": "H100-80GB"},
+    },
+    "teams": {
+        "vision": {"guarantee": 4, "borrow_limit": 2, "user_cap": 2, "max_priority": 10},
+        "nlp": {"guarantee": 2, "offers": ["cpu", "mig-3g.40gb", "mig-1g.10gb"]},
+    },
+}
+DEFAULT_NODES = "gpu1: 8x H100-80GB, nvlink=8; gpu2: 8x H100-80GB, mig=8"
+"""Nodes the default offers fit: whole H100s in one NVLink island, and H100s with MIG on."""
+
+
+def test_default_values_build_the_hub_pool(chart: helm.Chart, tmp_path: Path) -> None:
+    """What the hub does at start with the default values (``setup`` -> ``Pool.from_config``),
+    on a simulated inventory standing in for the Kubernetes nodes: no refusal, no warning. The
+    defaults hold no example offer or team (Helm would merge them into every install); the
+    example in values.yaml's comments is added on top."""
+    values = merge(chart.values, NO_DEPENDENCY)
+    assert set(values["gpupool"]["offers"]) == {"cpu"} and not values["gpupool"]["teams"]
+    values = merge(values, {"gpupool": VALUES_EXAMPLE})  # the example in values.yaml's comments
+    c = hub_config(render(chart, values), tmp_path)
+    assert c.GPUPool.inventory == "kubernetes"
+    c.GPUPool.inventory = f"simulated:{DEFAULT_NODES}"
+    c.GPUPool.db_url = f"sqlite:///{tmp_path / 'gpupool.sqlite'}"
+    config = GPUPool(config=c)
+    settings = config.settings()
+    assert settings.offers["mig-1g.10gb"].model == "H100-80GB"
+    warnings: list[str] = []
+
+    class Log:
+        def warning(self, fmt: str, *args: object) -> None:
+            warnings.append(fmt % args)
+
+        def __getattr__(self, name: str) -> Any:
+            return lambda *a, **k: None
+
+    pool = Pool.from_config(config, Log())  # type: ignore[arg-type]
+    assert [w for w in warnings if "SIMULATED inventory" not in w] == []
+    assert {g.model for g in pool.inventory.gpus} == {"H100-80GB"}
+
+
+# -- Kueue keeps gpupool's promises ---------------------------------------------------------------
+def test_kueue_never_reclaims_from_notebooks(chart: helm.Chart) -> None:
+    for values in (values_of("large"), merge(values_of("small"), {"kueue": {"enabled": True}})):
+        objects = render(chart, values)
+        merged = chart.merge_values(values)
+        classes = by_kind(objects, "WorkloadPriorityClass")
+        notebook, job = classes[f"{RELEASE}-notebook"], classes[f"{RELEASE}-job"]
+        assert notebook["value"] > job["value"]
+        assert notebook["value"] == merged["kueue"]["priorities"]["notebook"]
+        for queue in by_kind(objects, "ClusterQueue").values():
+            # a queue reclaims only from lower priority than what it admits: never a notebook
+            assert queue["spec"]["preemption"]["reclaimWithinCohort"] in ("LowerPriority", "Never")
+            assert queue["spec"]["preemption"]["withinClusterQueue"] != "LowerOrNewerEqualPriority"
+        for obj in objects:
+            if obj["apiVersion"].startswith("kueue.x-k8s.io/"):
+                validate_custom(obj)
+
+
+def test_kueue_fair_sharing_weights_follow_the_guarantees(chart: helm.Chart) -> None:
+    values = values_of("large")
+    queues = by_kind(render(chart, values), "ClusterQueue")
+    teams = {**values["gpupool"]["teams"], "everyone": values["gpupool"]["everyone"]}
+    for name, spec in teams.items():
+        weight = queues[f"{RELEASE}-{name}"]["spec"]["fairSharing"]["weight"]
+        expected = 2 if name == "theory" else spec.get("guarantee", 0)  # theory: weights.theory
+        assert quantity_milli(weight) == round(expected * 1000), name
+    off = merge(values, {"kueue": {"fairSharing": {"enabled": False}}})
+    assert not any(
+        "fairSharing" in q["spec"] for q in by_kind(render(chart, off), "ClusterQueue").values()
+    )
+
+
+def test_default_kueue_settings_keep_the_promise(chart: helm.Chart) -> None:
+    kueue = chart.values["kueue"]
+    assert kueue["preemption"]["reclaimWithinCohort"] == "LowerPriority"
+    assert kueue["priorities"]["notebook"] > kueue["priorities"]["job"]
+    assert chart.values["priorityClasses"]["notebook"] > chart.values["priorityClasses"]["job"]
+
+
+# -- idle reapers --------------------------------------------------------------------------------
+def test_culler_waits_longer_than_the_reclaimer(chart: helm.Chart, tmp_path: Path) -> None:
+    from gpupool.hub.reclaim import DEFAULT_POLICY
+
+    cull = chart.values["jupyterhub"]["cull"]
+    assert (
+        cull["enabled"]
+        and cull["timeout"] >= int(DEFAULT_POLICY["idle_minutes"]) * 60 + cull["every"]
+    )
+    values = values_of("large")
+    c = hub_config(render(chart, values), tmp_path)
+    policies = c.IdleReclaimer.policies
+    assert policies == values["gpupool"]["idlePolicies"]
+    base = {**DEFAULT_POLICY, **policies["*"]}
+    longest = max(
+        {**base, **p}["idle_minutes"] for p in policies.values() if {**base, **p}["action"] != "off"
+    )
+    assert longest == 240  # theory; finance's 600 is off
+    big = values["jupyterhub"]["cull"]
+    assert big["timeout"] >= longest * 60 + big["every"]
+
+
+# -- metrics -------------------------------------------------------------------------------------
+def test_service_monitor_reads_the_jupyterhub_charts_secret(chart: helm.Chart) -> None:
+    objects = render(chart, values_of("large"))
+    (monitor,) = by_kind(objects, "ServiceMonitor").values()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["authorization"]["credentials"] == {
+        "name": "hub",
+        "key": "hub.services.prometheus.apiToken",
+    }
+    policy = by_kind(objects, "NetworkPolicy")["gpupool-hub-metrics"]
+    assert policy["spec"]["podSelector"] == {
+        "matchLabels": {"component": "hub", "release": RELEASE}
+    }
+    ((rule,),) = [r["from"] for r in policy["spec"]["ingress"]]
+    assert rule["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}
+    }
+    assert policy["spec"]["ingress"][0]["ports"] == [{"port": 8081, "protocol": "TCP"}]
+    closed = merge(values_of("large"), {"metrics": {"prometheusAccess": {"enabled": False}}})
+    assert "gpupool-hub-metrics" not in by_kind(render(chart, closed), "NetworkPolicy")
+    named = merge(
+        values_of("large"), {"metrics": {"serviceMonitor": {"tokenSecret": {"name": "s"}}}}
+    )
+    (monitor,) = by_kind(render(chart, named), "ServiceMonitor").values()
+    assert monitor["spec"]["endpoints"][0]["authorization"]["credentials"]["name"] == "s"

@@ -51,7 +51,64 @@ Checks across values that a JSON schema cannot express; each failure names the k
 {{- if not $found }}
 {{- fail (printf "gpupool.offers.%s: %s is not a MIG profile of %s; name the offer mig-<profile> with a profile like 3g.40gb, or set profile" $name ($spec.profile | default (trimPrefix "mig-" $name)) ($spec.model | default "any GPU model gpupool knows")) }}
 {{- end }}
+{{- if not $spec.model }}
+{{- $shares := dict }}
+{{- range $model, $costs := $table }}
+{{- if hasKey $costs $resource }}{{ $_ := set $shares (printf "%s (%dm)" $model (int (get $costs $resource))) (int (get $costs $resource)) }}{{ end }}
 {{- end }}
+{{- if gt (len (values $shares | uniq)) 1 }}
+{{- fail (printf "gpupool.offers.%s.model: %s takes a different share of the GPU on %s; set model to one of them" $name ($spec.profile | default (trimPrefix "mig-" $name)) (keys $shares | sortAlpha | join ", ")) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and .Values.kueue.enabled (le (int .Values.kueue.priorities.notebook) (int .Values.kueue.priorities.job)) }}
+{{- fail (printf "kueue.priorities.notebook: %d must be above kueue.priorities.job (%d): a queued job must never preempt a notebook" (int .Values.kueue.priorities.notebook) (int .Values.kueue.priorities.job)) }}
+{{- end }}
+{{- if and .Values.priorityClasses.enabled (le (int .Values.priorityClasses.notebook) (int .Values.priorityClasses.job)) }}
+{{- fail (printf "priorityClasses.notebook: %d must be above priorityClasses.job (%d): a queued job must never evict a notebook" (int .Values.priorityClasses.notebook) (int .Values.priorityClasses.job)) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The two idle reapers agree: the JupyterHub chart's culler (no warning) must wait longer than
+gpupool's reclaimer (warns first) takes for any team whose reclaim is on, plus one culler pass.
+The argument is the IdleReclaimer.policies dict; checks .Values.jupyterhub.cull of the root.
+*/}}
+{{- define "gpupool.validateCull" -}}
+{{- $root := index . 0 }}
+{{- $policies := index . 1 | default dict }}
+{{- $cull := $root.Values.jupyterhub.cull | default dict }}
+{{- if and $root.Values.jupyterhub.enabled $cull.enabled }}
+{{- $base := merge (deepCopy (get $policies "*" | default dict)) (dict "idle_minutes" 120 "action" "stop") }}
+{{- $longest := 0.0 }}
+{{- $who := "" }}
+{{- range $team, $policy := (merge (dict "*" $base) $policies) }}
+{{- $eff := merge (deepCopy ($policy | default dict)) $base }}
+{{- if and (ne $eff.action "off") (gt (float64 $eff.idle_minutes) $longest) }}
+{{- $longest = float64 $eff.idle_minutes }}{{ $who = $team }}
+{{- end }}
+{{- end }}
+{{- $needed := add (int (ceil (mulf $longest 60))) (int ($cull.every | default 600)) }}
+{{- if lt (int ($cull.timeout | default 3600)) (int $needed) }}
+{{- fail (printf "jupyterhub.cull.timeout: %d seconds would stop GPU notebooks without gpupool's warning; gpupool reclaims idle GPU notebooks after %v minutes (team %q), so set it to at least %d (that plus jupyterhub.cull.every) or turn the culler off" (int ($cull.timeout | default 3600)) $longest $who (int $needed)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The Secret holding the Prometheus service's token: the JupyterHub chart's own hub Secret (always
+created, with every hub.services.<name>.apiToken; hub.existingSecret does not replace it), named
+by the JupyterHub chart's helper, which follows jupyterhub.fullnameOverride.
+*/}}
+{{- define "gpupool.tokenSecretName" -}}
+{{- if .Values.metrics.serviceMonitor.tokenSecret.name }}
+{{- .Values.metrics.serviceMonitor.tokenSecret.name }}
+{{- else if .Values.jupyterhub.enabled }}
+{{- include "jupyterhub.hub.fullname" . }}
+{{- else }}
+{{- /* the JupyterHub chart installed on its own, with its default names */}}
+{{- "hub" }}
 {{- end }}
 {{- end }}
 
