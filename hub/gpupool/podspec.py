@@ -8,6 +8,16 @@ Vocabulary
   from NVML's product name with dashes (``NVIDIA-H100-80GB-HBM3``). An offer's model key
   (``H100-80GB``) becomes a required node affinity ``nvidia.com/gpu.product In [values]``
   through a mapping from model keys to label values (:data:`DEFAULT_PRODUCT_LABELS`).
+- *node binding*: a GPU pod's required node affinity on the node(s) the ledger chose
+  (``Allocation.node``: the inventory's node names are the Nodes' ``metadata.name``), as
+  ``matchFields: [{key: metadata.name, operator: In, values: [node]}]`` (what the DaemonSet
+  controller uses: the node's name itself, where the ``kubernetes.io/hostname`` label can differ
+  from it under ``--hostname-override`` or a cloud provider). A field requirement takes exactly
+  one value, so a pod allowed on several nodes gets one term per node (terms are ORed), each with
+  the other requirements repeated. Without it kube-scheduler may put the pod on another node
+  with free devices of the same model than the one the ledger counted, and a later pod the
+  ledger sent to that node stays Pending on ``Insufficient nvidia.com/gpu``. CPU pods are not
+  bound.
 - *GPU tolerations*: tolerations only GPU pods get, for taints that keep other pods off GPU
   nodes (by default ``nvidia.com/gpu`` ``Exists`` ``NoSchedule``).
 - *gpupool labels*: ``gpupool.io/team``, ``gpupool.io/offer``, ``gpupool.io/allocation`` on every
@@ -19,11 +29,15 @@ KubeSpawner built, never touching its input, and gpupool owns everything GPU-spe
 Whatever the spawner's traits hold (a ``kubespawner_override`` left behind by an earlier, failed
 GPU spawn is the known pitfall), the notebook container ends up with exactly the allocation's GPU
 resources, as equal limits and requests, and nothing else under ``nvidia.com/``; the
-``nvidia.com/gpu.product`` constraint, GPU tolerations, gpupool labels and the Kueue label are
-the allocation's too. A CPU-only pod (no allocation, a ``cpu`` offer, or no devices) gets none of
-these, plus ``NVIDIA_VISIBLE_DEVICES=void`` so that an image built for CUDA sees no GPU even on a
-GPU node whose default runtime is NVIDIA's. GPU pods keep the device plugin's choice of device:
-the spawner's ``NVIDIA_VISIBLE_DEVICES``/``CUDA_VISIBLE_DEVICES`` are dropped.
+``nvidia.com/gpu.product`` constraint, the node binding, GPU tolerations, gpupool labels and the
+Kueue label are the allocation's too. A CPU-only pod (no allocation, a ``cpu`` offer, or no
+devices) gets none of these (no node binding either), plus ``NVIDIA_VISIBLE_DEVICES=void`` so
+that an image built for CUDA sees no GPU even on a GPU node whose default runtime is NVIDIA's.
+GPU pods keep the device plugin's choice of device: the spawner's
+``NVIDIA_VISIBLE_DEVICES``/``CUDA_VISIBLE_DEVICES`` are dropped. gpupool owns the node labels
+``nvidia.com/gpu.product`` (expressions, and ``nodeSelector``) and the ``metadata.name`` field in
+required node terms: those already in the pod (an earlier spawn's, or those of the notebook pod
+a job is made from) are dropped first; restrict nodes with other labels.
 """
 
 from __future__ import annotations
@@ -57,6 +71,8 @@ NVIDIA_PREFIX = "nvidia.com/"
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+NODE_NAME_FIELD = "metadata.name"
 TEAM_LABEL = "gpupool.io/team"
 OFFER_LABEL = "gpupool.io/offer"
 ALLOCATION_LABEL = "gpupool.io/allocation"
@@ -185,28 +201,38 @@ def product_requirement(
     )
 
 
+def node_name_requirement(node: str) -> V1NodeSelectorRequirement:
+    """``metadata.name In [node]``: a node field requirement (one value only)."""
+    return V1NodeSelectorRequirement(key=NODE_NAME_FIELD, operator="In", values=[node])
+
+
 def product_affinity(
     model: str | None,
     product_labels: Mapping[str, Sequence[str]] = DEFAULT_PRODUCT_LABELS,
     base: V1Affinity | None = None,
+    nodes: Sequence[str] = (),
 ) -> V1Affinity | None:
-    """``base`` (copied) with its required node terms constrained to ``model``'s GPU products.
+    """``base`` (copied) with its required node terms constrained to ``model``'s GPU products
+    and, with ``nodes``, bound to those nodes.
 
-    Any ``nvidia.com/gpu.product`` expression already in ``base`` is dropped first (gpupool owns
-    that label); the model's requirement is then ANDed into every required term (or becomes the
-    one term). ``model=None`` only drops. Returns ``None`` when nothing is left.
+    Any ``nvidia.com/gpu.product`` expression and ``metadata.name`` field requirement already in
+    ``base`` is dropped first (gpupool owns them); the model's requirement is then ANDed into
+    every required term (or becomes the one term), and with ``nodes`` each term becomes one term
+    per node, with that node's ``metadata.name`` requirement. ``model=None`` and no ``nodes``
+    only drops. Returns ``None`` when nothing is left.
     """
     affinity = copy.deepcopy(base) or V1Affinity()
     node = affinity.node_affinity or V1NodeAffinity()
-    terms = _terms_without_product(node.required_during_scheduling_ignored_during_execution)
-    if model is not None:
-        requirement = product_requirement(model, product_labels)
+    terms = _terms_without_owned(node.required_during_scheduling_ignored_during_execution)
+    if model is not None or nodes:
+        added = [product_requirement(model, product_labels)] if model is not None else []
         terms = [
             V1NodeSelectorTerm(
-                match_expressions=[*(t.match_expressions or []), requirement],
-                match_fields=t.match_fields,
+                match_expressions=[*(t.match_expressions or []), *copy.deepcopy(added)] or None,
+                match_fields=[*copy.deepcopy(t.match_fields or []), *fields] or None,
             )
             for t in terms or [V1NodeSelectorTerm()]
+            for fields in ([[node_name_requirement(n)] for n in dict.fromkeys(nodes)] or [[]])
         ]
     node.required_during_scheduling_ignored_during_execution = (
         V1NodeSelector(node_selector_terms=terms) if terms else None
@@ -220,9 +246,10 @@ def product_affinity(
     return affinity
 
 
-def _terms_without_product(selector: V1NodeSelector | None) -> list[V1NodeSelectorTerm]:
-    """The selector's terms without product expressions; terms left empty are dropped (a term
-    made of a product constraint alone was gpupool's, or an earlier spawn's)."""
+def _terms_without_owned(selector: V1NodeSelector | None) -> list[V1NodeSelectorTerm]:
+    """The selector's terms without product expressions and node name fields; terms left empty
+    are dropped (a term made of gpupool's constraints alone was gpupool's, or an earlier spawn's),
+    and so are repeats (one term per node of an earlier binding)."""
     out = []
     for term in selector.node_selector_terms if selector else []:
         # KubeSpawner converts only the outer objects of its config: nested ones may be dicts
@@ -230,12 +257,24 @@ def _terms_without_product(selector: V1NodeSelector | None) -> list[V1NodeSelect
         expressions = [
             get_k8s_model(V1NodeSelectorRequirement, e) for e in term.match_expressions or []
         ]
+        fields = [get_k8s_model(V1NodeSelectorRequirement, f) for f in term.match_fields or []]
         kept = [e for e in expressions if e.key != PRODUCT_LABEL]
-        if kept or term.match_fields:
-            out.append(
-                V1NodeSelectorTerm(match_expressions=kept or None, match_fields=term.match_fields)
+        kept_fields = [f for f in fields if f.key != NODE_NAME_FIELD]
+        if kept or kept_fields:
+            left = V1NodeSelectorTerm(
+                match_expressions=kept or None, match_fields=kept_fields or None
             )
+            if left not in out:
+                out.append(left)
     return out
+
+
+def bound_nodes(allocations: Sequence[Allocation | None]) -> list[str]:
+    """The nodes GPU pods of these allocations must run on (distinct, in order); empty when any
+    allocation has no devices or no node (a CPU pod, or an inventory without node names)."""
+    if not allocations or any(a is None or not a.devices or not a.node for a in allocations):
+        return []
+    return list(dict.fromkeys(a.node for a in allocations if a is not None and a.node))
 
 
 # -- labels and tolerations ---------------------------------------------------------------------
@@ -301,12 +340,16 @@ def apply_allocation(
     scheduler_name: str = "",
     product_labels: Mapping[str, Sequence[str]] = DEFAULT_PRODUCT_LABELS,
     kueue_queue_template: str = "",
+    bind_to_node: bool = True,
+    nodes: Sequence[str] | None = None,
 ) -> V1Pod:
     """A copy of ``pod`` made to carry ``allocation`` (see the module's contract).
 
     The GPU resources come from the allocation's devices (what the pool accounted), the model
-    constraint from the offer's ``model``; priority class and scheduler name are set on GPU pods
-    when given, and otherwise left as KubeSpawner made them.
+    constraint from the offer's ``model``, the node binding from ``allocation.node`` (or
+    ``nodes``, for a job whose pods share one template; ``bind_to_node=False`` leaves it out);
+    priority class and scheduler name are set on GPU pods when given, and otherwise left as
+    KubeSpawner made them.
     """
     out = copy.deepcopy(pod)
     resources = allocation_resources(allocation)
@@ -316,9 +359,13 @@ def apply_allocation(
     container.env = _visibility_env(container.env, gpu)
     spec, meta = out.spec, out.metadata
     model = offer.model if gpu and offer is not None else None
-    spec.affinity = product_affinity(model, product_labels, spec.affinity)
+    bound: list[str] = []
+    if gpu and bind_to_node:
+        bound = list(nodes) if nodes is not None else bound_nodes([allocation])
+    spec.affinity = product_affinity(model, product_labels, spec.affinity, bound)
     if spec.node_selector:
-        spec.node_selector = {k: v for k, v in spec.node_selector.items() if k != PRODUCT_LABEL}
+        selector = {k: v for k, v in spec.node_selector.items() if k != PRODUCT_LABEL}
+        spec.node_selector = selector or None
     spec.tolerations = tolerations_for(spec.tolerations, tolerations, gpu)
     if gpu and priority_class_name:
         spec.priority_class_name = priority_class_name

@@ -7,8 +7,9 @@ Vocabulary
   allocation's devices are the pool's bookkeeping, not device IDs to hand to CUDA.
 - *manifest*: the ``V1Pod`` KubeSpawner builds (``get_pod_manifest``), which
   :func:`gpupool.podspec.apply_allocation` turns into one carrying the allocation:
-  GPU resources, the model's ``nvidia.com/gpu.product`` affinity, GPU tolerations, priority
-  class, scheduler name, and gpupool and Kueue labels.
+  GPU resources, the model's ``nvidia.com/gpu.product`` affinity, the node binding
+  (a required node affinity on ``metadata.name``: the node the ledger counted the devices on),
+  GPU tolerations, priority class, scheduler name, and gpupool and Kueue labels.
 - *product labels*: model key to ``nvidia.com/gpu.product`` values: the built-in table, plus the
   products the Kubernetes inventory saw on the nodes, with ``gpu_product_labels`` overriding both.
 
@@ -27,7 +28,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import V1Pod
 from kubespawner import KubeSpawner
-from traitlets import Dict, List, Unicode, validate
+from traitlets import Bool, Dict, List, Unicode, validate
 
 from gpupool.core.ledger import Allocation
 from gpupool.hub.errors import refuse
@@ -83,6 +84,16 @@ class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner):
                 "H100-80GB": ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe"],
             }
         """,
+    )
+
+    bind_to_node = Bool(
+        True,
+        config=True,
+        help="""Bind GPU and MIG pods to the node the pool's ledger chose for them (a required node
+        affinity on the node's name), so that kube-scheduler cannot put them on
+        another node than the one the pool counted. Turn off only when the pool's inventory is
+        not the cluster's nodes (a simulated inventory in a test cluster). Example:
+        ``c.KubeGPUSpawner.bind_to_node = False``""",
     )
 
     kueue_queue_template = Unicode(
@@ -147,4 +158,5 @@ class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner):
             scheduler_name=self.gpu_scheduler_name,
             product_labels=self.gpupool_product_labels(),
             kueue_queue_template=self.kueue_queue_template,
+            bind_to_node=self.bind_to_node,
         )

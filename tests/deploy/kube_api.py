@@ -13,6 +13,27 @@ garbage collector delete the dependents named by ``ownerReferences``), and pod l
 a missing pod, ``400`` while the container waits to start, else the bytes, ``limitBytes``
 honoured). Errors are ``Status`` objects with ``reason``, ``code``, ``message`` and ``details``.
 
+Nodes, the scheduler and volume attachment, when the test registers nodes (:meth:`StandIn.add_node`,
+node objects as the API returns them; without any, pods are put on ``dgx-h100-<index + 1>`` as
+before): :meth:`StandIn.schedule` does what kube-scheduler's filters do for what gpupool relies
+on, in their order: taints (``NoSchedule``/``NoExecute`` need a toleration), ``nodeSelector`` and
+required node affinity (``In``, ``NotIn``, ``Exists``, ``DoesNotExist``, ``Gt``, ``Lt``;
+``matchFields`` on ``metadata.name``), free allocatable (requests, or limits where a request is
+missing, of the pods bound there and not ended; extended resources always, ``cpu``/``memory``/
+``pods`` where the node lists them), and ``topologySpreadConstraints`` with ``DoNotSchedule``
+(domains: the nodes that pass the pod's node affinity, as ``nodeAffinityPolicy: Honor``). A pod
+no node takes stays Pending with ``PodScheduled=False``, reason ``Unschedulable`` and the
+scheduler's message (``0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 node(s) didn't
+match Pod's node affinity/selector.``; reasons counted per node, sorted as strings; the
+preemption postscript is left out), and a ``FailedScheduling`` event. Of the nodes that pass, it
+takes the one with the most room left for the pod's requests (kube-scheduler's default
+``LeastAllocated`` scoring, simplified; ties by name). Volumes: claims registered with
+:meth:`StandIn.add_claim` have access modes (unregistered ones are ``ReadWriteOnce``, z2jh's
+default); a ``ReadWriteOnce`` claim is attached to one node at a time, so a pod bound to a second
+node while a pod not ended on another uses it stays Pending in ``ContainerCreating`` with a
+``FailedAttachVolume`` event ``Multi-Attach error for volume "pvc-…" Volume is already used by
+pod(s) …``. Events are kept in :attr:`StandIn.events` (not served).
+
 The Job controller is not automatic: the test moves a Job along with :class:`StandIn` methods
 that do what the controller and kubelet do in Kubernetes 1.33: create one pod per completion
 index from the template (``<job>-<index>-<suffix>``, the controller's labels, the index
@@ -29,9 +50,11 @@ import copy
 import functools
 import itertools
 import json
+import re
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -55,6 +78,7 @@ POD_CONDITIONS = (
     "PodScheduled",
 )
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+HOSTNAME_KEY = "kubernetes.io/hostname"
 TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
 
 Reply = tuple[int, Any]
@@ -83,6 +107,9 @@ class StandIn:
         self.deletions: list[tuple[str, str, str]] = []
         self._rv = itertools.count(1000)
         self._tick = itertools.count(1)
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.events: list[dict[str, Any]] = []
 
     # -- bookkeeping --------------------------------------------------------------------------
     def now(self) -> str:
@@ -409,32 +436,268 @@ class StandIn:
                 "phase"
             ] != "Pending":
                 continue
-            started = self.now()
+            if self.nodes:
+                if self.schedule(namespace, pod["metadata"]["name"]) == "Running":
+                    job["status"]["ready"] = job["status"].get("ready", 0) + 1
+                continue
             pod["spec"]["nodeName"] = f"dgx-h100-{index + 1}"
+            self._start(pod, f"10.244.{index + 1}.7", f"192.168.0.{index + 1}")
+            job["status"]["ready"] = job["status"].get("ready", 0) + 1
+        self._touch(job)
+
+    def _start(self, pod: dict[str, Any], pod_ip: str, host_ip: str) -> None:
+        """The kubelet starts a bound pod's containers: phase Running."""
+        started = self.now()
+        pod["status"] = {
+            "phase": "Running",
+            "qosClass": "Burstable",
+            "podIP": pod_ip,
+            "podIPs": [{"ip": pod_ip}],
+            "hostIP": host_ip,
+            "startTime": started,
+            "conditions": [
+                {"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": started}
+                for t in POD_CONDITIONS
+            ],
+            "containerStatuses": [
+                self._container_status(c, {"running": {"startedAt": started}}, True)
+                for c in pod["spec"]["containers"]
+            ],
+        }
+        self._touch(pod)
+
+    # -- nodes, the scheduler and volume attachment --------------------------------------------
+    @_locked
+    def add_node(self, node: Mapping[str, Any]) -> None:
+        """A node (API JSON, as ``GET nodes/<name>`` returns it); the scheduler now runs."""
+        obj = copy.deepcopy(dict(node))
+        name = obj["metadata"]["name"]
+        labels = obj["metadata"].setdefault("labels", {})
+        labels.setdefault(HOSTNAME_KEY, name)
+        self.nodes[name] = obj
+
+    @_locked
+    def add_claim(
+        self, namespace: str, name: str, access_modes: Sequence[str] = ("ReadWriteOnce",)
+    ) -> None:
+        """A bound PersistentVolumeClaim with these access modes (its volume ``pvc-<uid>``)."""
+        self.claims[namespace, name] = {
+            "accessModes": list(access_modes),
+            "volumeName": f"pvc-{uuid.uuid4()}",
+        }
+
+    def event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        meta = obj["metadata"]
+        self.events.append(
+            {
+                "involvedObject": {"kind": "Pod", "name": meta["name"]},
+                "namespace": meta.get("namespace", ""),
+                "type": kind,
+                "reason": reason,
+                "message": message,
+            }
+        )
+
+    @_locked
+    def schedule(self, namespace: str, name: str) -> str:
+        """Schedule a Pending pod (kube-scheduler), then start it unless a volume cannot be
+        attached (the attach/detach controller and the kubelet). Returns ``"Unschedulable"``,
+        ``"ContainerCreating"`` or ``"Running"``."""
+        pod = self.objects["pods"][namespace, name]
+        node_name = pod["spec"].get("nodeName")
+        if not node_name:
+            node_name, message = self._pick_node(pod)
+            if node_name is None:
+                pod["status"] = {
+                    "phase": "Pending",
+                    "qosClass": "Burstable",
+                    "conditions": [
+                        {
+                            "type": "PodScheduled",
+                            "status": "False",
+                            "reason": "Unschedulable",
+                            "message": message,
+                            "lastProbeTime": None,
+                            "lastTransitionTime": self.now(),
+                        }
+                    ],
+                }
+                self.event(pod, "Warning", "FailedScheduling", message)
+                self._touch(pod)
+                return "Unschedulable"
+            pod["spec"]["nodeName"] = node_name
+            self.event(
+                pod,
+                "Normal",
+                "Scheduled",
+                f"Successfully assigned {namespace}/{name} to {node_name}",
+            )
+        blocked = self._multi_attach(pod, node_name)
+        if blocked:
+            scheduled = self.now()
             pod["status"] = {
-                "phase": "Running",
+                "phase": "Pending",
                 "qosClass": "Burstable",
-                "podIP": f"10.244.{index + 1}.7",
-                "podIPs": [{"ip": f"10.244.{index + 1}.7"}],
-                "hostIP": f"192.168.0.{index + 1}",
-                "startTime": started,
+                "hostIP": self._host_ip(node_name),
+                "startTime": scheduled,
                 "conditions": [
                     {
-                        "type": t,
+                        "type": "PodScheduled",
                         "status": "True",
                         "lastProbeTime": None,
-                        "lastTransitionTime": started,
+                        "lastTransitionTime": scheduled,
                     }
-                    for t in POD_CONDITIONS
                 ],
                 "containerStatuses": [
-                    self._container_status(c, {"running": {"startedAt": started}}, True)
+                    self._container_status(c, {"waiting": {"reason": "ContainerCreating"}}, False)
                     for c in pod["spec"]["containers"]
                 ],
             }
+            self.event(pod, "Warning", "FailedAttachVolume", blocked)
             self._touch(pod)
-            job["status"]["ready"] = job["status"].get("ready", 0) + 1
-        self._touch(job)
+            return "ContainerCreating"
+        number = sum(1 for p in self.objects["pods"].values() if p["spec"].get("nodeName"))
+        self._start(pod, f"10.244.{number}.7", self._host_ip(node_name))
+        return "Running"
+
+    def _host_ip(self, node_name: str) -> str:
+        return f"192.168.0.{sorted(self.nodes).index(node_name) + 1}"
+
+    def _bound_pods(self, exclude: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Pods bound to a node and not ended (what the scheduler's cache counts)."""
+        return [
+            p
+            for p in self.objects["pods"].values()
+            if p is not exclude
+            and p["spec"].get("nodeName")
+            and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+            and not p["metadata"].get("deletionTimestamp")
+        ]
+
+    def _pick_node(self, pod: dict[str, Any]) -> tuple[str | None, str]:
+        """The node kube-scheduler would bind ``pod`` to, or None and the FitError message."""
+        reasons: Counter[str] = Counter()
+        feasible: list[tuple[float, str]] = []
+        requests = pod_requests(pod)
+        eligible = [n for n in self.nodes.values() if node_matches(pod, n)]
+        for name, node in sorted(self.nodes.items()):
+            failed = self._filter(pod, node, requests, eligible)
+            if failed:
+                reasons.update(failed)
+                continue
+            feasible.append((-self._room(node, requests), name))
+        if feasible:
+            return min(feasible)[1], ""
+        histogram = sorted(f"{n} {r}" for r, n in reasons.items())
+        return None, f"0/{len(self.nodes)} nodes are available: {', '.join(histogram)}."
+
+    def _filter(
+        self,
+        pod: Mapping[str, Any],
+        node: Mapping[str, Any],
+        requests: Mapping[str, float],
+        eligible: Sequence[Mapping[str, Any]],
+    ) -> list[str]:
+        """The reasons of the first filter ``node`` fails, in kube-scheduler's order."""
+        spec = pod["spec"]
+        if (node.get("spec") or {}).get("unschedulable"):
+            return ["node(s) were unschedulable"]
+        for taint in (node.get("spec") or {}).get("taints") or []:
+            if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerated(
+                taint, spec.get("tolerations") or []
+            ):
+                return [
+                    f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"
+                ]
+        if not node_matches(pod, node):
+            return ["node(s) didn't match Pod's node affinity/selector"]
+        free = self._free(node)
+        short = [
+            f"Insufficient {resource}"
+            for resource, amount in sorted(requests.items())
+            if (resource in free or "/" in resource) and amount > free.get(resource, 0)
+        ]
+        if short:
+            return short
+        for constraint in spec.get("topologySpreadConstraints") or []:
+            if constraint.get("whenUnsatisfiable") == "DoNotSchedule" and not self._spread_ok(
+                pod, node, constraint, eligible
+            ):
+                return ["node(s) didn't match pod topology spread constraints"]
+        return []
+
+    def _free(self, node: Mapping[str, Any]) -> dict[str, float]:
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        free = {k: quantity(v) for k, v in allocatable.items()}
+        name = node["metadata"]["name"]
+        for other in self._bound_pods():
+            if other["spec"]["nodeName"] == name:
+                for resource, amount in pod_requests(other).items():
+                    free[resource] = free.get(resource, 0) - amount
+        return free
+
+    def _room(self, node: Mapping[str, Any], requests: Mapping[str, float]) -> float:
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        free = self._free(node)
+        shares = [
+            (free.get(r, 0) - a) / quantity(allocatable[r])
+            for r, a in requests.items()
+            if allocatable.get(r) and quantity(allocatable[r]) > 0
+        ]
+        return sum(shares) / len(shares) if shares else 0.0
+
+    def _spread_ok(
+        self,
+        pod: Mapping[str, Any],
+        node: Mapping[str, Any],
+        constraint: Mapping[str, Any],
+        eligible: Sequence[Mapping[str, Any]],
+    ) -> bool:
+        key = constraint["topologyKey"]
+        selector = constraint.get("labelSelector") or {}
+        namespace = pod["metadata"].get("namespace")
+        domains = {n["metadata"]["labels"].get(key) for n in eligible} - {None}
+        value = node["metadata"]["labels"].get(key)
+        if value is None:
+            return False
+        by_node = {n["metadata"]["name"]: n["metadata"]["labels"].get(key) for n in eligible}
+        counts = dict.fromkeys(domains, 0)
+        for other in self._bound_pods(exclude=pod):
+            domain = by_node.get(other["spec"]["nodeName"])
+            if (
+                domain in counts
+                and other["metadata"].get("namespace") == namespace
+                and selector_matches(selector, other["metadata"].get("labels") or {})
+            ):
+                counts[domain] += 1
+        itself = int(selector_matches(selector, pod["metadata"].get("labels") or {}))
+        skew = counts.get(value, 0) + itself - min(counts.values(), default=0)
+        return skew <= int(constraint.get("maxSkew", 1))
+
+    def _multi_attach(self, pod: Mapping[str, Any], node_name: str) -> str:
+        """The Multi-Attach error for the first ReadWriteOnce claim of ``pod`` that a pod on
+        another node uses, or ``""``."""
+        namespace = pod["metadata"]["namespace"]
+        for claim in pod_claims(pod):
+            info = self.claims.get((namespace, claim)) or {
+                "accessModes": ["ReadWriteOnce"],
+                "volumeName": f"pvc-{uuid.uuid5(uuid.NAMESPACE_URL, namespace + '/' + claim)}",
+            }
+            if not {"ReadWriteOnce", "ReadWriteOncePod"} & set(info["accessModes"]):
+                continue
+            users = sorted(
+                p["metadata"]["name"]
+                for p in self._bound_pods(exclude=pod)
+                if p["metadata"].get("namespace") == namespace
+                and p["spec"]["nodeName"] != node_name
+                and claim in pod_claims(p)
+            )
+            if users:
+                return (
+                    f'Multi-Attach error for volume "{info["volumeName"]}" Volume is already used '
+                    f"by pod(s) {', '.join(users)}"
+                )
+        return ""
 
     @staticmethod
     def _container_status(
@@ -536,6 +799,97 @@ def _indexes(text: str) -> list[int]:
         first, _, last = part.partition("-")
         out += range(int(first), int(last or first) + 1)
     return out
+
+
+_QUANTITY = re.compile(r"^([0-9.]+)([a-zA-Z]*)$")
+_SUFFIX = {
+    "": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+}  # fmt: skip
+
+
+def quantity(text: Any) -> float:
+    """A resource quantity (``"500m"``, ``"16G"``, ``"8Gi"``, ``2``) as a number."""
+    found = _QUANTITY.match(str(text).strip())
+    if not found or found.group(2) not in _SUFFIX:
+        raise ValueError(f"not a quantity: {text!r}")
+    return float(found.group(1)) * _SUFFIX[found.group(2)]
+
+
+def pod_requests(pod: Mapping[str, Any]) -> dict[str, float]:
+    """What the pod's containers request (a limit stands for a missing request), plus one of
+    ``pods``."""
+    total: Counter[str] = Counter({"pods": 1})
+    for container in pod["spec"].get("containers") or []:
+        resources = container.get("resources") or {}
+        wanted = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        for resource, amount in wanted.items():
+            total[resource] += quantity(amount)
+    return dict(total)
+
+
+def pod_claims(pod: Mapping[str, Any]) -> list[str]:
+    return [
+        v["persistentVolumeClaim"]["claimName"]
+        for v in pod["spec"].get("volumes") or []
+        if "persistentVolumeClaim" in v
+    ]
+
+
+def tolerated(taint: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]]) -> bool:
+    for t in tolerations:
+        if t.get("effect") and t["effect"] != taint.get("effect"):
+            continue
+        if t.get("operator") == "Exists":
+            if not t.get("key") or t["key"] == taint["key"]:
+                return True
+        elif t.get("key") == taint["key"] and t.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def _expression_holds(expression: Mapping[str, Any], value: str | None) -> bool:
+    op, values = expression["operator"], expression.get("values") or []
+    if op == "In":
+        return value in values
+    if op == "NotIn":
+        return value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None and value.lstrip("-").isdigit():
+        return int(value) > int(values[0]) if op == "Gt" else int(value) < int(values[0])
+    return False
+
+
+def node_matches(pod: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """Whether ``node`` passes the pod's ``nodeSelector`` and required node affinity."""
+    spec, labels = pod["spec"], node["metadata"].get("labels") or {}
+    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    terms = required.get("nodeSelectorTerms")
+    if not terms:
+        return True
+    fields = {"metadata.name": node["metadata"]["name"]}
+    return any(
+        (t.get("matchExpressions") or t.get("matchFields"))
+        and all(_expression_holds(e, labels.get(e["key"])) for e in t.get("matchExpressions") or [])
+        and all(_expression_holds(e, fields.get(e["key"])) for e in t.get("matchFields") or [])
+        for t in terms
+    )
+
+
+def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """A ``LabelSelector`` (``matchLabels``, ``matchExpressions``) against ``labels``."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    return all(
+        _expression_holds(e, labels.get(e["key"])) for e in selector.get("matchExpressions") or []
+    )
 
 
 def matches(selector: str, labels: Mapping[str, str]) -> bool:

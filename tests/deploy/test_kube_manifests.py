@@ -276,7 +276,10 @@ def test_mig_resource_names_follow_the_device_plugin() -> None:
 
 
 def test_apply_allocation_copies_and_keeps_other_affinity(pool: Pool) -> None:
+    allocation_node = ""
+
     async def go() -> tuple[str, str, dict[str, Any]]:
+        nonlocal allocation_node
         s = spawner(pool)
         s.node_affinity_required = [
             {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
@@ -284,6 +287,7 @@ def test_apply_allocation_copies_and_keeps_other_affinity(pool: Pool) -> None:
         pod: V1Pod = await KubeSpawner.get_pod_manifest(s)
         before = json.dumps(await serialise(pod), sort_keys=True)
         allocation = pool.allocate("alice", ["vision"], "h100", 1)
+        allocation_node = str(allocation.node)
         out = await serialise(apply_allocation(pod, allocation, OFFERS["h100"]))
         return before, json.dumps(await serialise(pod), sort_keys=True), out
 
@@ -292,6 +296,10 @@ def test_apply_allocation_copies_and_keeps_other_affinity(pool: Pool) -> None:
     node = out["spec"]["affinity"]["nodeAffinity"]
     (term,) = node["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert [e["key"] for e in term["matchExpressions"]] == ["zone", "nvidia.com/gpu.product"]
+    # bound to the node the ledger chose, by name
+    assert term["matchFields"] == [
+        {"key": "metadata.name", "operator": "In", "values": [allocation_node]}
+    ]
     validate(out)
 
 

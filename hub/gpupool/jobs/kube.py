@@ -11,9 +11,13 @@ Vocabulary
 - *notebook pod template*: what the job pod is built from: ``pod_template_hook``'s answer if
   configured, else the owner's running notebook pod (KubeSpawner's labels), else
   ``pod_template`` with ``image``.
-- *node exit codes*: the observation's ``exit_codes`` are ``(node index, exit code)`` pairs
-  from each index's newest pod (its ``job`` container, i.e. torchrun's exit status), **not**
-  per-rank codes: Kubernetes sees one process per node. Rank ``r`` ran on node ``r // gpus``.
+- *exit codes*: the observation's ``exit_codes`` are ``(rank, exit code)`` pairs, as the local
+  backend's, but Kubernetes sees one process per node: each index's newest pod's ``job``
+  container exit status (torchrun's) stands for every rank of that node (rank ``r`` ran on node
+  ``r // gpus``), so the ranks of one node share one code (see
+  :func:`gpupool.jobs.kube_status.rank_exit_codes`); the job's reason names nodes.
+- *node binding*: GPU job pods are bound to the ledger's nodes (see
+  :mod:`gpupool.jobs.kube_manifests`); a split the binding cannot make exact is logged.
 - *log*: the pod log API of the newest pod with completion index ``rank // gpus``: every rank of
   that node, interleaved by line (rank_log marks where each rank starts). Offsets are bytes of
   the log as the API returns it now; the kubelet's log rotation can shorten it.
@@ -56,6 +60,7 @@ from .backend import Observation
 from .kube_manifests import (
     CONTAINER,
     JOB_LABEL,
+    exact_binding,
     make_job,
     make_script_configmap,
     make_service,
@@ -156,7 +161,18 @@ class KubeJobBackend(KubeJobSettings):
                 priority_class_name=self.gpu_priority_class_name,
                 scheduler_name=self.gpu_scheduler_name,
                 product_labels=self.product_labels(),
+                bind_to_node=self.bind_to_node,
+                keep_claims=self.keep_claims,
+                shared_claim=self.shared_volume_claim,
+                shared_mount_path=self.shared_volume_mount_path,
             )
+            if self.bind_to_node and not exact_binding(allocations):
+                self.log.warning(
+                    "gpupool: job %s: its nodes are split unevenly over machines (%s); its pods "
+                    "are bound to those machines, but Kubernetes may not put as many on each",
+                    job.id,
+                    ", ".join(str(a.node) for a in allocations),
+                )
             created = await self._create(batch.create_namespaced_job, ref.namespace, body)
             owner = api.sanitize_for_serialization(created)
             ref = replace(ref, uid=owner["metadata"]["uid"])
@@ -255,7 +271,7 @@ class KubeJobBackend(KubeJobSettings):
                     for p in await self._pods(api, ref.namespace, selector)
                     if _owned_by(p, obj["metadata"]["uid"])
                 ]
-                return observe_objects(obj, pods, job.spec.nodes)
+                return observe_objects(obj, pods, job.spec.nodes, job.spec.gpus)
         except (ApiException, ClientError, OSError, TimeoutError) as e:
             why = api_message(e) if isinstance(e, ApiException) else f"{type(e).__name__}: {e}"
             self.log.warning("gpupool: cannot look at job %s: %s", job.id, why)

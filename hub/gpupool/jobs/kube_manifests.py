@@ -16,16 +16,41 @@ Vocabulary
   :data:`SCRIPT_DIR`.
 - *notebook pod template*: the user's notebook pod as API JSON (a Pod, or just its PodSpec), e.g.
   what KubeSpawner built or the running pod read back from the API. The job pod keeps its image,
-  volumes and mounts (the home volume), security contexts, service account, node selector,
-  tolerations, affinity, image pull secrets and non-GPU resources; it drops what belongs to the
-  notebook server (other containers, ports, probes, lifecycle hooks, ``JUPYTERHUB_*``/``JPY_*``
-  and ``GPUPOOL_*`` environment, labels and annotations) and what the API server fills in
-  (``nodeName``, ``priority``, ``overhead``, the ``kube-api-access-*`` token volume).
+  volumes and mounts (claims only as *claims* says), security contexts, service account, node
+  selector, tolerations, affinity, image pull secrets and non-GPU resources; it drops what
+  belongs to the notebook server (other containers, ports, probes, lifecycle hooks,
+  ``JUPYTERHUB_*``/``JPY_*`` and ``GPUPOOL_*`` environment, labels and annotations) and what the
+  API server fills in (``nodeName``, ``priority``, ``overhead``, the ``kube-api-access-*``
+  token volume).
 - *rank logs*: ``python -m gpupool_lab.rank_log LOG_DIR …`` points each rank's output at
   ``LOG_DIR/rank-<rank>.log``; here every such path is a symlink to ``/dev/stdout``, made by the
   container's ``sh`` wrapper, which then becomes torchrun (``exec``), so all ranks of a node land
   in that pod's log (the pod log API), line by line (ranks run as ``python``, not torchrun's
   unbuffered ``python -u``), each rank's start marked by rank_log.
+
+- *node binding*: a GPU job's pods are bound to the nodes the ledger chose (one allocation per
+  job node, ``Allocation.node``). An Indexed Job has one pod template for every index, and no
+  field of it can differ per index (only the ``JOB_COMPLETION_INDEX`` env and the index label do),
+  so "index *i* on node *i*" cannot be written into it. What the ledger counted is how many of the
+  job's pods, all of one shape, each node holds, and that can: the template requires one of the
+  job's nodes (by name, one node affinity term per node, see :mod:`gpupool.podspec`) and, when
+  there are several, spreads the job's
+  pods over them (``topologySpreadConstraints``: ``maxSkew: 1`` on ``kubernetes.io/hostname``,
+  ``DoNotSchedule``, the job's label; only nodes matching the affinity count). ``k`` allocations
+  on each of ``m`` nodes (one-node jobs, one node per machine, all nodes on one machine) then
+  give exactly ``k`` pods on each: the placement is the ledger's, up to which index runs where
+  (ranks follow the index, not the machine). An uneven split (two nodes of the job on one
+  machine, one on another) is bound to the right machines but not to the right counts
+  (:func:`exact_binding` says which; the backend logs it). One Job per node would bind exactly
+  but lose the Indexed Job's gang semantics (one failure policy, one Kueue admission); pods
+  created with a scheduling gate that the hub lifts after adding each index's node (as Kueue's
+  topology-aware scheduling does) would too, at the cost of a hub in the scheduling path.
+- *claims*: ``persistentVolumeClaim`` volumes of the template (the user's home, ReadWriteOnce
+  under z2jh's default storage: attachable by one node at a time) are kept only when every pod of
+  the job is bound to the node the notebook pod runs on (its ``nodeName``), or when named in
+  ``keep_claims`` (known ReadWriteMany); otherwise they and their mounts are left out, so no pod
+  waits on a ``Multi-Attach error``. A *shared volume* (an admin's ReadWriteMany claim) is
+  mounted in every pod, its path in ``GPUPOOL_SHARED_DIR``.
 
 Contract: no I/O; every function returns new plain dicts (camelCase keys, as the API expects),
 never touching its inputs. GPU-specific parts come from :mod:`gpupool.podspec`
@@ -43,6 +68,7 @@ import copy
 import hashlib
 import posixpath
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -64,11 +90,13 @@ from gpupool.podspec import (
     ALLOCATION_LABEL,
     DEFAULT_GPU_TOLERATIONS,
     DEFAULT_PRODUCT_LABELS,
+    HOSTNAME_LABEL,
     KUEUE_QUEUE_LABEL,
     NOTEBOOK_CONTAINER,
     TEAM_LABEL,
     allocation_resources,
     apply_allocation,
+    bound_nodes,
     label_value,
 )
 
@@ -77,6 +105,7 @@ OWNER_LABEL = "gpupool.io/owner"
 OWNER_ANNOTATION = "gpupool.io/owner"
 NAME_ANNOTATION = "gpupool.io/job-name"
 ALLOCATIONS_ANNOTATION = "gpupool.io/allocations"
+NODES_ANNOTATION = "gpupool.io/nodes"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gpupool", "app.kubernetes.io/component": "job"}
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 CONTAINER = "job"
@@ -84,6 +113,8 @@ MASTER_PORT = 29500
 SCRIPT_DIR = "/opt/gpupool/job"
 DEFAULT_LOG_DIR = "/opt/gpupool/logs"
 SCRIPT_VOLUME, LOG_VOLUME, SHM_VOLUME = "gpupool-script", "gpupool-logs", "gpupool-shm"
+SHARED_VOLUME = "gpupool-shared"
+DEFAULT_SHARED_PATH = "/home/jovyan/shared"
 DEFAULT_TORCHRUN: tuple[str, ...] = ("torchrun",)
 DEFAULT_PYTHON = "python"
 NAME_PREFIX = "gpupool-"
@@ -264,9 +295,16 @@ def make_job(
     priority_class_name: str = "",
     scheduler_name: str = "",
     product_labels: Mapping[str, Sequence[str]] = DEFAULT_PRODUCT_LABELS,
+    bind_to_node: bool = True,
+    keep_claims: Sequence[str] = (),
+    shared_claim: str = "",
+    shared_mount_path: str = DEFAULT_SHARED_PATH,
 ) -> dict[str, Any]:
     """The ``batch/v1`` Indexed Job running ``job`` on ``allocations`` (one per node).
 
+    - GPU pods are bound to the allocations' nodes (see *node binding*; ``bind_to_node=False``
+      leaves that out); the template's claims are kept or left out as *claims* says, and
+      ``shared_claim`` is mounted at ``shared_mount_path`` in every pod.
     - ``completions = parallelism = nodes``; ``activeDeadlineSeconds`` = the time limit.
     - ``backoffLimit = max_restarts × nodes``: a failing node takes the others' collectives down,
       so one restart of the group costs up to ``nodes`` failed pods. With ``max_restarts = 0`` a
@@ -284,14 +322,24 @@ def make_job(
     shapes = {tuple(allocation_resources(a).items()) for a in allocations}
     if len(shapes) > 1:
         raise ValueError(f"job {job.id}: every node's allocation must have the same devices")
-    pod_spec, notebook = _template_parts(pod_template)
-    container = _job_container(job, notebook, image, log_dir, (torchrun, python))
+    nodes = bound_nodes(allocations) if bind_to_node else []
+    pod_spec, notebook = _template_parts(pod_template, nodes, keep_claims)
+    shared = (shared_claim, posixpath.normpath(shared_mount_path)) if shared_claim else None
+    container = _job_container(job, notebook, image, log_dir, (torchrun, python), shared)
     pod_spec |= {
         "containers": [container],
         "restartPolicy": "Never",
         "subdomain": service_name(job),
-        "volumes": [*pod_spec.get("volumes", []), *_job_volumes(script_configmap, notebook)],
+        "volumes": [
+            *pod_spec.get("volumes", []),
+            *_job_volumes(script_configmap, notebook, shared_claim),
+        ],
     }
+    if len(nodes) > 1:
+        pod_spec["topologySpreadConstraints"] = [
+            *pod_spec.get("topologySpreadConstraints", []),
+            spread_constraint(job),
+        ]
     if termination_grace_seconds is not None:
         pod_spec["terminationGracePeriodSeconds"] = termination_grace_seconds
     labels = job_labels(job)
@@ -304,12 +352,15 @@ def make_job(
         priority_class_name=priority_class_name,
         scheduler_name=scheduler_name,
         product_labels=product_labels,
+        nodes=nodes,
     )
     meta = _metadata(job, job_name(job), namespace)
     meta["annotations"] |= {
         NAME_ANNOTATION: spec.name or spec.filename,
         ALLOCATIONS_ANNOTATION: ",".join(a.id for a in allocations),
     }
+    if nodes:
+        meta["annotations"][NODES_ANNOTATION] = ",".join(str(a.node) for a in allocations)
     if kueue_queue:
         meta["labels"][KUEUE_QUEUE_LABEL] = label_value(kueue_queue)
     job_spec: dict[str, Any] = {
@@ -329,6 +380,23 @@ def make_job(
     if ttl_seconds_after_finished is not None:
         job_spec["ttlSecondsAfterFinished"] = ttl_seconds_after_finished
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job_spec}
+
+
+def spread_constraint(job: Job) -> dict[str, Any]:
+    """The job's pods spread evenly (skew at most 1) over the nodes their affinity allows."""
+    return {
+        "maxSkew": 1,
+        "topologyKey": HOSTNAME_LABEL,
+        "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": {JOB_LABEL: label_value(job.id)}},
+    }
+
+
+def exact_binding(allocations: Sequence[Allocation]) -> bool:
+    """Whether the node binding puts on each node exactly as many of the job's pods as the ledger
+    counted there: every node holds the same number of the job's allocations."""
+    counts = Counter(a.node for a in allocations)
+    return len(set(counts.values())) <= 1
 
 
 def pod_failure_policy(max_restarts: int) -> dict[str, Any]:
@@ -379,22 +447,28 @@ def escape(text: str) -> str:
 
 
 # -- the pod, piece by piece ----------------------------------------------------------------------
-def _template_parts(template: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _template_parts(
+    template: Mapping[str, Any], nodes: Sequence[str] = (), keep_claims: Sequence[str] = ()
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """A cleaned copy of the template's pod spec (without containers) and of its notebook
-    container (only the fields a job keeps)."""
+    container (only the fields a job keeps); claims only as *claims* says (the pods bound to
+    ``nodes``)."""
     raw = template if "containers" in template else template.get("spec") or {}
     spec = copy.deepcopy(dict(raw))
+    same_node = bool(spec.get("nodeName")) and list(nodes) == [spec.get("nodeName")]
     containers = spec.get("containers") or []
     notebook = next((c for c in containers if c.get("name") == NOTEBOOK_CONTAINER), None)
     notebook = notebook or (containers[0] if containers else {})
     kept = {k: copy.deepcopy(notebook[k]) for k in KEPT_CONTAINER_FIELDS if k in notebook}
     for key in DROPPED_POD_FIELDS:
         spec.pop(key, None)
-    ours = (SCRIPT_VOLUME, LOG_VOLUME, SHM_VOLUME)
+    ours = (SCRIPT_VOLUME, LOG_VOLUME, SHM_VOLUME, SHARED_VOLUME)
     volumes = [
         v
         for v in spec.get("volumes") or []
-        if not v["name"].startswith(TOKEN_VOLUME_PREFIX) and v["name"] not in ours
+        if not v["name"].startswith(TOKEN_VOLUME_PREFIX)
+        and v["name"] not in ours
+        and (same_node or _claim(v) is None or _claim(v) in keep_claims)
     ]
     names = {v["name"] for v in volumes}
     if volumes:
@@ -410,12 +484,19 @@ def _template_parts(template: Mapping[str, Any]) -> tuple[dict[str, Any], dict[s
     return spec, kept
 
 
+def _claim(volume: Mapping[str, Any]) -> str | None:
+    """The claim a volume mounts, or None for any other kind of volume."""
+    pvc = volume.get("persistentVolumeClaim")
+    return str(pvc.get("claimName", "")) if isinstance(pvc, Mapping) else None
+
+
 def _job_container(
     job: Job,
     notebook: Mapping[str, Any],
     image: str,
     log_dir: str,
     launcher: tuple[Sequence[str], str],
+    shared: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     container = copy.deepcopy(dict(notebook))
     container["image"] = container.get("image") or image
@@ -426,12 +507,18 @@ def _job_container(
         )
     script_path = posixpath.join(SCRIPT_DIR, script_key(job))
     ranks = " ".join(str(r) for r in range(job.spec.ranks))
-    taken = (log_dir, SCRIPT_DIR)
-    mounts = [m for m in container.get("volumeMounts", []) if m["mountPath"] not in taken]
+    taken = {posixpath.normpath(p) for p in (log_dir, SCRIPT_DIR, *(shared[1:] if shared else ()))}
+    mounts = [
+        m
+        for m in container.get("volumeMounts", [])
+        if posixpath.normpath(m["mountPath"]) not in taken
+    ]
     mounts += [
         {"name": SCRIPT_VOLUME, "mountPath": SCRIPT_DIR, "readOnly": True},
         {"name": LOG_VOLUME, "mountPath": log_dir},
     ]
+    if shared:
+        mounts.append({"name": SHARED_VOLUME, "mountPath": shared[1]})
     if not any(m["mountPath"] == "/dev/shm" for m in mounts):
         mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
     workdir = _workdir(job.spec.workdir, container.get("workingDir"))
@@ -439,7 +526,7 @@ def _job_container(
         "name": CONTAINER,
         "command": ["/bin/sh", "-c", escape(WRAPPER.format(ranks=ranks)), "gpupool-job"],
         "args": torchrun_args(job, log_dir, script_path, *launcher),
-        "env": _env(job, container.get("env", []), log_dir),
+        "env": _env(job, container.get("env", []), log_dir, shared[1] if shared else ""),
         "volumeMounts": mounts,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -460,7 +547,9 @@ def _workdir(workdir: str, template_workdir: str | None) -> str | None:
     return template_workdir or None
 
 
-def _env(job: Job, template_env: Sequence[Mapping[str, Any]], log_dir: str) -> list[dict[str, Any]]:
+def _env(
+    job: Job, template_env: Sequence[Mapping[str, Any]], log_dir: str, shared_dir: str = ""
+) -> list[dict[str, Any]]:
     """The template's environment (without the notebook server's own), then the spec's, then
     gpupool's; later names win. ``PYTHONUNBUFFERED`` is turned off: a node's ranks share one
     stream, and unbuffered ``print`` writes each piece of a line on its own (rank_log
@@ -480,16 +569,24 @@ def _env(job: Job, template_env: Sequence[Mapping[str, Any]], log_dir: str) -> l
         "GPUPOOL_LOG_DIR": log_dir,
         "PYTHONUNBUFFERED": "",  # empty: off, even where the image's ENV sets it
     }
+    if shared_dir:
+        ours["GPUPOOL_SHARED_DIR"] = shared_dir
     for name, value in ours.items():
         env[name] = {"name": name, "value": escape(value)}
     return list(env.values())
 
 
-def _job_volumes(script_configmap: str, notebook: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _job_volumes(
+    script_configmap: str, notebook: Mapping[str, Any], shared_claim: str = ""
+) -> list[dict[str, Any]]:
     volumes: list[dict[str, Any]] = [
         {"name": SCRIPT_VOLUME, "configMap": {"name": script_configmap, "defaultMode": 0o444}},
         {"name": LOG_VOLUME, "emptyDir": {}},
     ]
+    if shared_claim:
+        volumes.append(
+            {"name": SHARED_VOLUME, "persistentVolumeClaim": {"claimName": shared_claim}}
+        )
     if not any(m["mountPath"] == "/dev/shm" for m in notebook.get("volumeMounts", [])):
         volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
     return volumes

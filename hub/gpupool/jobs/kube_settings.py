@@ -6,6 +6,11 @@ Vocabulary
   scheduler and product labels default to the ``KubeGPUSpawner`` (or ``KubeSpawner``) settings
   of the same name, so notebooks and jobs land alike; set ``c.KubeJobBackend.<name>`` to differ.
 - *product labels*: GPU model → ``nvidia.com/gpu.product`` values, for the pods' node affinity.
+- *claims*: the notebook pod's ``persistentVolumeClaim`` volumes (the user's home, with z2jh's
+  default storage a ReadWriteOnce claim that one node at a time can attach). A job pod keeps
+  them only where no second node would attach them (see
+  :func:`gpupool.jobs.kube_manifests.make_job`); ``keep_claims`` names the ones that are
+  ReadWriteMany, and ``shared_volume_claim`` adds one for the job's outputs.
 - *notebook pod*: the owner's live notebook pod (KubeSpawner's labels and annotation), whose spec
   a job pod copies: the default server before named ones, a running pod before a pending one.
 
@@ -64,7 +69,43 @@ class KubeJobSettings(JobBackend):
                 "volumes": [{"name": "home",
                              "persistentVolumeClaim": {"claimName": "shared-home"}}],
             }
+            c.KubeJobBackend.keep_claims = ["shared-home"]  # ReadWriteMany: any node
         """,
+    )
+    keep_claims = List(
+        Unicode(),
+        config=True,
+        help="""Claims (``persistentVolumeClaim.claimName``) of the notebook pod template that
+        are ReadWriteMany (or ReadOnlyMany), which job pods keep on every node. Any other claim
+        (such as z2jh's ReadWriteOnce home claim) is left out of a job's pods unless all of them
+        run on the node of the notebook pod they are made from: a second node cannot attach a
+        ReadWriteOnce volume (the pod would wait on a ``Multi-Attach error``). Example:
+        ``c.KubeJobBackend.keep_claims = ["group-datasets"]``""",
+    )
+    shared_volume_claim = Unicode(
+        "",
+        config=True,
+        help="""A ReadWriteMany PersistentVolumeClaim (in the jobs' namespace) mounted in every
+        pod of every job at ``shared_volume_mount_path``, for inputs and outputs that must
+        outlive the job (``GPUPOOL_SHARED_DIR`` names the folder). Empty (the default): none;
+        job pods then write only to their own pod (logs go to the pod log). Example:
+        ``c.KubeJobBackend.shared_volume_claim = "gpupool-shared"`` (a claim with
+        ``accessModes: [ReadWriteMany]``, e.g. on NFS or CephFS)""",
+    )
+    shared_volume_mount_path = Unicode(
+        "/home/jovyan/shared",
+        config=True,
+        help="""Where job pods mount ``shared_volume_claim``. Example:
+        ``c.KubeJobBackend.shared_volume_mount_path = "/mnt/shared"``""",
+    )
+    bind_to_node = Bool(
+        True,
+        config=True,
+        help="""Bind GPU and MIG job pods to the nodes the pool's ledger chose (a required node
+        affinity on the nodes' names, plus a topology spread over those nodes for a
+        job on several; default: ``KubeGPUSpawner.bind_to_node``). Turn off only when the
+        pool's inventory is not the cluster's nodes. Example:
+        ``c.KubeJobBackend.bind_to_node = False``""",
     )
     use_notebook_pod = Bool(
         True,
@@ -212,6 +253,21 @@ class KubeJobSettings(JobBackend):
     @default("gpu_scheduler_name")
     def _default_scheduler(self) -> str:
         return str(self._spawner_setting("gpu_scheduler_name", ""))
+
+    @default("bind_to_node")
+    def _default_bind(self) -> bool:
+        return bool(self._spawner_setting("bind_to_node", True))
+
+    @validate("shared_volume_mount_path")
+    def _valid_shared_path(self, proposal: dict[str, Any]) -> str:
+        value = str(proposal["value"])
+        if not value.startswith("/"):
+            from gpupool.settings import ConfigError
+
+            raise ConfigError(
+                "KubeJobBackend.shared_volume_mount_path", f"{value!r} is not an absolute path"
+            )
+        return value
 
     @default("gpu_product_labels")
     def _default_products(self) -> dict[str, Any]:

@@ -4,7 +4,12 @@ Vocabulary
 - *newest pod* of a completion index: the pod of that index created last (a retried node has
   several).
 - *node exit codes*: ``(node index, exit code)`` from each index's newest pod's ``job``
-  container (torchrun's exit status), not per rank: Kubernetes sees one process per node.
+  container (torchrun's exit status): Kubernetes sees one process per node.
+- *rank exit codes*: what the observation reports, ``(rank, exit code)`` as the local backend
+  does. Only the node's code is known (torchrun ends with the first failing rank's code, or 1,
+  and stops the node's other ranks), so every rank ``r`` of node ``r // gpus`` gets its node's
+  code: ``exit_codes`` tells which ranks' node failed, not which rank of it. The reason speaks of
+  nodes and names their ranks.
 - *handle* (:class:`JobRef`): the namespace, the names and the Job's ``uid``, as JSON.
 
 Contract: pure, no API calls; :mod:`gpupool.jobs.kube` fetches the objects and calls these.
@@ -131,6 +136,23 @@ def node_exit_codes(pods: Sequence[Mapping[str, Any]]) -> tuple[tuple[int, int],
     return tuple((i, c) for i, c in codes if c is not None)
 
 
+def rank_exit_codes(
+    node_codes: Sequence[tuple[int, int]], gpus: int
+) -> tuple[tuple[int, int], ...]:
+    """Node codes as ``(rank, code)`` for every rank of each node (see *rank exit codes*)."""
+    per_node = max(gpus, 1)
+    return tuple(
+        (node * per_node + local, code) for node, code in node_codes for local in range(per_node)
+    )
+
+
+def ranks_of(node: int, gpus: int) -> str:
+    """``"rank 3"`` or ``"ranks 2-3"``: the ranks node ``node`` ran."""
+    per_node = max(gpus, 1)
+    first, last = node * per_node, node * per_node + per_node - 1
+    return f"rank {first}" if first == last else f"ranks {first}-{last}"
+
+
 def phase(pod: Mapping[str, Any]) -> str:
     return str((pod.get("status") or {}).get("phase") or "Pending")
 
@@ -142,15 +164,21 @@ def _conditions(obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
 
 
 def observe_objects(
-    job_object: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], nodes: int
+    job_object: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    nodes: int,
+    gpus: int = 1,
 ) -> Observation:
-    """What a Job and its pods say about the job (see the module's contract)."""
+    """What a Job and its pods say about the job (see the module's contract); ``exit_codes``
+    per rank (``gpus`` ranks per node)."""
     conditions = _conditions(job_object)
-    codes = node_exit_codes(pods)
+    node_codes = node_exit_codes(pods)
+    codes = rank_exit_codes(node_codes, gpus)
     if "Complete" in conditions:
         return Observation("succeeded", f"all {nodes} node(s) exited 0", codes)
     if "Failed" in conditions:
-        return Observation("failed", failure_reason(job_object, conditions["Failed"], codes), codes)
+        why = failure_reason(job_object, conditions["Failed"], node_codes, gpus)
+        return Observation("failed", why, codes)
     if "Suspended" in conditions or (job_object.get("spec") or {}).get("suspend"):
         queue = ((job_object.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
         why = f"waiting for Kueue to admit it (queue {queue})" if queue else "suspended"
@@ -206,11 +234,17 @@ def failure_reason(
     job_object: Mapping[str, Any],
     condition: Mapping[str, Any],
     codes: Sequence[tuple[int, int]],
+    gpus: int = 1,
 ) -> str:
-    """The ``Failed`` condition in a researcher's words, with the nodes that exited non-zero."""
+    """The ``Failed`` condition in a researcher's words, with the nodes (``codes``: node index,
+    code) that exited non-zero and, when a node ran several, their ranks."""
     spec = job_object.get("spec") or {}
     reason = condition.get("reason") or ""
-    bad = ", ".join(f"node {i} exited {c}" for i, c in codes if c != 0)
+    bad = ", ".join(
+        f"node {i}{f' ({ranks_of(i, gpus)})' if gpus > 1 else ''} exited {c}"
+        for i, c in codes
+        if c != 0
+    )
     if reason == "DeadlineExceeded":
         return f"time limit of {spec.get('activeDeadlineSeconds')} s reached"
     if reason == "BackoffLimitExceeded":
