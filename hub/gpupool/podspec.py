@@ -43,6 +43,7 @@ a job is made from) are dropped first; restrict nodes with other labels.
 from __future__ import annotations
 
 import copy
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -77,10 +78,12 @@ TEAM_LABEL = "gpupool.io/team"
 OFFER_LABEL = "gpupool.io/offer"
 ALLOCATION_LABEL = "gpupool.io/allocation"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 GPUPOOL_LABEL_PREFIX = "gpupool.io/"
 NOTEBOOK_CONTAINER = "notebook"
 VISIBILITY_ENV = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 QUEUE_FIELDS = ("team", "offer", "user")
+DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 
 DEFAULT_GPU_TOLERATIONS: tuple[dict[str, str], ...] = (
     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
@@ -291,9 +294,12 @@ def queue_name(template: str, allocation: Allocation) -> str:
     )
 
 
-def gpu_labels(allocation: Allocation | None, kueue_queue_template: str = "") -> dict[str, str]:
+def gpu_labels(
+    allocation: Allocation | None, kueue_queue_template: str = "", kueue_priority_class: str = ""
+) -> dict[str, str]:
     """gpupool's labels for an allocation's pod; the Kueue queue label only on GPU pods and only
-    with a template (a CPU pod waiting on a GPU team's queue would be a spawn that hangs)."""
+    with a template (a CPU pod waiting on a GPU team's queue would be a spawn that hangs), and
+    the Kueue priority class label only beside a queue label (Kueue ignores it otherwise)."""
     if allocation is None:
         return {}
     labels = {
@@ -303,6 +309,8 @@ def gpu_labels(allocation: Allocation | None, kueue_queue_template: str = "") ->
     }
     if kueue_queue_template and allocation.devices:
         labels[KUEUE_QUEUE_LABEL] = queue_name(kueue_queue_template, allocation)
+        if kueue_priority_class:
+            labels[KUEUE_PRIORITY_LABEL] = kueue_priority_class
     return labels
 
 
@@ -340,6 +348,7 @@ def apply_allocation(
     scheduler_name: str = "",
     product_labels: Mapping[str, Sequence[str]] = DEFAULT_PRODUCT_LABELS,
     kueue_queue_template: str = "",
+    kueue_priority_class: str = "",
     bind_to_node: bool = True,
     nodes: Sequence[str] | None = None,
 ) -> V1Pod:
@@ -371,9 +380,9 @@ def apply_allocation(
         spec.priority_class_name = priority_class_name
     if gpu and scheduler_name:
         spec.scheduler_name = scheduler_name
-    stale = (GPUPOOL_LABEL_PREFIX, KUEUE_QUEUE_LABEL)
+    stale = (GPUPOOL_LABEL_PREFIX, KUEUE_QUEUE_LABEL, KUEUE_PRIORITY_LABEL)
     labels = {k: v for k, v in (meta.labels or {}).items() if not k.startswith(stale)}
-    labels.update(gpu_labels(allocation, kueue_queue_template))
+    labels.update(gpu_labels(allocation, kueue_queue_template, kueue_priority_class))
     meta.labels = labels
     return out
 
@@ -398,4 +407,19 @@ def check_queue_template(value: str, key: str) -> str:
     except (KeyError, IndexError, ValueError) as e:
         fields = ", ".join("{" + f + "}" for f in QUEUE_FIELDS)
         raise ConfigError(key, f"{value!r} may use only {fields} ({e!r})") from None
+    return value
+
+
+def check_priority_class(value: str, key: str) -> str:
+    """``value`` if it is empty or a valid Kueue ``WorkloadPriorityClass`` name to put in a label
+    (a DNS subdomain that is also a label value: at most 63 characters), else a
+    :class:`gpupool.settings.ConfigError` naming ``key``."""
+    from .settings import ConfigError
+
+    if value and not (is_valid_label(value) and re.fullmatch(DNS_SUBDOMAIN, value)):
+        raise ConfigError(
+            key,
+            f"{value!r} is not a WorkloadPriorityClass name (lowercase letters, digits, '-' "
+            "and '.', at most 63 characters), e.g. 'gpupool-job'",
+        )
     return value

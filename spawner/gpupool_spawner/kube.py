@@ -9,7 +9,8 @@ Vocabulary
   :func:`gpupool.podspec.apply_allocation` turns into one carrying the allocation:
   GPU resources, the model's ``nvidia.com/gpu.product`` affinity, the node binding
   (a required node affinity on ``metadata.name``: the node the ledger counted the devices on),
-  GPU tolerations, priority class, scheduler name, and gpupool and Kueue labels.
+  GPU tolerations, priority class, scheduler name, and gpupool and Kueue labels (queue name and
+  Kueue priority class).
 - *product labels*: model key to ``nvidia.com/gpu.product`` values: the built-in table, plus the
   products the Kubernetes inventory saw on the nodes, with ``gpu_product_labels`` overriding both.
 
@@ -36,6 +37,7 @@ from gpupool.podspec import (
     DEFAULT_GPU_TOLERATIONS,
     DEFAULT_PRODUCT_LABELS,
     apply_allocation,
+    check_priority_class,
     check_queue_template,
     product_values,
 )
@@ -105,6 +107,18 @@ class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner):
         ``c.KubeGPUSpawner.kueue_queue_template = "{team}-gpu"``""",
     )
 
+    kueue_priority_class = Unicode(
+        "",
+        config=True,
+        help="""Kueue ``WorkloadPriorityClass`` of GPU and MIG pods: the label
+        ``kueue.x-k8s.io/priority-class``, set only with ``kueue_queue_template`` (Kueue reads it
+        on queued workloads only). A notebook should rank above every job
+        (``KubeJobBackend.kueue_priority_class``), so that Kueue never preempts it for one.
+        Empty (the default): no label, Kueue's default priority. The Helm chart sets
+        ``<release>-notebook``. Example:
+        ``c.KubeGPUSpawner.kueue_priority_class = "gpupool-notebook"``""",
+    )
+
     @validate("gpu_product_labels")
     def _valid_product_labels(self, proposal: dict[str, Any]) -> dict[str, list[str]]:
         value = proposal["value"]
@@ -125,6 +139,10 @@ class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner):
     @validate("kueue_queue_template")
     def _valid_queue_template(self, proposal: dict[str, Any]) -> str:
         return check_queue_template(str(proposal["value"]), "KubeGPUSpawner.kueue_queue_template")
+
+    @validate("kueue_priority_class")
+    def _valid_priority_class(self, proposal: dict[str, Any]) -> str:
+        return check_priority_class(str(proposal["value"]), "KubeGPUSpawner.kueue_priority_class")
 
     # -- product labels -----------------------------------------------------------------------
     def gpupool_product_labels(self) -> dict[str, tuple[str, ...]]:
@@ -158,5 +176,6 @@ class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner):
             scheduler_name=self.gpu_scheduler_name,
             product_labels=self.gpupool_product_labels(),
             kueue_queue_template=self.kueue_queue_template,
+            kueue_priority_class=self.kueue_priority_class,
             bind_to_node=self.bind_to_node,
         )

@@ -3,9 +3,9 @@ cannot check (it ships only the built-in kinds).
 
 They are written from the CRDs' Go types (Kueue ``apis/kueue/v1beta2``: ResourceFlavor,
 ClusterQueue, LocalQueue, WorkloadPriorityClass; Prometheus Operator
-``monitoring.coreos.com/v1``: ServiceMonitor) and cover the fields this chart sets, strictly:
-an unknown field, a missing required one, a bad name or quantity, or a namespace on a
-cluster-scoped kind, fails as it would at the API server.
+``monitoring.coreos.com/v1``: ServiceMonitor, PrometheusRule) and cover the fields this chart
+sets, strictly: an unknown field, a missing required one, a bad name, quantity or duration, or
+a namespace on a cluster-scoped kind, fails as it would at the API server.
 Fields the chart never sets are left out, so a template that starts using one fails here until
 its schema is added from the upstream type.
 """
@@ -199,6 +199,53 @@ SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
         namespaced=True,
     ),
 }
+
+
+# Prometheus Operator's Duration (pkg/apis/monitoring/v1 types.go): "0", or units in order.
+DURATION = r"^(0|(\d+y)?(\d+w)?(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?)$"
+SCHEMAS[("monitoring.coreos.com/v1", "PrometheusRule")] = _object(
+    "monitoring.coreos.com/v1",
+    "PrometheusRule",
+    _strict(
+        {
+            "groups": {
+                "type": "array",
+                "items": _strict(
+                    {
+                        "name": {"type": "string", "minLength": 1},
+                        "interval": {"type": "string", "pattern": DURATION},
+                        "rules": {
+                            "type": "array",
+                            "items": {
+                                **_strict(
+                                    {
+                                        "alert": {"type": "string"},
+                                        "record": {"type": "string"},
+                                        # IntOrString in the type; an expression here
+                                        "expr": {"type": "string", "minLength": 1},
+                                        "for": {"type": "string", "pattern": DURATION},
+                                        "keep_firing_for": {
+                                            "type": "string",
+                                            "pattern": DURATION,
+                                            "minLength": 1,
+                                        },
+                                        "labels": _STR_MAP,
+                                        "annotations": _STR_MAP,
+                                    },
+                                    ("expr",),
+                                ),
+                                # a rule is an alert or a record, never both
+                                "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+                            },
+                        },
+                    },
+                    ("name",),
+                ),
+            },
+        }
+    ),
+    namespaced=True,
+)
 
 
 def validate_custom(obj: dict[str, Any]) -> None:

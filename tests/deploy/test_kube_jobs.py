@@ -114,6 +114,7 @@ def notebook_pod(user: str = "alice", image: str = IMAGE) -> dict[str, Any]:
                 "gpupool.io/offer": "mig-3g.40gb",
                 "gpupool.io/allocation": "notebook-alloc",
                 "kueue.x-k8s.io/queue-name": "vision-gpu",
+                "kueue.x-k8s.io/priority-class": "gp-notebook",
             },
             "annotations": {"hub.jupyter.org/username": user},
         },
@@ -356,6 +357,7 @@ def test_one_node_whole_gpu_job_from_the_notebook_pod() -> None:
     assert labels["gpupool.io/job"] == job.id and labels["gpupool.io/offer"] == "h100"
     assert "component" not in labels and "hub.jupyter.org/username" not in labels
     assert "gpupool.io/allocation" not in labels and "kueue.x-k8s.io/queue-name" not in labels
+    assert "kueue.x-k8s.io/priority-class" not in labels  # the notebook's rank is not the job's
     assert obj["metadata"]["labels"]["gpupool.io/owner"] == "alice"
     assert obj["metadata"]["annotations"]["gpupool.io/allocations"] == "alloc-0"
 
@@ -381,6 +383,19 @@ def test_two_node_mig_job_with_restarts_and_a_kueue_queue() -> None:
     assert args[args.index("--nnodes") + 1] == "2"
     assert args[args.index("--master-addr") + 1] == "gpupool-0f3a9c2b7d41-0.gpupool-0f3a9c2b7d41"
     assert obj["metadata"]["annotations"]["gpupool.io/allocations"] == "alloc-0,alloc-1"
+
+
+def test_the_kueue_priority_class_labels_a_queued_job_only() -> None:
+    job = a_job("mig-3g.40gb", gpus=1, nodes=2)
+    obj = build(
+        job, allocate("mig-3g.40gb", 1, 2), kueue_queue="vision-gpu", kueue_priority_class="gp-job"
+    )
+    validate(obj)
+    assert obj["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "gp-job"
+    assert "kueue.x-k8s.io/priority-class" not in obj["spec"]["template"]["metadata"]["labels"]
+    # without a queue Kueue never sees the Job: no priority label either
+    bare = build(job, allocate("mig-3g.40gb", 1, 2), kueue_priority_class="gp-job")
+    assert "kueue.x-k8s.io/priority-class" not in bare["metadata"]["labels"]
 
 
 def test_two_node_cpu_job_has_nothing_gpu_specific() -> None:
@@ -658,7 +673,8 @@ def test_a_restarted_hub_observes_from_the_handle_or_the_names(kube: Served) -> 
 
 
 def test_kueue_keeps_the_job_suspended_until_admitted(kube: Served) -> None:
-    api, b = kube.api, backend(kube, kueue_queue_template="{team}-gpu")
+    kueue = {"kueue_queue_template": "{team}-gpu", "kueue_priority_class": "gp-job"}
+    api, b = kube.api, backend(kube, **kueue)
     job = a_job("mig-3g.40gb", gpus=1, nodes=1)
     name = job_name(job)
 
@@ -667,6 +683,7 @@ def test_kueue_keeps_the_job_suspended_until_admitted(kube: Served) -> None:
         obj = api.job(name, NS)
         assert obj["spec"]["suspend"] is True
         assert obj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "vision-gpu"
+        assert obj["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "gp-job"
         seen = await b.check(j)
         assert seen == type(seen)("starting", "waiting for Kueue to admit it (queue vision-gpu)")
         with api.lock:  # Kueue admits the workload
@@ -682,13 +699,15 @@ def test_kueue_keeps_the_job_suspended_until_admitted(kube: Served) -> None:
 
 
 def test_cpu_jobs_wait_on_no_kueue_queue(kube: Served) -> None:
-    api, b = kube.api, backend(kube, kueue_queue_template="{team}-gpu")
+    kueue = {"kueue_queue_template": "{team}-gpu", "kueue_priority_class": "gp-job"}
+    api, b = kube.api, backend(kube, **kueue)
     job = a_job("cpu", gpus=2, nodes=1)
 
     asyncio.run(b.start(job, allocate("cpu", 1, 1)))
     obj = api.job(job_name(job), NS)
     assert obj["spec"]["suspend"] is False
     assert "kueue.x-k8s.io/queue-name" not in obj["metadata"]["labels"]
+    assert "kueue.x-k8s.io/priority-class" not in obj["metadata"]["labels"]
 
 
 def test_job_pods_are_built_from_the_owners_running_notebook(kube: Served) -> None:
@@ -796,6 +815,20 @@ def test_settings_default_to_the_kube_spawners() -> None:
         "kai-scheduler",
     )
     assert b.gpu_tolerations == [GPU_TOLERATION]
+
+
+def test_the_kueue_priority_class_is_not_the_notebooks() -> None:
+    from traitlets.config import Config
+
+    from gpupool.settings import ConfigError
+
+    config = Config()
+    config.KubeGPUSpawner.kueue_priority_class = "gp-notebook"
+    assert KubeJobBackend(config=config).kueue_priority_class == ""  # a job ranks below notebooks
+    config.KubeJobBackend.kueue_priority_class = "gp-job"
+    assert KubeJobBackend(config=config).kueue_priority_class == "gp-job"
+    with pytest.raises(ConfigError, match=r"KubeJobBackend\.kueue_priority_class"):
+        KubeJobBackend(kueue_priority_class="Batch_Low")
 
 
 def test_observation_of_a_job_object_without_pods() -> None:

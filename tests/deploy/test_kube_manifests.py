@@ -152,7 +152,10 @@ def env(pod: dict[str, Any]) -> dict[str, str]:
 def test_whole_gpu_pod_requests_n_gpus_on_the_model_with_priority_and_scheduler(pool: Pool) -> None:
     async def go() -> dict[str, Any]:
         s = spawner(
-            pool, gpu_priority_class_name="gpu-interactive", gpu_scheduler_name="kai-scheduler"
+            pool,
+            gpu_priority_class_name="gpu-interactive",
+            gpu_scheduler_name="kai-scheduler",
+            kueue_priority_class="gp-notebook",  # no queue: Kueue would ignore the label
         )
         return await manifest(s, pool, "h100", 2)
 
@@ -169,13 +172,15 @@ def test_whole_gpu_pod_requests_n_gpus_on_the_model_with_priority_and_scheduler(
     assert labels["gpupool.io/team"] == "vision" and labels["gpupool.io/offer"] == "h100"
     assert labels["gpupool.io/allocation"] == allocation.id
     assert "kueue.x-k8s.io/queue-name" not in labels  # no template configured
+    assert "kueue.x-k8s.io/priority-class" not in labels  # nor a priority without a queue
     assert env(pod)["GPUPOOL_ALLOCATION"] == allocation.id and env(pod)["GPUPOOL_TEAM"] == "vision"
     assert "NVIDIA_VISIBLE_DEVICES" not in env(pod)  # the device plugin's to set
 
 
 def test_mig_pod_requests_one_instance_and_names_the_team_queue(pool: Pool) -> None:
     async def go() -> dict[str, Any]:
-        return await manifest(spawner(pool, kueue_queue_template="{team}-gpu"), pool, "mig-3g.40gb")
+        s = spawner(pool, kueue_queue_template="{team}-gpu", kueue_priority_class="gp-notebook")
+        return await manifest(s, pool, "mig-3g.40gb")
 
     pod = asyncio.run(go())
     validate(pod)
@@ -183,13 +188,19 @@ def test_mig_pod_requests_one_instance_and_names_the_team_queue(pool: Pool) -> N
     assert nvidia(pod) == {"limits": mig, "requests": mig}
     assert "NVIDIA-A100-SXM4-80GB" in product_terms(pod)[0]
     assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "vision-gpu"
+    assert pod["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "gp-notebook"
     assert pod["metadata"]["labels"]["gpupool.io/team"] == "vision"
     assert GPU_TOLERATION in pod["spec"]["tolerations"]
 
 
 def test_cpu_pod_has_nothing_gpu_specific(pool: Pool) -> None:
     async def go() -> dict[str, Any]:
-        s = spawner(pool, gpu_priority_class_name="gpu-interactive", kueue_queue_template="{team}")
+        s = spawner(
+            pool,
+            gpu_priority_class_name="gpu-interactive",
+            kueue_queue_template="{team}",
+            kueue_priority_class="gp-notebook",
+        )
         return await manifest(s, pool, "cpu")
 
     pod = asyncio.run(go())
@@ -199,6 +210,7 @@ def test_cpu_pod_has_nothing_gpu_specific(pool: Pool) -> None:
     assert "tolerations" not in pod["spec"]
     assert "priorityClassName" not in pod["spec"]
     assert "kueue.x-k8s.io/queue-name" not in pod["metadata"]["labels"]
+    assert "kueue.x-k8s.io/priority-class" not in pod["metadata"]["labels"]
     assert pod["metadata"]["labels"]["gpupool.io/offer"] == "cpu"
     assert env(pod)["NVIDIA_VISIBLE_DEVICES"] == "void"  # a CUDA image on a GPU node sees none
 
@@ -337,3 +349,13 @@ def test_pod_for_a_copy_of_the_spawner_state_is_stable(pool: Pool) -> None:
 
     first, second = asyncio.run(go())
     assert first == copy.deepcopy(second)
+
+
+def test_a_bad_kueue_priority_class_is_refused_naming_the_setting(pool: Pool) -> None:
+    from gpupool.settings import ConfigError
+
+    async def go() -> None:
+        spawner(pool, kueue_priority_class="Notebook_High")
+
+    with pytest.raises(ConfigError, match=r"KubeGPUSpawner\.kueue_priority_class"):
+        asyncio.run(go())

@@ -149,6 +149,7 @@ class KubeJobBackend(KubeJobSettings):
                 namespace=ref.namespace,
                 script_configmap=ref.configmap,
                 kueue_queue=queue,
+                kueue_priority_class=self.kueue_priority_class,
                 offer=self.offer_of(first) if first is not None else None,
                 image=self.image,
                 log_dir=self.log_dir,

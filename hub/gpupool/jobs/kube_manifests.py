@@ -91,6 +91,7 @@ from gpupool.podspec import (
     DEFAULT_GPU_TOLERATIONS,
     DEFAULT_PRODUCT_LABELS,
     HOSTNAME_LABEL,
+    KUEUE_PRIORITY_LABEL,
     KUEUE_QUEUE_LABEL,
     NOTEBOOK_CONTAINER,
     TEAM_LABEL,
@@ -283,6 +284,7 @@ def make_job(
     namespace: str,
     script_configmap: str,
     kueue_queue: str | None = None,
+    kueue_priority_class: str = "",
     offer: Offer | None = None,
     image: str = "",
     log_dir: str = DEFAULT_LOG_DIR,
@@ -312,6 +314,7 @@ def make_job(
       pods evicted or preempted (condition ``DisruptionTarget``) are replaced without counting.
       ``podReplacementPolicy: Failed`` keeps two pods of one index from running at once.
     - ``suspend`` (or a Kueue queue, whose admission then resumes it) creates the Job suspended.
+    - ``kueue_priority_class`` labels the Job (with a Kueue queue only: Kueue reads it there).
     - ``image`` stands in when the template has none (``ValueError`` if neither has one).
     """
     spec = job.spec
@@ -363,6 +366,8 @@ def make_job(
         meta["annotations"][NODES_ANNOTATION] = ",".join(str(a.node) for a in allocations)
     if kueue_queue:
         meta["labels"][KUEUE_QUEUE_LABEL] = label_value(kueue_queue)
+        if kueue_priority_class:
+            meta["labels"][KUEUE_PRIORITY_LABEL] = kueue_priority_class
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed",
         "completions": spec.nodes,

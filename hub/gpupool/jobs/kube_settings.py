@@ -5,6 +5,7 @@ Vocabulary
 - *shared settings*: the namespace, Kueue queue template, GPU tolerations, priority class,
   scheduler and product labels default to the ``KubeGPUSpawner`` (or ``KubeSpawner``) settings
   of the same name, so notebooks and jobs land alike; set ``c.KubeJobBackend.<name>`` to differ.
+  ``kueue_priority_class`` is not shared: a job must rank below notebooks.
 - *product labels*: GPU model → ``nvidia.com/gpu.product`` values, for the pods' node affinity.
 - *claims*: the notebook pod's ``persistentVolumeClaim`` volumes (the user's home, with z2jh's
   default storage a ReadWriteOnce claim that one node at a time can attach). A job pod keeps
@@ -27,7 +28,12 @@ from traitlets import Bool, Callable, Dict, Float, Int, List, Unicode, default, 
 
 from gpupool.core.ledger import Allocation
 from gpupool.core.offers import Offer
-from gpupool.podspec import DEFAULT_GPU_TOLERATIONS, DEFAULT_PRODUCT_LABELS, check_queue_template
+from gpupool.podspec import (
+    DEFAULT_GPU_TOLERATIONS,
+    DEFAULT_PRODUCT_LABELS,
+    check_priority_class,
+    check_queue_template,
+)
 
 from .backend import JobBackend
 from .kube_manifests import DEFAULT_LOG_DIR, DEFAULT_PYTHON, DEFAULT_TORCHRUN
@@ -132,6 +138,17 @@ class KubeJobSettings(JobBackend):
         this template filled in (``{team}``, ``{offer}``, ``{user}``) and wait for Kueue's
         admission (default: ``KubeGPUSpawner.kueue_queue_template``). Example:
         ``c.KubeJobBackend.kueue_queue_template = "{team}-batch"``""",
+    )
+    kueue_priority_class = Unicode(
+        "",
+        config=True,
+        help="""Kueue ``WorkloadPriorityClass`` of GPU and MIG jobs: the label
+        ``kueue.x-k8s.io/priority-class`` on the Job, set only when it has a Kueue queue
+        (``kueue_queue_template``). Not shared with ``KubeGPUSpawner.kueue_priority_class``: a
+        job should rank below every notebook, so that a queue reclaiming lent quota preempts
+        jobs, never notebooks. Empty (the default): no label, Kueue's default priority. The Helm
+        chart sets ``<release>-job``. Example:
+        ``c.KubeJobBackend.kueue_priority_class = "gpupool-job"``""",
     )
     ttl_seconds_after_finished = Int(
         7 * 24 * 3600,
@@ -276,6 +293,10 @@ class KubeJobSettings(JobBackend):
     @validate("kueue_queue_template")
     def _valid_queue_template(self, proposal: dict[str, Any]) -> str:
         return check_queue_template(str(proposal["value"]), "KubeJobBackend.kueue_queue_template")
+
+    @validate("kueue_priority_class")
+    def _valid_priority_class(self, proposal: dict[str, Any]) -> str:
+        return check_priority_class(str(proposal["value"]), "KubeJobBackend.kueue_priority_class")
 
     def _pool(self) -> Any:
         return getattr(self.parent, "pool", None)
