@@ -70,6 +70,7 @@ RESOURCES: dict[str, tuple[str, str, str]] = {
     "jobs": ("batch", "batch/v1", "Job"),
 }
 RETURNS_OBJECT_ON_DELETE = ("pods", "services")
+PLURALS = {kind: plural for plural, (_, _, kind) in RESOURCES.items()} | {"Node": "nodes"}
 POD_CONDITIONS = (
     "PodReadyToStartContainers",
     "Initialized",
@@ -110,6 +111,8 @@ class StandIn:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
+        self.history: list[tuple[int, str, str, str, dict[str, Any]]] = []
+        self.compacted = 0
 
     # -- bookkeeping --------------------------------------------------------------------------
     def now(self) -> str:
@@ -118,6 +121,75 @@ class StandIn:
 
     def _touch(self, obj: dict[str, Any]) -> None:
         obj["metadata"]["resourceVersion"] = str(next(self._rv))
+        plural = PLURALS.get(str(obj.get("kind")), "")
+        if plural and self._stored(plural, obj) is obj:
+            self._record("MODIFIED", plural, obj)
+
+    def _stored(self, plural: str, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        meta = obj["metadata"]
+        if plural == "nodes":
+            return self.nodes.get(meta["name"])
+        return self.objects[plural].get((meta.get("namespace", ""), meta["name"]))
+
+    def _record(self, kind: str, plural: str, obj: Mapping[str, Any]) -> None:
+        """One watch event (the object as it is now, at its resourceVersion)."""
+        meta = obj["metadata"]
+        rv = int(meta["resourceVersion"])
+        self.history.append((rv, kind, plural, meta.get("namespace", ""), copy.deepcopy(dict(obj))))
+
+    def _deleted(self, plural: str, obj: dict[str, Any]) -> None:
+        obj["metadata"]["resourceVersion"] = str(next(self._rv))
+        self._record("DELETED", plural, obj)
+
+    # -- watches ------------------------------------------------------------------------------
+    @_locked
+    def compact(self) -> None:
+        """Forget the watch history so far (etcd compaction): a watch from any resourceVersion
+        handed out before this gets ``410`` and must list again."""
+        self.compacted = next(self._rv)
+        self.history.clear()
+
+    @_locked
+    def watch_from(
+        self, plural: str, namespace: str, selector: str, resource_version: str
+    ) -> tuple[list[tuple[str, dict[str, Any]]], int] | None:
+        """The events a watch from ``resource_version`` starts with and the version it is at;
+        ``None`` when that version is compacted (the server answers ``410 Expired``). Without a
+        version (or ``"0"``): the current objects as ``ADDED``, as the API server does."""
+        if resource_version in ("", "0"):
+            _, listed = self.list_objects(plural, namespace, selector)
+            at = int(listed["metadata"]["resourceVersion"])
+            return [("ADDED", copy.deepcopy(o)) for o in listed["items"]], at
+        at = int(resource_version)
+        if at < self.compacted:
+            return None
+        return self.events_after(plural, namespace, selector, at), at
+
+    @_locked
+    def events_after(
+        self, plural: str, namespace: str, selector: str, at: int
+    ) -> list[tuple[str, dict[str, Any]]]:
+        return [
+            (kind, copy.deepcopy(obj))
+            for rv, kind, p, ns, obj in self.history
+            if rv > at
+            and p == plural
+            and (plural == "nodes" or ns == namespace)
+            and matches(selector, obj["metadata"].get("labels") or {})
+        ]
+
+    def expired(self, resource_version: str) -> dict[str, Any]:
+        """The ``ERROR`` event's object for a watch from a compacted version."""
+        message = f"too old resource version: {resource_version} ({self.compacted})"
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": message,
+            "reason": "Expired",
+            "code": 410,
+        }
 
     @staticmethod
     def _resource(plural: str) -> str:
@@ -176,6 +248,7 @@ class StandIn:
         self._touch(obj)
         getattr(self, f"_defaults_{plural}", lambda o: None)(obj)
         self.objects[plural][namespace, name] = obj
+        self._record("ADDED", plural, obj)
         return 201, obj
 
     def _defaults_services(self, obj: dict[str, Any]) -> None:
@@ -228,11 +301,17 @@ class StandIn:
         return (200, obj) if obj is not None else self._not_found(plural, name)
 
     def list_objects(self, plural: str, namespace: str, selector: str = "") -> Reply:
-        _group, api_version, kind = RESOURCES[plural]
+        if plural == "nodes":
+            api_version, kind = "v1", "Node"
+            stored: Any = {("", n): o for n, o in sorted(self.nodes.items())}
+        else:
+            _group, api_version, kind = RESOURCES[plural]
+            stored = self.objects[plural]
         items = [
             o
-            for (ns, _), o in self.objects[plural].items()
-            if ns == namespace and matches(selector, o["metadata"].get("labels") or {})
+            for (ns, _), o in stored.items()
+            if (plural == "nodes" or ns == namespace)
+            and matches(selector, o["metadata"].get("labels") or {})
         ]
         body = {
             "kind": f"{kind}List",
@@ -267,6 +346,7 @@ class StandIn:
         obj = self.objects[plural].pop((namespace, name), None)
         if obj is None:
             return self._not_found(plural, name)
+        self._deleted(plural, obj)
         policy = propagation or ("Orphan" if plural == "jobs" else "Background")
         self.deletions.append((plural, name, policy))
         uid = obj["metadata"]["uid"]
@@ -318,7 +398,7 @@ class StandIn:
             if not orphans:
                 return
             for plural, key in orphans:
-                self.objects[plural].pop(key)
+                self._deleted(plural, self.objects[plural].pop(key))
                 self.deletions.append((plural, key[1], "gc"))
 
     def log(self, namespace: str, name: str, container: str, limit_bytes: int | None) -> Reply:
@@ -376,6 +456,7 @@ class StandIn:
                     }
                 ]
             self.objects["pods"][namespace, pod["metadata"]["name"]] = pod
+            self._record("ADDED", "pods", pod)
             created.append(pod["metadata"]["name"])
         job["status"]["active"] = job["status"].get("active", 0) + len(created)
         self._touch(job)
@@ -471,10 +552,46 @@ class StandIn:
     def add_node(self, node: Mapping[str, Any]) -> None:
         """A node (API JSON, as ``GET nodes/<name>`` returns it); the scheduler now runs."""
         obj = copy.deepcopy(dict(node))
+        obj |= {"kind": "Node", "apiVersion": "v1"}
         name = obj["metadata"]["name"]
         labels = obj["metadata"].setdefault("labels", {})
         labels.setdefault(HOSTNAME_KEY, name)
+        known = name in self.nodes
         self.nodes[name] = obj
+        obj["metadata"]["resourceVersion"] = str(next(self._rv))
+        self._record("MODIFIED" if known else "ADDED", "nodes", obj)
+
+    @_locked
+    def update_node(self, name: str, change: Callable[[dict[str, Any]], None]) -> None:
+        """``change(node)`` in place (a kubectl edit, label or cordon): one ``MODIFIED``."""
+        change(self.nodes[name])
+        self._touch(self.nodes[name])
+
+    def cordon(self, name: str, unschedulable: bool = True) -> None:
+        """``kubectl cordon`` (or ``uncordon``): ``spec.unschedulable`` and the node controller's
+        ``node.kubernetes.io/unschedulable:NoSchedule`` taint."""
+        taint = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+
+        def change(node: dict[str, Any]) -> None:
+            spec = node.setdefault("spec", {})
+            taints = [t for t in spec.get("taints") or [] if t.get("key") != taint["key"]]
+            spec["taints"] = [*taints, taint] if unschedulable else taints
+            if unschedulable:
+                spec["unschedulable"] = True
+            else:
+                spec.pop("unschedulable", None)
+
+        self.update_node(name, change)
+
+    @_locked
+    def remove_node(self, name: str, delete_pods: bool = True) -> None:
+        """The node object is deleted; with ``delete_pods`` the pod garbage collector then
+        deletes the pods bound to it (as it does for pods on nodes that no longer exist)."""
+        self._deleted("nodes", self.nodes.pop(name))
+        if delete_pods:
+            for (ns, pod_name), pod in list(self.objects["pods"].items()):
+                if pod["spec"].get("nodeName") == name:
+                    self.delete("pods", ns, pod_name)
 
     @_locked
     def add_claim(
@@ -947,6 +1064,7 @@ class Served:
 
     def __init__(self) -> None:
         self.api = StandIn()
+        self.closing = False
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -958,6 +1076,8 @@ class Served:
         app = web.Application()
         add = app.router.add_route
         add("GET", "/api/v1/namespaces/{ns}/pods/{name}/log", self._log)
+        add("GET", "/api/v1/nodes", self._list_nodes)
+        add("GET", "/api/v1/nodes/{name}", self._get_node)
         for prefix, plurals in (
             ("/api/v1", "configmaps|services|pods"),
             ("/apis/batch/v1", "jobs"),
@@ -986,8 +1106,62 @@ class Served:
         m = request.match_info
         return m.get("plural", "pods"), m["ns"], m.get("name", "")
 
-    async def _list(self, request: web.Request) -> web.Response:
+    async def _list_nodes(self, request: web.Request) -> web.StreamResponse:
+        self.api.requests.append((request.method, request.path, dict(request.query)))
+        if request.query.get("watch", "").lower() in ("true", "1"):
+            return await self._watch(request, "nodes", "")
+        with self.api.lock:
+            reply = self.api.list_objects("nodes", "", request.query.get("labelSelector", ""))
+            return self._answer(request, copy.deepcopy(reply))
+
+    async def _get_node(self, request: web.Request) -> web.Response:
+        self.api.requests.append((request.method, request.path, dict(request.query)))
+        name = request.match_info["name"]
+        with self.api.lock:
+            node = self.api.nodes.get(name)
+            reply = (
+                (200, node)
+                if node
+                else self.api._status(404, "NotFound", f'nodes "{name}" not found')
+            )
+            return self._answer(request, copy.deepcopy(reply))
+
+    async def _watch(self, request: web.Request, plural: str, ns: str) -> web.StreamResponse:
+        """``?watch=true``: newline-delimited events from ``resourceVersion`` until
+        ``timeoutSeconds``; a compacted version gets one ``ERROR`` event with a ``410`` Status
+        (HTTP 200, as the API server does)."""
+        query = request.query
+        selector, version = query.get("labelSelector", ""), query.get("resourceVersion", "")
+        timeout = float(query.get("timeoutSeconds") or 1800)
+        response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        start = self.api.watch_from(plural, ns, selector, version)
+        if start is None:
+            event = {"type": "ERROR", "object": self.api.expired(version)}
+            await response.write(json.dumps(event).encode() + b"\n")
+            await response.write_eof()
+            return response
+        events, at = start
+        deadline = asyncio.get_running_loop().time() + timeout
+        try:
+            while True:
+                for kind, obj in events:
+                    line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+                    await response.write(line)
+                    at = max(at, int(obj["metadata"]["resourceVersion"]))
+                if self.closing or asyncio.get_running_loop().time() >= deadline:
+                    break
+                await asyncio.sleep(0.01)
+                events = self.api.events_after(plural, ns, selector, at)
+            await response.write_eof()
+        except ConnectionResetError:  # the client went away (aiohttp's error is one)
+            pass
+        return response
+
+    async def _list(self, request: web.Request) -> web.StreamResponse:
         plural, ns, _ = self._seen(request)
+        if request.query.get("watch", "").lower() in ("true", "1"):
+            return await self._watch(request, plural, ns)
         with self.api.lock:
             reply = self.api.list_objects(plural, ns, request.query.get("labelSelector", ""))
             return self._answer(request, copy.deepcopy(reply))
@@ -1033,6 +1207,7 @@ class Served:
             return self._answer(request, reply)
 
     def close(self) -> None:
+        self.closing = True  # open watches end
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)

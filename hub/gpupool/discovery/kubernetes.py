@@ -19,7 +19,10 @@ Contract: :func:`inventory_from_nodes` is pure: the same node objects give the s
 with synthetic, stable UUIDs (``k8s-<node>-gpu<i>``, ``k8s-<node>-gpu<i>-mig<start>``) and
 gpupool's own GPU indexes (the device plugin, not gpupool, picks the physical device). Whole GPUs
 have MIG mode ``off``; GPUs holding MIG resources are ``fixed`` with their packed instances.
-Unschedulable (cordoned) nodes and nodes without NVIDIA resources are left out; nodes under the
+Unschedulable (cordoned) nodes and nodes without NVIDIA resources are left out; so are nodes whose
+GPUs the device plugin shares (time-slicing or MPS: ``nvidia.com/gpu.replicas`` above 1, a
+``-SHARED`` product, or ``nvidia.com/gpu.sharing-strategy``), with a note naming the node and why:
+their ``nvidia.com/gpu`` counts replicas, not GPUs (shares are another issue). Nodes under the
 ``single`` MIG strategy are left out with a note (their ``nvidia.com/gpu`` are MIG devices, which
 gpupool's offers cannot name). Other taints are not judged here, only noted: the spawner's
 tolerations decide. :func:`read_nodes` is the one seam to the API server; it never changes the
@@ -29,10 +32,11 @@ global ``kubernetes_asyncio`` configuration (KubeSpawner owns that).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from typing import Any
@@ -47,6 +51,9 @@ COUNT_LABEL = "nvidia.com/gpu.count"
 MEMORY_LABEL = "nvidia.com/gpu.memory"
 MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+REPLICAS_LABEL = "nvidia.com/gpu.replicas"
+SHARING_LABEL = "nvidia.com/gpu.sharing-strategy"
+SHARED_SUFFIX = "-SHARED"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 MAX_GPUS_PER_NODE = 64
 READ_TIMEOUT_S = 30.0
@@ -131,12 +138,37 @@ def _skip_reason(
     """Why a GPU node's GPUs cannot be counted, or ``None``."""
     if spec.get("unschedulable") or any(t.get("key") == UNSCHEDULABLE_TAINT for t in taints):
         return "is cordoned (unschedulable)"
+    shared = shared_reason(labels)
+    if shared:
+        return shared
     if labels.get(MIG_STRATEGY_LABEL) == "single" and "-MIG-" in labels.get(PRODUCT_LABEL, ""):
         return (
             f"uses the MIG 'single' strategy ({GPU_RESOURCE} are MIG devices there); gpupool "
             "needs the 'mixed' strategy"
         )
     return None
+
+
+def shared_reason(labels: Mapping[str, str]) -> str | None:
+    """Why a node's GPUs are shared by the NVIDIA device plugin (time-slicing or MPS), or
+    ``None``: its ``nvidia.com/gpu`` counts replicas, not GPUs, so counting them as whole GPUs
+    would hand one GPU to several notebooks as if each had it alone."""
+    replicas = str(labels.get(REPLICAS_LABEL, "")).strip()
+    product = labels.get(PRODUCT_LABEL, "")
+    strategy = labels.get(SHARING_LABEL, "")
+    why = []
+    if replicas.isdigit() and int(replicas) > 1:
+        why.append(f"{REPLICAS_LABEL}={replicas}")
+    if product.endswith(SHARED_SUFFIX):
+        why.append(f"{PRODUCT_LABEL}={product}")
+    if strategy in ("time-slicing", "mps"):
+        why.append(f"{SHARING_LABEL}={strategy}")
+    if not why:
+        return None
+    return (
+        f"shares its GPUs through the NVIDIA device plugin (time-slicing or MPS: "
+        f"{', '.join(why)}); gpupool counts only whole GPUs and MIG instances, not shares"
+    )
 
 
 def _count(value: Any, what: str, notes: list[str]) -> int:
@@ -334,12 +366,9 @@ def _search(
 
 
 # -- I/O: the API server --------------------------------------------------------------------
-async def read_nodes(label_selector: str | None = None) -> list[dict[str, Any]]:
-    """Every node (matching ``label_selector``) as API JSON, through ``kubernetes_asyncio``.
-
-    In-cluster credentials first, then the kubeconfig (``KUBECONFIG`` or ``~/.kube/config``),
-    loaded into a private configuration so KubeSpawner's global one is left alone.
-    """
+async def api_configuration() -> Any:
+    """A private ``kubernetes_asyncio`` configuration: in-cluster credentials first, then the
+    kubeconfig (``KUBECONFIG`` or ``~/.kube/config``), so KubeSpawner's global one is left alone."""
     from kubernetes_asyncio import client, config
 
     configuration = client.Configuration()
@@ -351,7 +380,15 @@ async def read_nodes(label_selector: str | None = None) -> list[dict[str, Any]]:
             client_configuration=configuration,
             persist_config=False,
         )
-    async with client.ApiClient(configuration) as api:
+    return configuration
+
+
+async def read_nodes(label_selector: str | None = None) -> list[dict[str, Any]]:
+    """Every node (matching ``label_selector``) as API JSON, through ``kubernetes_asyncio``
+    with :func:`api_configuration`."""
+    from kubernetes_asyncio import client
+
+    async with client.ApiClient(await api_configuration()) as api:
         core = client.CoreV1Api(api)
         nodes: list[dict[str, Any]] = []
         token: str | None = None
@@ -366,6 +403,107 @@ async def read_nodes(label_selector: str | None = None) -> list[dict[str, Any]]:
             token = page.metadata._continue if page.metadata else None
             if not token:
                 return nodes
+
+
+# -- I/O: listing and watching (the reconciler's seam) ---------------------------------------
+class Gone(Exception):
+    """The API server answered ``410 Gone``: the resourceVersion watched from is too old (it
+    compacted its history); list again and watch from the list's version."""
+
+
+class ClusterAPI:
+    """Lists and watches ``nodes`` (cluster-wide, matching ``node_selector``) and ``pods`` (in
+    ``namespace``, matching ``pod_selector``) as API JSON, through ``kubernetes_asyncio``: the
+    one seam between :mod:`gpupool.hub.kube_reconcile` and the API server (tests point
+    ``KUBECONFIG`` at a stand-in, or pass any object with these two methods).
+
+    ``list(kind)`` gives ``(items, resourceVersion)``; ``watch(kind, resource_version,
+    timeout_s)`` yields ``(type, object)`` events (``ADDED``, ``MODIFIED``, ``DELETED``;
+    bookmarks are skipped) until the server ends the watch after ``timeout_s``, and raises
+    :class:`Gone` on a 410 (as an ``ERROR`` event or as the reply's status)."""
+
+    def __init__(
+        self,
+        namespace: str = "default",
+        node_selector: str | None = None,
+        pod_selector: str | None = "gpupool.io/team",
+    ) -> None:
+        self.namespace = namespace
+        self.selectors = {"nodes": node_selector, "pods": pod_selector}
+        self._api: Any = None
+
+    async def _client(self) -> Any:
+        from kubernetes_asyncio import client
+
+        if self._api is None:
+            self._api = client.ApiClient(await api_configuration())
+        return client.CoreV1Api(self._api)
+
+    def _call(
+        self, core: Any, kind: str
+    ) -> tuple[Callable[..., Any], tuple[str, ...], dict[str, Any]]:
+        kwargs: dict[str, Any] = {}
+        if self.selectors[kind]:
+            kwargs["label_selector"] = self.selectors[kind]
+        if kind == "nodes":
+            return core.list_node, (), kwargs
+        return core.list_namespaced_pod, (self.namespace,), kwargs
+
+    async def list(self, kind: str) -> tuple[list[dict[str, Any]], str]:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        func, args, kwargs = self._call(await self._client(), kind)
+        items: list[dict[str, Any]] = []
+        token, version = None, ""
+        while True:
+            more = {"limit": 500, "_request_timeout": READ_TIMEOUT_S, "_preload_content": False}
+            if token:
+                more["_continue"] = token
+            try:
+                response = await func(*args, **kwargs, **more)
+            except ApiException as e:
+                if e.status == 410:
+                    raise Gone(str(e.reason)) from e
+                raise
+            page = json.loads(await response.read())
+            items += page.get("items") or []
+            meta = page.get("metadata") or {}
+            version, token = str(meta.get("resourceVersion", "")), meta.get("continue")
+            if not token:
+                return items, version
+
+    async def watch(
+        self, kind: str, resource_version: str, timeout_s: int = 300
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        from kubernetes_asyncio import watch
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        func, args, kwargs = self._call(await self._client(), kind)
+        stream = watch.Watch()
+        try:
+            async for event in stream.stream(
+                func,
+                *args,
+                **kwargs,
+                resource_version=resource_version,
+                timeout_seconds=timeout_s,  # given: no silent retries inside the Watch
+                allow_watch_bookmarks=True,
+                _request_timeout=timeout_s + READ_TIMEOUT_S,
+            ):
+                kind_of = str(event.get("type", ""))
+                if kind_of in ("ADDED", "MODIFIED", "DELETED"):
+                    yield kind_of, event["raw_object"]
+        except ApiException as e:
+            if e.status == 410:
+                raise Gone(str(e.reason)) from e
+            raise
+        finally:
+            await stream.close()
+
+    async def close(self) -> None:
+        if self._api is not None:
+            await self._api.close()
+            self._api = None
 
 
 async def kubernetes_inventory(
