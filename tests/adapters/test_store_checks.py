@@ -37,6 +37,15 @@ MOVE_AWAY = "move it away to start with an empty pool, or restore a backup"
 KEY = "GPUPool.db_url: gpupool's database"
 
 
+def migrated_to(db: Path, revision: str) -> None:
+    """An SQLite database at ``db`` made by gpupool's migrations up to ``revision`` only."""
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with sa.create_engine(f"sqlite:///{db}").begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
 def build(url: str) -> Pool:
     c = Config()
     c.GPUPool.inventory = INVENTORY
@@ -146,11 +155,7 @@ def test_a_missing_table_is_refused(tmp_path: Path) -> None:
 
 def test_an_older_migration_is_upgraded(tmp_path: Path) -> None:
     db = tmp_path / "gpupool.sqlite"
-    cfg = AlembicConfig()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    with sa.create_engine(f"sqlite:///{db}").begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0001")
+    migrated_to(db, "0001")
     build(f"sqlite:///{db}").store.close()
     with sa.create_engine(f"sqlite:///{db}").connect() as conn:
         version = conn.exec_driver_sql("SELECT version_num FROM gpupool_alembic_version")
@@ -372,11 +377,8 @@ def test_a_read_only_file_system_is_refused_even_as_root(tmpfs: Path) -> None:
 def test_jobs_of_a_database_at_0002_are_kept_by_the_upgrade(tmp_path: Path) -> None:
     """0003 adds the devices a job ran on; jobs written before it load with none."""
     db = tmp_path / "gpupool.sqlite"
-    cfg = AlembicConfig()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
+    migrated_to(db, "0002")
     with sa.create_engine(f"sqlite:///{db}").begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0002")
         conn.exec_driver_sql(
             "INSERT INTO gpupool_jobs (id, owner, team, state, reason, spec, created) "
             """VALUES ('j1', 'ada', 'vision', 'succeeded', 'done', '{"script": "pass"}', 1.0)"""
