@@ -85,6 +85,18 @@ class GPUPool(LoggingConfigurable):
         """,
     )
 
+    node_pools = Dict(
+        {},
+        config=True,
+        help="""Autoscaled GPU node pools of a Kubernetes inventory, which may have no nodes now
+        (scaled to zero): what one node of each holds (the simulated-spec grammar without a
+        name) and the most nodes it grows to. A request only such a node could hold then waits,
+        with the reason shown, instead of being refused as impossible. Example::
+
+            c.GPUPool.node_pools = {"a100": {"node": "8x A100-80GB", "max_nodes": 4}}
+        """,
+    )
+
     simulated_fallback = Unicode(
         "",
         config=True,
@@ -166,6 +178,13 @@ class GPUPool(LoggingConfigurable):
             f"must be one of {', '.join(INVENTORY_SOURCES)}, got {value!r}; "
             "example: 'simulated:node1: 4x H100-80GB, mig=2'",
         )
+
+    @validate("node_pools")
+    def _valid_node_pools(self, proposal: dict[str, Any]) -> Any:
+        from .discovery.node_pools import parse_node_pools
+
+        parse_node_pools(proposal["value"])
+        return proposal["value"]
 
     @validate("simulated_fallback")
     def _valid_fallback(self, proposal: dict[str, Any]) -> str:

@@ -19,7 +19,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 from . import metrics
 from .clock import utcnow
@@ -70,6 +72,18 @@ def load_inventory(
     return inventory, DeviceMonitor({name: sim.for_node(name) for name in sim.node_names})
 
 
+def with_node_pools(inventory: Inventory, declared: Any, source: str) -> Inventory:
+    """``inventory`` with the declared autoscaled node pools (``GPUPool.node_pools``), which only
+    a Kubernetes inventory can have (a ConfigError naming the key otherwise)."""
+    from .discovery.node_pools import KEY, parse_node_pools
+
+    if not source.startswith("kubernetes"):
+        raise ConfigError(
+            KEY, f"is for a Kubernetes inventory (autoscaled node pools); inventory is {source!r}"
+        )
+    return replace(inventory, node_pools=parse_node_pools(declared))
+
+
 class Pool:
     def __init__(
         self,
@@ -108,6 +122,8 @@ class Pool:
         inventory, monitor = load_inventory(
             config.inventory, config.simulated_fallback, logger, config.simulated_activity_file
         )
+        if config.node_pools:
+            inventory = with_node_pools(inventory, config.node_pools, config.inventory)
         for warning in config_warnings(settings, inventory):
             logger.warning("gpupool: %s", warning)
         ledger = Ledger(
@@ -131,14 +147,18 @@ class Pool:
         team: str | None = None,
         kind: RequestKind = "notebook",
         ref: str = "",
+        avoid_nodes: Iterable[str] = (),
     ) -> Allocation:
-        """Grant ``count`` of ``offer`` to ``user``, charged to ``team`` (or their only team)."""
+        """Grant ``count`` of ``offer`` to ``user``, charged to ``team`` (or their only team),
+        on none of ``avoid_nodes``."""
         began = time.perf_counter()
         with self._lock:
             ledger = self.ledger
             try:
                 chosen = resolve_team(ledger.teams, ledger.everyone, groups, team)
-                request = Request(user, chosen.name, offer, count, kind, ref)
+                request = Request(
+                    user, chosen.name, offer, count, kind, ref, frozenset(avoid_nodes)
+                )
                 allocation = ledger.allocate(request, self.new_id(), self.clock().timestamp())
             except PoolError as e:
                 metrics.refusal(kind, e.code)

@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import copy
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 from kubernetes_asyncio.client import (
     ApiClient,
+    Configuration,
     V1Affinity,
     V1Container,
     V1NodeAffinity,
@@ -32,8 +34,10 @@ from kubernetes_asyncio.client import (
     V1ResourceRequirements,
 )
 from kubernetes_validate.utils import major_minor
+from traitlets.config import Config
 
 from gpupool.core import Ledger, Offer, Team
+from gpupool.core.errors import NoCapacity
 from gpupool.core.jobs import Job, JobSpec
 from gpupool.core.ledger import Allocation, Request
 from gpupool.discovery.kubernetes import inventory_from_nodes
@@ -46,9 +50,12 @@ from gpupool.jobs.kube_manifests import (
     make_job,
 )
 from gpupool.jobs.kube_status import observe_objects, rank_exit_codes
+from gpupool.jobs.manager import JobManager
 from gpupool.podspec import HOSTNAME_LABEL, apply_allocation
+from gpupool.pool import Pool
+from gpupool.store import Store
 from tests.conftest import a100_mixed_node, h100_node
-from tests.deploy.kube_api import StandIn
+from tests.deploy.kube_api import StandIn, served
 from tests.deploy.test_kube_jobs import notebook_pod
 
 K8S_VERSIONS = ("1.33", major_minor(kubernetes_validate.latest_version()))
@@ -484,3 +491,46 @@ def test_rank_exit_codes_expand_each_nodes_code_to_its_ranks() -> None:
     assert seen.state == "failed"
     assert seen.exit_codes == ((4, 1), (5, 1), (6, 1), (7, 1))
     assert seen.reason == "node 1 (ranks 4-7) exited 1 (see the node's log)"
+
+
+# -- the job manager grants a job's nodes on different machines -----------------------------------
+def test_the_job_manager_puts_a_jobs_nodes_on_different_machines(tmp_path: Path) -> None:
+    """m1 has 2 of its 8 GPUs free: a 3-node job of 1 GPU per node used to get m1, m1, m2, a split
+    one pod template cannot bind exactly; now each node is its own machine, and every pod runs
+    where the ledger counted it. A 4-node job on 3 machines is refused at once."""
+    nodes = (h100_node("m1"), h100_node("m2"), h100_node("m3"))
+    with served() as server:
+        for node in nodes:
+            node = copy.deepcopy(node)
+            node["metadata"]["labels"]["hub.jupyter.org/node-purpose"] = "user"
+            server.api.add_node(node)
+        c = Config()
+        c.JobManager.backend_class = "gpupool.jobs.kube.KubeJobBackend"
+        c.KubeJobBackend.namespace = NS
+        c.KubeJobBackend.image = IMAGE
+        c.KubeJobBackend.api_client_factory = lambda: ApiClient(Configuration(host=server.url))
+        pool = Pool(ledger(*nodes), Store(f"sqlite:///{tmp_path / 'pool.sqlite'}"))
+        m = JobManager(pool, config=c)
+        assert m.backend.distinct_nodes
+        pool.allocate("carol", ["vision"], "h100", 6)  # the policy packs: m1
+        spec = {"script": "print(1)\n", "offer": "h100", "gpus": 1, "nodes": 3}
+
+        async def scenario() -> Job:
+            job = m.submit("alice", ["vision"], spec)
+            await m.schedule_pass()
+            return m.jobs[job.id]
+
+        job = asyncio.run(scenario())
+        held = [pool.ledger.allocations[a].node for a in job.allocations]
+        assert sorted(held) == ["m1", "m2", "m3"], job.reason
+        pods = run_job_pods(server.api, f"gpupool-{job.id}")
+        assert sorted(p["spec"]["nodeName"] for p in pods.values()) == ["m1", "m2", "m3"]
+        assert all(p["status"]["phase"] == "Running" for p in pods.values())
+        with pytest.raises(NoCapacity, match="its 4 nodes must be different machines"):
+            m.submit("alice", ["vision"], {**spec, "nodes": 4})
+
+
+def run_job_pods(api: StandIn, name: str) -> dict[int, dict[str, Any]]:
+    api.create_pods(name, NS)
+    api.run_pods(name, NS)
+    return api.pods_of(name, NS)

@@ -7,7 +7,10 @@ Vocabulary
   user's cap, but the quota is in use or the devices are busy: a job queues, a notebook is
   refused with the reason) or ``never`` (the team may not use the offer, the offer does not come
   in that count, the request is larger than the team's limit or the user's cap, or larger than
-  any node of the pool can ever hold).
+  any node of the pool can ever hold, or, when a job's nodes must be different machines, it asks
+  for more nodes than the pool has machines that can hold one).
+- *scale-up*: a declared autoscaled node pool (:class:`gpupool.core.inventory.NodePool`) whose
+  node could hold what no present node can: the request *waits* for it, with that reason.
 - *free*: how many of the offer the pool can place now on one node (:meth:`Ledger.placeable`);
   *capacity*: the same on an empty pool (:meth:`Ledger.capacity`).
 
@@ -64,6 +67,13 @@ class Usage:
     user_used: int
     free: int
     capacity: int
+    machines: int | None = None
+    """Nodes that could each hold the request with nothing held (asked for jobs whose nodes must
+    be different machines; ``None``: not asked)."""
+    scale_up: str = ""
+    """A node pool that could add a node holding the request (empty: none)."""
+    machines_later: int = 0
+    """``machines`` once every declared node pool that holds the request is at its maximum."""
 
 
 def admit(team: Team, offer: Offer, count: int, nodes: int, usage: Usage) -> Admission:
@@ -85,9 +95,20 @@ def admit(team: Team, offer: Offer, count: int, nodes: int, usage: Usage) -> Adm
     if cap is not None and cost > cap:
         return Admission("never", f"{need}; your cap in team {team.name} is {fmt(cap)}", "quota")
     devices = offer.kind != "cpu"
-    if devices and usage.capacity < count:
-        most = f"at most {usage.capacity}" if usage.capacity else "none"
-        return Admission("never", f"this pool holds {most} of {offer.name} on one node", "capacity")
+    too_few = usage.machines is not None and usage.machines < nodes
+    if devices and (usage.capacity < count or too_few):
+        later = usage.machines is None or usage.machines_later >= nodes
+        if usage.scale_up and later:
+            return Admission("wait", _scale_up(usage.scale_up), "capacity")
+        if usage.capacity < count:
+            most = f"at most {usage.capacity}" if usage.capacity else "none"
+            why = f"this pool holds {most} of {offer.name} on one node"
+            return Admission("never", why, "capacity")
+        why = (
+            f"its {nodes} nodes must be different machines, and this pool has "
+            f"{usage.machines} that can hold {count} of {offer.name}"
+        )
+        return Admission("never", why, "capacity")
     if cost and usage.team_used + cost > team.limit_milli:
         left = max(0, team.limit_milli - usage.team_used)
         return Admission("wait", f"{need}; team {team.name} has {fmt(left)} left", "quota")
@@ -98,3 +119,7 @@ def admit(team: Team, offer: Offer, count: int, nodes: int, usage: Usage) -> Adm
         why = "none free right now" if usage.free == 0 else f"only {usage.free} free on one node"
         return Admission("wait", why, "capacity")
     return Admission("now")
+
+
+def _scale_up(node_pool: str) -> str:
+    return f"node pool {node_pool} has to add a node first (it is autoscaled)"

@@ -11,6 +11,10 @@ Vocabulary
   out existing free instances); ``flex`` (a GPU that serves either a whole-GPU request or MIG
   slices, MIG being switched on with the first slice: the model of the placement benchmarks).
 - *MIG instance*: an existing GPU instance: profile, start slot, and the ``MIG-…`` UUID CUDA uses.
+- *node pool*: a group of nodes an autoscaler adds on demand (and may have scaled to zero): the
+  admin declares what one of its nodes holds (a template :class:`Node`) and at most how many it
+  grows to. Its capacity does not exist yet: requests it alone could hold *wait* for it rather
+  than being refused as impossible; nothing is ever placed on a template.
 
 Contract: pure data, no I/O. Adapters (NVML, simulated, Kubernetes) build these objects.
 """
@@ -64,6 +68,15 @@ class Node:
 
 
 @dataclass(frozen=True)
+class NodePool:
+    """A node pool that may grow (from zero): what one node holds, at most ``max_nodes`` of them."""
+
+    name: str
+    node: Node
+    max_nodes: int
+
+
+@dataclass(frozen=True)
 class Inventory:
     """All nodes of the pool, and where the data came from."""
 
@@ -71,6 +84,8 @@ class Inventory:
     source: str = "unknown"
     simulated: bool = False
     notes: tuple[str, ...] = field(default=())
+    node_pools: tuple[NodePool, ...] = ()
+    """Declared autoscaled node pools (capacity that may come; see *node pool*)."""
 
     @property
     def gpus(self) -> tuple[GPU, ...]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 from .admission import Admission, Usage, admit
 from .errors import InvalidRequest, NoCapacity, QuotaExceeded, UnknownAllocation
-from .inventory import Inventory
+from .inventory import Inventory, Node, NodePool
 from .mig import GEOMETRIES
 from .occupancy import Occupancy
 from .offers import Offer, Request
@@ -86,6 +86,8 @@ class Ledger:
         self.team_used: Counter[str] = Counter()
         self.user_used: Counter[tuple[str, str]] = Counter()
         self._capacity: dict[Offer, int] = {}
+        self._node_capacities: dict[Offer, tuple[int, ...]] = {}
+        self._pool_capacities: dict[Offer, tuple[tuple[NodePool, int], ...]] = {}
 
     def clone(self) -> Ledger:
         """An independent copy with the same allocations (for what-if planning)."""
@@ -141,19 +143,57 @@ class Ledger:
             self._capacity[offer] = Ledger(self.inventory, self.offers, self.teams).placeable(offer)
         return self._capacity[offer]
 
-    def usage(self, team: Team, user: str, offer: Offer) -> Usage:
-        """The snapshot :func:`gpupool.core.admission.admit` decides on."""
+    def node_capacities(self, offer: Offer) -> tuple[int, ...]:
+        """:meth:`capacity` of each node on its own, in inventory order (cached)."""
+        if offer not in self._node_capacities:
+            self._node_capacities[offer] = tuple(
+                self._alone(n).placeable(offer) for n in self.inventory.nodes
+            )
+        return self._node_capacities[offer]
+
+    def pool_capacities(self, offer: Offer) -> tuple[tuple[NodePool, int], ...]:
+        """Each declared node pool with what one of its nodes could hold of ``offer`` (cached)."""
+        if offer not in self._pool_capacities:
+            self._pool_capacities[offer] = tuple(
+                (p, self._alone(p.node).placeable(offer)) for p in self.inventory.node_pools
+            )
+        return self._pool_capacities[offer]
+
+    def _alone(self, node: Node) -> Ledger:
+        return Ledger(Inventory((node,)), self.offers, self.teams, self.everyone)
+
+    def usage(
+        self, team: Team, user: str, offer: Offer, count: int = 1, distinct: bool = False
+    ) -> Usage:
+        """The snapshot :func:`gpupool.core.admission.admit` decides on (machines counted only
+        when a multi-node request's nodes must be ``distinct`` machines)."""
+        growing = [(p, n) for p, n in self.pool_capacities(offer) if n >= count]
+        machines = None
+        if distinct:
+            machines = sum(n >= count for n in self.node_capacities(offer))
         return Usage(
             self.team_used[team.name],
             self.user_used[team.name, user],
             self.placeable(offer),
             self.capacity(offer),
+            machines,
+            growing[0][0].name if growing else "",
+            (machines or 0) + sum(p.max_nodes for p, _ in growing),
         )
 
-    def admit(self, team: Team, user: str, offer: Offer, count: int, nodes: int = 1) -> Admission:
-        """Could ``count`` of ``offer`` per node on ``nodes`` nodes never start, start now, or
-        would it wait? (:mod:`gpupool.core.admission`)."""
-        return admit(team, offer, count, nodes, self.usage(team, user, offer))
+    def admit(
+        self,
+        team: Team,
+        user: str,
+        offer: Offer,
+        count: int,
+        nodes: int = 1,
+        distinct: bool = False,
+    ) -> Admission:
+        """Could ``count`` of ``offer`` per node on ``nodes`` nodes (``distinct`` machines, or
+        not) never start, start now, or would it wait? (:mod:`gpupool.core.admission`)."""
+        usage = self.usage(team, user, offer, count, distinct and nodes > 1)
+        return admit(team, offer, count, nodes, usage)
 
     def free_now(self, team: Team, user: str) -> str:
         """``"2× 1g.10gb, 1× h100"``: what ``user`` could still get in ``team`` right now, within
@@ -190,11 +230,16 @@ class Ledger:
             raise QuotaExceeded(f"{e.message} Free now: {free}.") from None
         picks: list[Pick] = []
         if offer.kind != "cpu":
-            demand = Demand(offer.kind, request.count, offer.model, offer.nvlink, offer.profile)
+            avoid = frozenset(
+                n for n, name in enumerate(self.occ.node_names) if name in request.avoid_nodes
+            )
+            demand = Demand(
+                offer.kind, request.count, offer.model, offer.nvlink, offer.profile, avoid
+            )
             self.policy.observe(demand)
             found = self.policy.place(self.occ, demand)
             if found is None:
-                raise NoCapacity(self._no_capacity(team, request.user, offer, request.count))
+                raise NoCapacity(self._no_capacity(team, request.user, offer, request.count, avoid))
             picks = found
             # what the placement really blocks (a profile name may mean other sizes on other
             # models; the settings forbid that, a hand-built offer might not)
@@ -319,10 +364,15 @@ class Ledger:
             picks.append(Pick(g, p, d.start, instance))
         return picks
 
-    def _no_capacity(self, team: Team, user: str, offer: Offer, count: int) -> str:
+    def _no_capacity(
+        self, team: Team, user: str, offer: Offer, count: int, avoid: frozenset[int] = frozenset()
+    ) -> str:
         what = (
             f"{count}× {offer.model or 'GPU'} on one node" if offer.kind == "gpu" else offer.profile
         )
+        if avoid:
+            others = ", ".join(sorted(self.occ.node_names[n] for n in avoid))
+            what = f"{what} on a machine other than {others}"
         return (
             f"No {what} free (team {team.name} uses {fmt(self.team_used[team.name])} of "
             f"{fmt(team.limit_milli)} GPU-eq). Free now: {self.free_now(team, user)}."

@@ -78,3 +78,5 @@ class Request:
     count: int = 1
     kind: RequestKind = "notebook"
     ref: str = ""
+    avoid_nodes: frozenset[str] = frozenset()
+    """Nodes the devices must not be on (a multi-node job's nodes already granted)."""

@@ -2,7 +2,8 @@
 
 Vocabulary
 - *demand*: the device part of a request: ``count`` whole GPUs (of a ``model``, maybe all in one
-  NVLink island) on one node, or one MIG instance of a ``profile``.
+  NVLink island) on one node, or one MIG instance of a ``profile``; never on the nodes (by
+  ordinal) in ``avoid`` (a multi-node job's other nodes, so each of its nodes is a machine).
 - *pick*: one device chosen for a demand: GPU ordinal, and for MIG the profile, start slot and,
   on fixed-mode GPUs, the existing instance's UUID.
 - Policies: ``first-fit`` (nodes in order, GPUs by index, lowest start slot), ``best-fit`` (the GPU,
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from .mig import Geometry, Profile
-from .occupancy import FIXED_CODE, WHOLE_SLOTS, Occupancy
+from .occupancy import FIXED_CODE, WHOLE_SLOTS, MinSet, Occupancy
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ class Demand:
     model: str | None = None
     nvlink: bool = False
     profile: str | None = None
+    avoid: frozenset[int] = frozenset()
+    """Node ordinals the demand must not land on."""
 
 
 class Pick(NamedTuple):
@@ -75,7 +78,10 @@ class PlacementPolicy:
             if f < d.count or (d.model is not None and model != d.model) or not bucket:
                 continue
             key = self.whole_key(occ, f, free, d.count)
-            nodes = list(bucket) if d.nvlink and d.count > 1 else [bucket.min()]
+            if d.nvlink and d.count > 1:
+                nodes: list[int | None] = [n for n in bucket if n not in d.avoid]
+            else:
+                nodes = [_first(bucket, d.avoid, lambda n: n)]
             for n in nodes:
                 if n is None or (best is not None and (key, n) >= best):
                     continue
@@ -95,14 +101,14 @@ class PlacementPolicy:
         for (model, mode, mask), bucket in occ.mig_buckets.items():
             if d.model is not None and model != d.model:
                 continue
-            g = bucket.min()
+            g = _first(bucket, d.avoid, occ.node_of.__getitem__)
             geo = occ.geometry[g] if g is not None else None
             p = geo.resolve(d.profile) if geo else None
             if g is None or geo is None or p is None:
                 continue
             gpus = [g]
             if self.node_aware_empty and mode == "flex" and mask == 0:
-                gpus = _first_whole_free_per_node_kind(occ, model)
+                gpus = _first_whole_free_per_node_kind(occ, model, d.avoid)
             for g in gpus:
                 for s in geo.starts_free(mask, p):
                     cand = (self.mig_key(occ, g, geo, mask, p, s), g, s)
@@ -116,7 +122,11 @@ class PlacementPolicy:
         best: tuple[Key, int, int] | None = None
         best_profile: Profile | None = None
         for (model, _name, mask), bucket in occ.fixed_buckets.items():
-            code = bucket.min() if d.model in (None, model) else None
+            code = (
+                _first(bucket, d.avoid, lambda c: occ.node_of[c // FIXED_CODE])
+                if d.model in (None, model)
+                else None
+            )
             if code is None:
                 continue
             g, s = divmod(code, FIXED_CODE)
@@ -134,11 +144,20 @@ class PlacementPolicy:
         return Pick(g, best_profile, s, uuid)
 
 
-def _first_whole_free_per_node_kind(occ: Occupancy, model: str) -> list[int]:
-    """One empty ``flex`` GPU of ``model`` from the first node of each node bucket."""
+def _first(bucket: MinSet, avoid: frozenset[int], node: Callable[[int], int]) -> int | None:
+    """The bucket's lowest member whose node is not avoided (``bucket.min()`` when none is)."""
+    if not avoid:
+        return bucket.min()
+    return next((x for x in bucket if node(x) not in avoid), None)
+
+
+def _first_whole_free_per_node_kind(
+    occ: Occupancy, model: str, avoid: frozenset[int] = frozenset()
+) -> list[int]:
+    """One empty ``flex`` GPU of ``model`` from the first node (not avoided) of each bucket."""
     out = []
     for (m, f, _free), bucket in occ.node_buckets.items():
-        n = bucket.min() if m == model and f > 0 else None
+        n = _first(bucket, avoid, lambda n: n) if m == model and f > 0 else None
         flex = (
             [g for g in occ.whole_free_on(n, model) if occ.gpus[g].mig_mode == "flex"]
             if (n is not None)

@@ -41,6 +41,9 @@ class JobBackend(LoggingConfigurable):
     name = "base"
     max_ranks = 0
     """Ranks this backend runs at once over all jobs (0: no limit; the cluster decides)."""
+    distinct_nodes = False
+    """Whether every node of a multi-node job must be a different machine (the job manager
+    then grants each node on a machine the job's other nodes are not on)."""
     marker = ""
     """This hub's marker (``GPUPOOL_HUB``), which every job process carries, so reconciliation
     finds this hub's processes and only those (set by the job manager from its pool)."""

@@ -84,6 +84,12 @@ class KubeJobBackend(KubeJobSettings):
         super().__init__(**kwargs)
         self._configuration: Any = None
 
+    @property
+    def distinct_nodes(self) -> bool:  # type: ignore[override]
+        """Bound pods of one Indexed Job share one template, so the binding is exact only when
+        each of the job's nodes is its own machine (see :mod:`gpupool.jobs.kube_manifests`)."""
+        return bool(self.bind_to_node)
+
     # -- the API client -----------------------------------------------------------------------
     async def api_client(self) -> Any:
         """A new ``ApiClient`` (use as ``async with``), from the factory or the credentials."""

@@ -40,10 +40,12 @@ Vocabulary
   on each of ``m`` nodes (one-node jobs, one node per machine, all nodes on one machine) then
   give exactly ``k`` pods on each: the placement is the ledger's, up to which index runs where
   (ranks follow the index, not the machine). An uneven split (two nodes of the job on one
-  machine, one on another) is bound to the right machines but not to the right counts
-  (:func:`exact_binding` says which; the backend logs it). One Job per node would bind exactly
-  but lose the Indexed Job's gang semantics (one failure policy, one Kueue admission); pods
-  created with a scheduling gate that the hub lifts after adding each index's node (as Kueue's
+  machine, one on another) could not be bound exactly, so it is never granted: with binding on,
+  the backend says ``distinct_nodes`` and the job manager grants each of a job's nodes on a
+  machine its other nodes are not on (``k = 1``). :func:`exact_binding` stays as a guard (the
+  backend logs a split that is not exact). One Job per node would bind any split exactly but
+  lose the Indexed Job's gang semantics (one failure policy, one Kueue admission); pods created
+  with a scheduling gate that the hub lifts after adding each index's node (as Kueue's
   topology-aware scheduling does) would too, at the cost of a hub in the scheduling path.
 - *claims*: ``persistentVolumeClaim`` volumes of the template (the user's home, ReadWriteOnce
   under z2jh's default storage: attachable by one node at a time) are kept only when every pod of

@@ -201,7 +201,7 @@ class JobManager(LoggingConfigurable):
             )
         self.backend.validate(spec)
         count = 1 if offer.kind == "cpu" else spec.gpus
-        admission = ledger.admit(team, owner, offer, count, spec.nodes)
+        admission = ledger.admit(team, owner, offer, count, spec.nodes, self.backend.distinct_nodes)
         if admission.verdict == "never":
             raise admission.error(f"The job {admission.reason}; it could never start.")
         reason = f"waiting: {admission.reason}" if admission.reason else "waiting to start"
@@ -370,11 +370,14 @@ class JobManager(LoggingConfigurable):
         taken: list[str] = []
         devices: list[str] = []
         try:
+            machines: list[str] = []
             for _ in range(q.nodes):
                 a = self.pool.allocate(
-                    job.owner, [job.team], q.offer, q.gpus, team=job.team, kind="job", ref=job.id
-                )
+                    job.owner, [job.team], q.offer, q.gpus, team=job.team, kind="job",
+                    ref=job.id, avoid_nodes=machines if self.backend.distinct_nodes else (),
+                )  # fmt: skip
                 taken.append(a.id)
+                machines.extend([a.node] if a.node else [])
                 devices.extend(d.visible_id for d in a.devices)
         except PoolError as e:
             for alloc_id in taken:
