@@ -52,7 +52,8 @@ from gpupool.jobs.kube_manifests import (
 from gpupool.jobs.kube_status import observe_objects, rank_exit_codes
 from gpupool.jobs.manager import JobManager
 from gpupool.podspec import HOSTNAME_LABEL, apply_allocation
-from gpupool.pool import Pool
+from gpupool.pool import Pool, with_node_pools
+from gpupool.settings import ConfigError
 from gpupool.store import Store
 from tests.conftest import a100_mixed_node, h100_node
 from tests.deploy.kube_api import StandIn, served
@@ -534,3 +535,34 @@ def run_job_pods(api: StandIn, name: str) -> dict[int, dict[str, Any]]:
     api.create_pods(name, NS)
     api.run_pods(name, NS)
     return api.pods_of(name, NS)
+
+
+def test_a_job_for_a_node_pool_at_zero_queues_with_the_reason(tmp_path: Path) -> None:
+    """No A100-80GB whole GPU exists now; the declared node pool could add one: the job queues,
+    saying so, where it used to be refused as impossible."""
+    c = Config()
+    c.JobManager.backend_class = "gpupool.jobs.kube.KubeJobBackend"
+    c.KubeJobBackend.namespace = NS
+    nodes = (h100_node("m1"),)
+    offers = {**OFFERS, "a100": Offer("a100", "gpu", model="A100-80GB", max_count=8)}
+    teams = {"vision": Team("vision", 64000)}
+    spec = {"script": "print(1)\n", "offer": "a100", "gpus": 8}
+
+    def manager(declared: dict[str, Any]) -> JobManager:
+        inventory = inventory_from_nodes(list(nodes))
+        if declared:
+            inventory = with_node_pools(inventory, declared, "kubernetes")
+        store = Store(f"sqlite:///{tmp_path / f'{len(declared)}.sqlite'}")
+        return JobManager(Pool(Ledger(inventory, offers, teams), store), config=c)
+
+    with pytest.raises(NoCapacity, match="this pool holds none of a100 on one node"):
+        manager({}).submit("alice", ["vision"], spec)
+    job = manager({"a100": {"node": "8x A100-80GB", "max_nodes": 2}}).submit(
+        "alice", ["vision"], spec
+    )
+    assert (job.state, job.reason) == (
+        "queued",
+        "waiting: node pool a100 has to add a node first (it is autoscaled)",
+    )
+    with pytest.raises(ConfigError, match=r"^GPUPool\.node_pools: is for a Kubernetes inventory"):
+        with_node_pools(inventory_from_nodes(list(nodes)), {"a": {}}, "nvml")
