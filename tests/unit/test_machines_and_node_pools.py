@@ -10,11 +10,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gpupool.core import Ledger, Offer, Request, Team
 from gpupool.core.errors import NoCapacity
 from gpupool.core.inventory import Inventory, Node
+from gpupool.core.queue import Queued, schedule, try_gang
 from gpupool.discovery.node_pools import parse_node_pools
 from gpupool.settings import ConfigError
 from tests.factories import gpu
@@ -128,18 +131,38 @@ def test_a_multi_node_job_waits_for_machines_the_node_pool_can_add() -> None:
     assert ledger.admit(TEAM, "ada", A100, 8, nodes=4, distinct=True).verdict == "never"
 
 
+KEY = "GPUPool.node_pools"
+A100_NODE = "8x A100-80GB"
+
+
 @pytest.mark.parametrize(
     ("value", "key", "says"),
     [
-        ({"A100": {"node": "8x A100-80GB", "max_nodes": 1}}, "GPUPool.node_pools.A100", "lowercase"),
-        ({"a": {"node": "8x A100-80GB"}}, "GPUPool.node_pools.a", "exactly the keys"),
-        ({"a": {"node": "8x A100-80GB", "max_nodes": 0}}, "GPUPool.node_pools.a.max_nodes", "1 or more"),
-        ({"a": {"node": "n1: 8x A100-80GB", "max_nodes": 2}}, "GPUPool.node_pools.a.node", "without its name"),
-        ({"a": {"node": "8x banana", "max_nodes": 2}}, "GPUPool.node_pools.a.node", "banana"),
-        (["a100"], "GPUPool.node_pools", "dict of node pools"),
+        ({"A100": {"node": A100_NODE, "max_nodes": 1}}, f"{KEY}.A100", "lowercase"),
+        ({"a": {"node": A100_NODE}}, f"{KEY}.a", "exactly the keys"),
+        ({"a": {"node": A100_NODE, "max_nodes": 0}}, f"{KEY}.a.max_nodes", "1 or more"),
+        ({"a": {"node": f"n1: {A100_NODE}", "max_nodes": 2}}, f"{KEY}.a.node", "without its name"),
+        ({"a": {"node": "8x banana", "max_nodes": 2}}, f"{KEY}.a.node", "banana"),
+        (["a100"], KEY, "dict of node pools"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_node_pool_names_its_key(value: object, key: str, says: str) -> None:
     with pytest.raises(ConfigError) as e:
         parse_node_pools(value)
     assert str(e.value).startswith(key) and says in str(e.value)
+
+
+def test_the_queues_plan_grants_as_the_job_manager_does() -> None:
+    """The plan's what-if uses the same per-node request as the grant, so it never plans a start
+    the grant refuses: a 3-node job on two machines waits, on three it starts spread out."""
+    two = Ledger(machines(("m1", 4, "off"), ("m2", 4, "off")), OFFERS, {"vision": TEAM})
+    job = Queued("j1", "ada", "vision", "gpu", 1, 3, 0, 0.0, 3600.0, distinct=True)
+    plan = schedule(two, [job], [], 0.0)
+    assert plan.start == [] and "on a machine other than m1, m2" in plan.waiting["j1"]
+    assert schedule(two, [replace(job, distinct=False)], [], 0.0).start == ["j1"]
+    three = Ledger(
+        machines(("m1", 4, "off"), ("m2", 4, "off"), ("m3", 4, "off")), OFFERS, {"vision": TEAM}
+    )
+    assert schedule(three, [job], [], 0.0).start == ["j1"]
+    assert try_gang(three, job) == ""
+    assert sorted(a.node or "" for a in three.allocations.values()) == ["m1", "m2", "m3"]

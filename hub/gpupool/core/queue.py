@@ -48,6 +48,8 @@ class Queued:
     cpu: bool = False
     procs: int = 0
     """Processes per node when they are not ``gpus`` (a CPU-only job asks for 1 ``cpu``)."""
+    distinct: bool = False
+    """Whether each of the job's nodes must be a different machine (the backend says so)."""
 
     @property
     def ranks(self) -> int:
@@ -55,6 +57,12 @@ class Queued:
 
     def requests(self) -> list[Request]:
         return [Request(self.user, self.team, self.offer, self.gpus, "job", self.id)] * self.nodes
+
+    def request(self, held: Iterable[str | None]) -> Request:
+        """The request for the job's next node, given the machines its granted nodes are on:
+        the one rule for the queue's plan and the job manager's grant alike."""
+        avoid = frozenset(n for n in held if n) if self.distinct else frozenset()
+        return Request(self.user, self.team, self.offer, self.gpus, "job", self.id, avoid)
 
 
 @dataclass(frozen=True)
@@ -163,9 +171,12 @@ def order(ledger: Ledger, queued: Iterable[Queued]) -> list[Queued]:
 def try_gang(ledger: Ledger, job: Queued, tag: str = "") -> str:
     """Allocate every request of ``job`` on ``ledger`` or none; '' on success, else the reason."""
     taken: list[str] = []
-    for i, request in enumerate(job.requests()):
+    held: list[str | None] = []
+    for i in range(job.nodes):
         try:
-            taken.append(ledger.allocate(request, f"{tag}{job.id}#{i}").id)
+            a = ledger.allocate(job.request(held), f"{tag}{job.id}#{i}")
+            taken.append(a.id)
+            held.append(a.node)
         except PoolError as e:
             for alloc_id in taken:
                 ledger.release(alloc_id)

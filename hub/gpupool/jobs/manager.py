@@ -341,7 +341,7 @@ class JobManager(LoggingConfigurable):
         return Queued(
             job.id, job.owner, job.team, job.spec.offer, 1 if cpu else job.spec.gpus,
             job.spec.nodes, job.spec.priority, job.created, job.spec.time_limit, cpu,
-            job.spec.gpus,
+            job.spec.gpus, self.backend.distinct_nodes,
         )  # fmt: skip
 
     def _running(self, job: Job, now: float) -> Running:
@@ -370,14 +370,15 @@ class JobManager(LoggingConfigurable):
         taken: list[str] = []
         devices: list[str] = []
         try:
-            machines: list[str] = []
+            held: list[str | None] = []
             for _ in range(q.nodes):
+                r = q.request(held)
                 a = self.pool.allocate(
-                    job.owner, [job.team], q.offer, q.gpus, team=job.team, kind="job",
-                    ref=job.id, avoid_nodes=machines if self.backend.distinct_nodes else (),
+                    job.owner, [job.team], r.offer, r.count, team=job.team, kind="job",
+                    ref=job.id, avoid_nodes=r.avoid_nodes,
                 )  # fmt: skip
                 taken.append(a.id)
-                machines.extend([a.node] if a.node else [])
+                held.append(a.node)
                 devices.extend(d.visible_id for d in a.devices)
         except PoolError as e:
             for alloc_id in taken:
