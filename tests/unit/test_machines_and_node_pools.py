@@ -110,7 +110,7 @@ def test_a_request_only_a_node_pool_at_zero_could_hold_waits() -> None:
     scaling = Inventory(at_zero.nodes, "test", node_pools=parse_node_pools(A100_POOL))
     ledger = Ledger(scaling, OFFERS, {"vision": TEAM})
     a = ledger.admit(TEAM, "ada", A100, 4)
-    assert (a.verdict, a.cause) == ("wait", "capacity")
+    assert (a.verdict, a.cause) == ("wait", "scale-up")
     assert a.reason == "node pool a100 has to add a node first (it is autoscaled)"
     # what its node could not hold stays impossible
     assert (
@@ -139,7 +139,7 @@ A100_NODE = "8x A100-80GB"
     ("value", "key", "says"),
     [
         ({"A100": {"node": A100_NODE, "max_nodes": 1}}, f"{KEY}.A100", "lowercase"),
-        ({"a": {"node": A100_NODE}}, f"{KEY}.a", "exactly the keys"),
+        ({"a": {"node": A100_NODE}}, f"{KEY}.a", "must have the keys"),
         ({"a": {"node": A100_NODE, "max_nodes": 0}}, f"{KEY}.a.max_nodes", "1 or more"),
         ({"a": {"node": f"n1: {A100_NODE}", "max_nodes": 2}}, f"{KEY}.a.node", "without its name"),
         ({"a": {"node": "8x banana", "max_nodes": 2}}, f"{KEY}.a.node", "banana"),

@@ -10,7 +10,9 @@ Vocabulary
   any node of the pool can ever hold, or, when a job's nodes must be different machines, it asks
   for more nodes than the pool has machines that can hold one).
 - *scale-up*: a declared autoscaled node pool (:class:`gpupool.core.inventory.NodePool`) whose
-  node could hold what no present node can: the request *waits* for it, with that reason.
+  node could hold what no present node can: the request *waits* for it, with that reason and
+  cause ``scale-up`` (after the quota's own waits: a request the quota holds back asks for no
+  node).
 - *free*: how many of the offer the pool can place now on one node (:meth:`Ledger.placeable`);
   *capacity*: the same on an empty pool (:meth:`Ledger.capacity`).
 
@@ -32,12 +34,13 @@ from .units import fmt
 
 Verdict = Literal["now", "wait", "never"]
 VERDICTS: tuple[Verdict, ...] = ("now", "wait", "never")
-Cause = Literal["", "offer", "count", "quota", "capacity"]
+Cause = Literal["", "offer", "count", "quota", "capacity", "scale-up"]
 _ERRORS: dict[str, type[PoolError]] = {
     "offer": OfferNotAllowed,
     "count": InvalidRequest,
     "quota": QuotaExceeded,
     "capacity": NoCapacity,
+    "scale-up": NoCapacity,
 }
 
 
@@ -48,7 +51,8 @@ class Admission:
     """Why not now, as a phrase a researcher can act on (empty for ``now``)."""
     cause: Cause = ""
     """What stands in the way: the team's offers, a count the offer does not take, the quota
-    (team limit or user cap), or the devices (empty for ``now``)."""
+    (team limit or user cap), the devices, or devices only a node pool's new node could hold
+    (``scale-up``; empty for ``now``)."""
 
     @property
     def now(self) -> bool:
@@ -96,30 +100,31 @@ def admit(team: Team, offer: Offer, count: int, nodes: int, usage: Usage) -> Adm
         return Admission("never", f"{need}; your cap in team {team.name} is {fmt(cap)}", "quota")
     devices = offer.kind != "cpu"
     too_few = usage.machines is not None and usage.machines < nodes
+    scale_up = None
     if devices and (usage.capacity < count or too_few):
         later = usage.machines is None or usage.machines_later >= nodes
         if usage.scale_up and later:
-            return Admission("wait", _scale_up(usage.scale_up), "capacity")
-        if usage.capacity < count:
+            why = f"node pool {usage.scale_up} has to add a node first (it is autoscaled)"
+            scale_up = Admission("wait", why, "scale-up")
+        elif usage.capacity < count:
             most = f"at most {usage.capacity}" if usage.capacity else "none"
             why = f"this pool holds {most} of {offer.name} on one node"
             return Admission("never", why, "capacity")
-        why = (
-            f"its {nodes} nodes must be different machines, and this pool has "
-            f"{usage.machines} that can hold {count} of {offer.name}"
-        )
-        return Admission("never", why, "capacity")
+        else:
+            why = (
+                f"its {nodes} nodes must be different machines, and this pool has "
+                f"{usage.machines} that can hold {count} of {offer.name}"
+            )
+            return Admission("never", why, "capacity")
     if cost and usage.team_used + cost > team.limit_milli:
         left = max(0, team.limit_milli - usage.team_used)
         return Admission("wait", f"{need}; team {team.name} has {fmt(left)} left", "quota")
     if cost and cap is not None and usage.user_used + cost > cap:
         left = max(0, cap - usage.user_used)
         return Admission("wait", f"{need}; you have {fmt(left)} of your cap left", "quota")
+    if scale_up:
+        return scale_up
     if devices and usage.free < count:
         why = "none free right now" if usage.free == 0 else f"only {usage.free} free on one node"
         return Admission("wait", why, "capacity")
     return Admission("now")
-
-
-def _scale_up(node_pool: str) -> str:
-    return f"node pool {node_pool} has to add a node first (it is autoscaled)"

@@ -74,6 +74,9 @@ class NodePool:
     name: str
     node: Node
     max_nodes: int
+    node_selector: tuple[tuple[str, str], ...] = ()
+    """Labels the pool's nodes carry (what a pending pod selects to make the autoscaler grow
+    this pool and no other)."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,10 @@ Vocabulary
 - *limits*: what bounds jobs that cost no GPU-equivalents (:class:`Limits`): the ranks the
   machine runs at once (all jobs), and per user the CPU-only jobs and their ranks running at
   once. A job over a limit waits with the limit named, and does not block the jobs behind it.
+- *scale-up*: what a declared autoscaled node pool should add for the queue: for each node pool,
+  the first job in order that waits only for new nodes of it (admission cause ``scale-up``)
+  and how many nodes that job needs from it (:func:`scale_ups`; the backend turns that into
+  pending pods the cluster's autoscaler acts on).
 - *preemption*: a head whose team is within its guarantee may take back capacity from running
   jobs of teams above their guarantee (borrowing), newest first, as few as it needs. Notebooks
   are never preempted.
@@ -29,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from .admission import Usage, admit
 from .errors import PoolError
 from .ledger import Ledger
 from .offers import Request
@@ -265,11 +270,11 @@ def schedule(
                     continue
             head = job
             plan.head, plan.shadow = job.id, shadow_time(work, job, live, now)
-            plan.waiting[job.id] = why
+            plan.waiting[job.id] = scale_up_reason(ledger, job) or why
             continue
         why = try_gang(work, job)
         if why:
-            plan.waiting[job.id] = why
+            plan.waiting[job.id] = scale_up_reason(ledger, job) or why
             continue
         if now + job.time_limit <= plan.shadow or _head_still_fits(work, head, live, plan.shadow):
             plan.start.append(job.id)
@@ -288,3 +293,46 @@ def _head_still_fits(ledger: Ledger, head: Queued, running: Sequence[Running], a
                 if alloc_id in trial.allocations:
                     trial.release(alloc_id)
     return not try_gang(trial, head, "?")
+
+
+@dataclass(frozen=True)
+class ScaleUp:
+    """``nodes`` new nodes of ``node_pool``, each to hold ``count`` of ``offer``."""
+
+    node_pool: str
+    offer: str
+    count: int
+    nodes: int
+
+
+def scale_ups(ledger: Ledger, queued: Iterable[Queued]) -> list[ScaleUp]:
+    """What each declared node pool should add for the queue (see *scale-up*)."""
+    wanted: dict[str, ScaleUp] = {}
+    pools = {p.name: p for p in ledger.inventory.node_pools}
+    for job in order(ledger, queued) if pools else ():
+        found = _scale_up(ledger, job)
+        if found is None or found[0].scale_up in wanted:
+            continue
+        usage, _ = found
+        present = (usage.machines or 0) if usage.capacity >= job.gpus else 0
+        need = job.nodes - present if job.distinct and job.nodes > 1 else 1
+        pool = pools[usage.scale_up]
+        wanted[pool.name] = ScaleUp(pool.name, job.offer, job.gpus, min(need, pool.max_nodes))
+    return list(wanted.values())
+
+
+def scale_up_reason(ledger: Ledger, job: Queued) -> str:
+    """Why ``job`` waits when it waits for a node pool's new nodes ('' otherwise)."""
+    found = _scale_up(ledger, job) if ledger.inventory.node_pools else None
+    return found[1] if found else ""
+
+
+def _scale_up(ledger: Ledger, job: Queued) -> tuple[Usage, str] | None:
+    """The snapshot and reason when ``job`` waits only for a node pool to grow."""
+    offer = ledger.offers.get(job.offer)
+    if job.cpu or offer is None:
+        return None
+    team = ledger.team(job.team)
+    usage = ledger.usage(team, job.user, offer, job.gpus, job.distinct and job.nodes > 1)
+    verdict = admit(team, offer, job.gpus, job.nodes, usage)
+    return (usage, verdict.reason) if verdict.cause == "scale-up" else None

@@ -1,10 +1,12 @@
 """Autoscaled node pools declared by the admin: ``c.GPUPool.node_pools``.
 
 Vocabulary
-- *declaration*: ``{name: {"node": SPEC, "max_nodes": N}}``, where SPEC describes one node of the
-  pool in the simulated-inventory grammar without its name (``"8x A100-80GB"``,
-  ``"4x H100-80GB, mig=4:3g.40gb+3g.40gb"``: a MIG node as its ``nvidia.com/mig.config`` layout
-  makes it) and N is the pool's maximum size (the autoscaler's).
+- *declaration*: ``{name: {"node": SPEC, "max_nodes": N, "node_selector": {LABEL: VALUE}}}``,
+  where SPEC describes one node of the pool in the simulated-inventory grammar without its name
+  (``"8x A100-80GB"``, ``"4x H100-80GB, mig=4:3g.40gb+3g.40gb"``: a MIG node as its
+  ``nvidia.com/mig.config`` layout makes it), N is the pool's maximum size (the autoscaler's)
+  and the optional node selector names labels only this pool's nodes carry
+  (``{"cloud.google.com/gke-nodepool": "a100"}``), so a scale-up request grows this pool.
 - *template*: the :class:`~gpupool.core.inventory.Node` a declaration describes, built through the
   simulated NVML so it has exactly the shape discovery gives a real node of that kind.
 
@@ -26,6 +28,7 @@ from .simulated import simulated_inventory
 
 KEY = "GPUPool.node_pools"
 EXAMPLE = '{"a100": {"node": "8x A100-80GB", "max_nodes": 4}}'
+KEYS = {"node", "max_nodes", "node_selector"}
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
@@ -40,8 +43,10 @@ def _pool(name: str, spec: Any) -> NodePool:
     key = f"{KEY}.{name}"
     if not _NAME.match(name):
         raise ConfigError(key, "a node pool's name is lowercase letters, digits, '-' and '.'")
-    if not isinstance(spec, Mapping) or set(spec) != {"node", "max_nodes"}:
-        raise ConfigError(key, f"must have exactly the keys 'node' and 'max_nodes', like {EXAMPLE}")
+    if not isinstance(spec, Mapping) or not {"node", "max_nodes"} <= set(spec) <= KEYS:
+        raise ConfigError(
+            key, f"must have the keys 'node', 'max_nodes' and maybe 'node_selector', like {EXAMPLE}"
+        )
     most = spec["max_nodes"]
     if isinstance(most, bool) or not isinstance(most, int) or most < 1:
         raise ConfigError(
@@ -56,4 +61,12 @@ def _pool(name: str, spec: Any) -> NodePool:
         template = simulated_inventory(f"{name}: {node}").nodes[0]
     except ValueError as e:
         raise ConfigError(f"{key}.node", str(e)) from None
-    return NodePool(name, template, most)
+    selector = spec.get("node_selector", {})
+    if not isinstance(selector, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in selector.items()
+    ):
+        raise ConfigError(
+            f"{key}.node_selector",
+            f"must map label names to values, like {{'cloud.google.com/gke-nodepool': '{name}'}}",
+        )
+    return NodePool(name, template, most, tuple(sorted(selector.items())))

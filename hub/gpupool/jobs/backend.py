@@ -15,13 +15,16 @@ started only through the backend.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from traitlets.config import LoggingConfigurable
 
 from ..core.errors import InvalidRequest
+from ..core.inventory import NodePool
 from ..core.jobs import Job, JobSpec
 from ..core.ledger import Allocation
+from ..core.queue import ScaleUp
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,11 @@ class JobBackend(LoggingConfigurable):
     marker = ""
     """This hub's marker (``GPUPOOL_HUB``), which every job process carries, so reconciliation
     finds this hub's processes and only those (set by the job manager from its pool)."""
+
+    async def request_nodes(self, wanted: list[ScaleUp], node_pools: Sequence[NodePool]) -> None:
+        """Ask the cluster's autoscaler for the nodes the queue waits for (see
+        :mod:`gpupool.jobs.kube_scale_up`); ``[]`` withdraws every request. Backends without an
+        autoscaler have nothing to ask."""
 
     def validate(self, spec: JobSpec) -> None:
         """Refuse a spec this backend cannot run (raise :class:`InvalidRequest`)."""

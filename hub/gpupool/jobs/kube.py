@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -49,8 +49,10 @@ from aiohttp import ClientError
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from gpupool.core.inventory import NodePool
 from gpupool.core.jobs import Job
 from gpupool.core.ledger import Allocation
+from gpupool.core.queue import ScaleUp
 from gpupool.podspec import (
     label_value,
     queue_name,
@@ -65,6 +67,7 @@ from .kube_manifests import (
     make_script_configmap,
     make_service,
 )
+from .kube_scale_up import SCALE_UP_LABEL, make_scale_up_pod, plan_scale_up_pods
 from .kube_settings import NOTEBOOK_SELECTOR, KubeJobSettings, notebook_pod
 from .kube_status import (
     TERMINAL_PHASES,
@@ -119,6 +122,38 @@ class KubeJobBackend(KubeJobSettings):
             namespace, label_selector=selector, _request_timeout=self.request_timeout
         )
         return [api.sanitize_for_serialization(p) for p in listed.items]
+
+    # -- scale-up requests --------------------------------------------------------------------
+    async def request_nodes(self, wanted: list[ScaleUp], node_pools: Sequence[NodePool]) -> None:
+        """Make the request pods match ``wanted`` (see :mod:`gpupool.jobs.kube_scale_up`)."""
+        pools = {p.name: p for p in node_pools}
+        async with await self.api_client() as api:
+            existing = await self._pods(api, self.namespace, SCALE_UP_LABEL)
+            create, delete = plan_scale_up_pods(wanted, existing)
+            _, core = self._apis(api)
+            for name in delete:
+                try:
+                    await core.delete_namespaced_pod(
+                        name, self.namespace, grace_period_seconds=0,
+                        _request_timeout=self.request_timeout,
+                    )  # fmt: skip
+                except ApiException as e:
+                    if e.status != 404:
+                        raise
+            for want, index in create:
+                offer = self.offer_named(want.offer)
+                if offer is None or want.node_pool not in pools:
+                    continue
+                body = make_scale_up_pod(
+                    want, index, self.namespace, offer, pools[want.node_pool],
+                    tolerations=self.gpu_tolerations, product_labels=self.product_labels(),
+                )  # fmt: skip
+                await self._create(core.create_namespaced_pod, self.namespace, body)
+                self.log.info(
+                    "gpupool: asked the autoscaler for a node of node pool %s (pod %s)",
+                    want.node_pool,
+                    body["metadata"]["name"],
+                )
 
     # -- start --------------------------------------------------------------------------------
     async def pod_template_for(self, job: Job, api: Any) -> dict[str, Any]:

@@ -302,8 +302,11 @@ class KubeJobSettings(JobBackend):
         return getattr(self.parent, "pool", None)
 
     def offer_of(self, allocation: Allocation) -> Offer | None:
+        return self.offer_named(allocation.offer)
+
+    def offer_named(self, name: str) -> Offer | None:
         offers = self.offers or getattr(getattr(self._pool(), "ledger", None), "offers", {})
-        offer = offers.get(allocation.offer)
+        offer = offers.get(name)
         return offer if isinstance(offer, Offer) else None
 
     def product_labels(self) -> dict[str, tuple[str, ...]]:

@@ -35,7 +35,7 @@ from ..clock import utcnow
 from ..core.errors import InvalidRequest, PoolError, UnknownAllocation
 from ..core.jobs import Job, JobSpec, transition
 from ..core.parse import check_size, clip, clip_names, whole_number
-from ..core.queue import Limits, Queued, Running, order, schedule
+from ..core.queue import Limits, Queued, Running, ScaleUp, order, scale_ups, schedule
 from ..core.quota import PRIORITY_RANGE, check_offer, check_priority, resolve_team
 from ..pool import Pool
 from .backend import JobBackend, Observation
@@ -124,6 +124,10 @@ class JobManager(LoggingConfigurable):
         self.jobs: dict[str, Job] = {j.id: j for j in pool.store.load_jobs()}
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._pass_lock = asyncio.Lock()
+        self._nodes_requested: list[ScaleUp] | None = None
+        """The node pools' nodes last asked of the backend (``None``: not yet since the start,
+        so the first pass also withdraws requests an earlier run left; see
+        :meth:`_request_nodes`)."""
         self._locks: dict[str, asyncio.Lock] = {}
         self._launching = asyncio.Semaphore(self.max_concurrent_launches)
         self.stopping = False
@@ -323,6 +327,7 @@ class JobManager(LoggingConfigurable):
                 return
             now = self.now()
             queued = [self._queued(j) for j in self.jobs.values() if j.state == "queued"]
+            await self._request_nodes(queued)
             if not queued:
                 return
             running = [self._running(j, now) for j in self.jobs.values() if j.active]
@@ -335,6 +340,20 @@ class JobManager(LoggingConfigurable):
                 if job.state == "queued" and job.reason != why:
                     self._save(replace(job, reason=why))
             await asyncio.gather(*(self._launch(job_id) for job_id in granted))
+
+    async def _request_nodes(self, queued: list[Queued]) -> None:
+        """Ask the backend for the node pools' nodes the queue waits for, when that changed
+        (an error is logged and the next pass asks again)."""
+        node_pools = self.pool.inventory.node_pools
+        wanted = scale_ups(self.pool.ledger, queued)
+        if wanted == self._nodes_requested or not (node_pools or self._nodes_requested):
+            return
+        try:
+            await self.backend.request_nodes(wanted, node_pools)
+        except Exception as e:
+            self.log.warning("gpupool: could not ask for node pool nodes: %s", e)
+            return
+        self._nodes_requested = wanted
 
     def _queued(self, job: Job) -> Queued:
         cpu = _cpu(self.pool.ledger, job.spec)
