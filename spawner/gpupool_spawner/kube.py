@@ -13,29 +13,50 @@ Vocabulary
   Kueue priority class).
 - *product labels*: model key to ``nvidia.com/gpu.product`` values: the built-in table, plus the
   products the Kubernetes inventory saw on the nodes, with ``gpu_product_labels`` overriding both.
+- *profiles*: KubeSpawner's ``profile_list`` (z2jh's ``singleuser.profileList``, which z2jh's
+  ``jupyterhub_config.py`` sets on ``c.KubeSpawner`` and this subclass inherits) works as in
+  KubeSpawner: the ``profile`` user option, a profile's ``profile_options`` and their
+  ``kubespawner_override`` (image, CPU, memory, ...) are KubeSpawner's own code
+  (``load_user_options``). gpupool's offer, count and team apply on top; a profile entry may name
+  the offers it allows with the extra key :data:`PROFILE_OFFERS_KEY` (KubeSpawner and z2jh's
+  schema let extra keys through), enforced by the hub for every start, the default profile's for
+  a start that names none. An unknown profile, or a choice a profile option lacks, is a 400
+  before anything is allocated. The spawn form is KubeSpawner's profile form followed by
+  gpupool's.
 
 Contract: :class:`GPUSpawnerMixin` allocates before KubeSpawner starts, so the manifest is built
 for the allocation of this start, never from spawner traits: a CPU-only server gets no
 ``nvidia.com/*`` resource whatever an earlier (failed) GPU spawn or a ``kubespawner_override``
-left in ``extra_resource_limits``. No spawner trait is changed by gpupool. An offer whose model
-has no product labels is refused before any pod is made. The server's environment carries
+left in ``extra_resource_limits`` (or ``extra_container_config``). No spawner trait is changed by
+gpupool (KubeSpawner's profiles change them, as they do in KubeSpawner). A GPU pod runs where the
+ledger counted its devices: a profile that pins it by name to another node
+(``nodeSelector`` ``kubernetes.io/hostname``, or ``nodeName`` through ``extra_pod_config``) is
+refused (400) and the devices released, rather than left Pending. An offer whose model has no
+product labels is refused before any pod is made. The server's environment carries
 ``GPUPOOL_ALLOCATION``, ``GPUPOOL_OFFER``, ``GPUPOOL_TEAM`` and ``GPUPOOL_SIMULATED``, as the local
 spawner's does; ``CUDA_VISIBLE_DEVICES`` is left to the device plugin.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
-from kubernetes_asyncio.client import V1Pod
+from jupyterhub.utils import maybe_future
+from kubernetes_asyncio.client import V1Pod, V1ResourceRequirements
 from kubespawner import KubeSpawner
-from traitlets import Bool, Dict, List, Unicode, validate
+from kubespawner.utils import get_k8s_model
+from traitlets import Bool, Dict, List, Unicode, default, validate
 
+from gpupool.core.errors import InvalidRequest
 from gpupool.core.ledger import Allocation
+from gpupool.core.parse import clip
 from gpupool.hub.errors import refuse
+from gpupool.hub.form import PROFILE_OFFERS_KEY
 from gpupool.podspec import (
     DEFAULT_GPU_TOLERATIONS,
     DEFAULT_PRODUCT_LABELS,
+    HOSTNAME_LABEL,
     apply_allocation,
     check_priority_class,
     check_queue_template,
@@ -44,6 +65,10 @@ from gpupool.podspec import (
 from gpupool.settings import ConfigError
 
 from .mixin import GPUSpawnerMixin
+from .options import OfferLimit, others
+
+PROFILE_FIELDS = ("profile", "profile-option-")
+"""The spawn form fields KubeSpawner's profile form posts (the name, or its start)."""
 
 
 class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner):
@@ -167,9 +192,15 @@ class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner):
 
     async def get_pod_manifest(self) -> V1Pod:
         pod: V1Pod = await super().get_pod_manifest()
+        for container in pod.spec.containers or []:
+            # ``extra_container_config`` (e.g. a profile's override) leaves a plain dict
+            if isinstance(container.resources, dict):
+                container.resources = get_k8s_model(V1ResourceRequirements, container.resources)
+        allocation = self.gpupool_allocation
+        self._gpupool_check_pins(pod, allocation)
         return apply_allocation(
             pod,
-            self.gpupool_allocation,
+            allocation,
             self.gpupool_offer,
             tolerations=self.gpu_tolerations,
             priority_class_name=self.gpu_priority_class_name,
@@ -179,3 +210,110 @@ class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner):
             kueue_priority_class=self.kueue_priority_class,
             bind_to_node=self.bind_to_node,
         )
+
+    def _gpupool_check_pins(self, pod: V1Pod, allocation: Allocation | None) -> None:
+        """Refuse a GPU pod pinned by name to another node than the one the ledger chose."""
+        if not (allocation and allocation.devices and allocation.node and self.bind_to_node):
+            return
+        pins = (
+            (
+                "nodeSelector kubernetes.io/hostname",
+                (pod.spec.node_selector or {}).get(HOSTNAME_LABEL),
+            ),
+            ("nodeName", pod.spec.node_name),
+        )
+        for what, node in pins:
+            if node and node != allocation.node:
+                raise refuse(
+                    400,
+                    f"This server's profile pins it to node {node} ({what}), but the pool holds "
+                    f"your {allocation.offer} on node {allocation.node}: choose another profile "
+                    "or offer, or ask an admin to remove the pin from the profile.",
+                )
+
+    # -- KubeSpawner's profiles ----------------------------------------------------------------
+    async def gpupool_profiles(self) -> list[dict[str, Any]]:
+        """``profile_list`` as KubeSpawner's ``load_user_options`` reads it (a dict's values by
+        key, a callable's result), initialized (slugs, one default profile); ``[]`` when none."""
+        profiles: Any = self._sorted_dict_values(self.profile_list)
+        if callable(profiles):
+            profiles = await maybe_future(profiles(self))
+        return list(self._get_initialized_profile_list(profiles) or [])
+
+    async def gpupool_offer_limit(self, options: dict[str, Any]) -> OfferLimit | None:
+        """The chosen (or default) profile's ``gpupool_offers``; an unknown profile, or a
+        choice one of its ``profile_options`` does not have, is an :class:`InvalidRequest`."""
+        profiles = await self.gpupool_profiles()
+        if not profiles:
+            return None
+        try:
+            self._validate_user_options(profiles)  # KubeSpawner's checks of self.user_options
+            profile = self._get_profile(options.get("profile") or None, profiles)
+        except ValueError as e:
+            raise InvalidRequest(f"{str(e).rstrip('.')}.") from None
+        name = str(profile.get("display_name") or profile["slug"])
+        for key, option in (profile.get("profile_options") or {}).items():
+            choice, choices = options.get(key), option.get("choices") or {}
+            if options.get(f"{key}--unlisted-choice") or choice in (None, ""):
+                continue
+            if not isinstance(choice, str) or choice not in choices:
+                raise InvalidRequest(
+                    f"Profile {name!r} has no {key} {clip(choice)}: choose one of "
+                    f"{', '.join(choices)}."
+                )
+        return self._gpupool_profile_offers(profile, name)
+
+    def _gpupool_profile_offers(self, profile: dict[str, Any], name: str) -> OfferLimit | None:
+        offers = profile.get(PROFILE_OFFERS_KEY)
+        if offers is None:
+            return None
+        known = self.gpupool.ledger.offers
+        if not isinstance(offers, list | tuple) or not all(
+            isinstance(o, str) and o in known for o in offers
+        ):
+            self.log.error(
+                "gpupool: KubeSpawner.profile_list[%r].%s must list offers of the pool (%s), "
+                "got %r",
+                profile["slug"],
+                PROFILE_OFFERS_KEY,
+                ", ".join(known),
+                offers,
+            )
+            raise refuse(
+                503,
+                f"Profile {name!r} names offers this pool does not have ({clip(offers)}); "
+                "an admin must fix its gpupool_offers.",
+            )
+        return OfferLimit(f"Profile {name!r}", tuple(offers))
+
+    @default("options_form")
+    def _gpupool_kube_options_form(self) -> Any:
+        """gpupool's form alone, or, with a ``profile_list``, KubeSpawner's profile form
+        followed by gpupool's (rendered per spawn page: a callable profile list is per user)."""
+        if not self.profile_list:
+            return self._render_gpupool_form
+        return self._render_profiles_and_gpupool_form
+
+    async def _render_profiles_and_gpupool_form(self, spawner: Any = None) -> str:
+        profiles = copy.deepcopy(await self.gpupool_profiles())
+        offers = self.gpupool.ledger.offers
+        for profile in profiles:
+            allowed = profile.get(PROFILE_OFFERS_KEY)
+            if isinstance(allowed, list | tuple):
+                labels = ", ".join(offers[o].label if o in offers else str(o) for o in allowed)
+                description = str(profile.get("description") or "")
+                profile["description"] = f"{description} (GPU choices: {labels})".strip()
+        parts = [self._render_options_form(profiles), self._render_gpupool_form()]
+        return "\n".join(p for p in parts if p)
+
+    def gpupool_options_from_form(self, form_data: dict[str, list[str]]) -> dict[str, Any]:
+        """gpupool's default ``options_from_form``; with a ``profile_list``, the profile fields
+        are parsed by KubeSpawner's own parser (``profile``, its options by name), gpupool's
+        fields by gpupool's, and every other field is passed through as it came."""
+        if not self.profile_list:
+            return super().gpupool_options_from_form(form_data)
+        rest = others(form_data)
+        profile_fields = {k: v for k, v in rest.items() if k.startswith(PROFILE_FIELDS)}
+        theirs = {k: v for k, v in rest.items() if k not in profile_fields}
+        profile = KubeSpawner._options_from_form(self, profile_fields) if profile_fields else {}
+        return {**theirs, **profile, **self._gpupool_form_keys(form_data)}

@@ -5,7 +5,9 @@ Vocabulary
   :mod:`gpupool_spawner.options`), from the spawn form, a spawn link or ``user_options`` of the
   REST API, next to any keys of others, which gpupool leaves alone; ``team`` may be left out by a
   user in one team; a start that names no offer gets the user's only choice, else
-  ``default_offer``. Both doors are checked by the same code, on the hub.
+  ``default_offer``. A spawner may limit the offers of a start from its other options
+  (``gpupool_offer_limit``: KubeGPUSpawner's profiles). Both doors are checked by the same code,
+  on the hub.
 - *spawn form*: gpupool's radio list, shown per ``spawn_form`` (by default only when there is
   something to choose); ``options_from_form`` stays JupyterHub's configurable trait, with
   gpupool's parser as its default, and an admin's callable composes with it.
@@ -41,7 +43,7 @@ from gpupool.hub.objects import hub_objects
 from gpupool.hub.reconcile import STATE_KEY
 from gpupool.pool import Pool
 
-from .options import from_form, others, parse_user_options
+from .options import OfferLimit, from_form, others, parse_user_options
 
 
 class GPUSpawnerMixin(Spawner):
@@ -121,10 +123,13 @@ class GPUSpawnerMixin(Spawner):
         menus = menu(self.gpupool.ledger, self.user.name, self.gpupool_groups())
         return [c for m in menus for c in m.choices if c.admission.verdict != "never"]
 
-    def gpupool_defaults(self) -> dict[str, Any]:
-        """gpupool's keys for a start that names no offer: the user's only choice, or
-        ``default_offer``."""
+    def gpupool_defaults(self, limit: OfferLimit | None = None) -> dict[str, Any]:
+        """gpupool's keys for a start that names no offer: the user's only choice (within
+        ``limit``), or ``default_offer`` (when ``limit`` allows it; else :class:`InvalidRequest`
+        asking for an offer)."""
         choices = self.gpupool_choices()
+        if limit is not None:
+            choices = [c for c in choices if c.offer in limit.offers]
         if len(choices) == 1:
             c = choices[0]
             return {
@@ -132,7 +137,15 @@ class GPUSpawnerMixin(Spawner):
                 "count": c.count,
                 "team": None if c.team == EVERYONE else c.team,
             }
+        if limit is not None and self.default_offer not in limit.offers:
+            raise limit.needs_offer()
         return {"offer": self.default_offer}
+
+    async def gpupool_offer_limit(self, options: dict[str, Any]) -> OfferLimit | None:
+        """Hook: the offers this start may take whatever the pool allows (e.g. those of the
+        KubeSpawner profile it names), or ``None``; raise :class:`PoolError` (a 4xx) for options
+        the spawner itself would refuse. Runs before anything is allocated."""
+        return None
 
     @default("options_form")
     def _gpupool_options_form(self) -> Any:
@@ -213,9 +226,12 @@ class GPUSpawnerMixin(Spawner):
         try:
             options = dict(self.user_options or {})
             check_size(json_size(options), self.max_user_options_bytes, "user_options")
+            limit = await self.gpupool_offer_limit(options)
             if not options.get("offer"):
-                options = {**options, **self.gpupool_defaults()}
+                options = {**options, **self.gpupool_defaults(limit)}
             offer, count, team = parse_user_options(options)
+            if limit is not None:
+                limit.check(offer)
             stale = [a.id for a in pool.ledger.allocations.values() if a.ref == self.gpupool_ref]
             for alloc_id in stale:  # left by a start the hub did not finish (e.g. a crash)
                 pool.release(alloc_id)

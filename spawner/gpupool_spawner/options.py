@@ -6,6 +6,9 @@ Vocabulary
   and ``team`` (needed only by a user in several teams) of ``user_options``. Every other key
   belongs to someone else (an admin's ``apply_user_options``, another form's fields, a spawn
   link's ``opt-`` arguments) and is left as it came: JupyterHub treats ``user_options`` as opaque.
+- *offer limit*: the offers one start may take at most, whatever the pool would grant, set by
+  the spawner from something else the user chose (a KubeSpawner profile's ``gpupool_offers``):
+  :class:`OfferLimit`.
 - *form data*: what JupyterHub hands ``options_from_form`` and ``options_from_query``: a dict of
   lists of strings. gpupool's spawn form sends one field, :data:`FIELD`
   (``"team|offer|count"``); a spawn link sends the keys themselves
@@ -18,6 +21,7 @@ the others never looked into.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gpupool.core.errors import InvalidRequest
@@ -44,6 +48,27 @@ def parse_user_options(options: Mapping[str, Any]) -> tuple[str, int, str | None
     if team is not None and not isinstance(team, str):
         raise InvalidRequest(f"user_options.team must be a team name, got {clip(team)}.")
     return offer, count, team
+
+
+@dataclass(frozen=True)
+class OfferLimit:
+    """The offers a start may take: ``offers``, because of ``who`` (a sentence's subject, such as
+    ``Profile 'Deep learning'``)."""
+
+    who: str
+    offers: tuple[str, ...]
+
+    def check(self, offer: str) -> None:
+        """:class:`InvalidRequest` saying which offers ``who`` allows, unless ``offer`` is one."""
+        if offer not in self.offers:
+            raise InvalidRequest(
+                f"{self.who} allows only the offers {', '.join(self.offers)}, "
+                f"not {clip(offer)}: choose one of them, or another profile."
+            )
+
+    def needs_offer(self) -> InvalidRequest:
+        """The refusal of a start that names no offer where the limit leaves several."""
+        return InvalidRequest(f"{self.who} needs an offer: name one of {', '.join(self.offers)}.")
 
 
 def from_form(form_data: Mapping[str, list[str]]) -> dict[str, Any]:

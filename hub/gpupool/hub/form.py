@@ -3,11 +3,14 @@
 Contract: ``render(menus, inventory_label, simulated)`` returns the HTML JupyterHub puts inside its
 spawn form; the chosen radio button posts ``gpupool_choice=team|offer|count``. Whether the page
 shows it at all is ``GPUSpawnerMixin.spawn_form`` (:data:`SPAWN_FORMS`, checked at start by
-:func:`check_spawn_form`).
+:func:`check_spawn_form`). With KubeSpawner's ``profile_list``, KubeGPUSpawner puts KubeSpawner's
+profile form before this one; a profile's ``gpupool_offers`` (:data:`PROFILE_OFFERS_KEY`) are
+checked at start by :func:`check_profile_offers`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from html import escape
 from typing import Any
 
@@ -20,6 +23,8 @@ FIELD = "gpupool_choice"
 SPAWN_FORMS = ("choices", "always", "never")
 """The values of ``GPUSpawnerMixin.spawn_form``: when the spawn page shows this form."""
 SPAWNER_SECTIONS = ("GPUSpawnerMixin", "LocalGPUSpawner", "KubeGPUSpawner")
+PROFILE_OFFERS_KEY = "gpupool_offers"
+"""The key of a KubeSpawner ``profile_list`` entry naming the gpupool offers it allows."""
 
 
 def check_spawn_form(config: Any) -> None:
@@ -32,6 +37,33 @@ def check_spawn_form(config: Any) -> None:
                 raise ConfigError(
                     f"{section}.spawn_form",
                     f"must be one of {', '.join(SPAWN_FORMS)}, not {value!r}",
+                )
+
+
+def check_profile_offers(config: Any, offers: Collection[str]) -> None:
+    """Stop the hub at start, naming the key, if a profile of ``c.KubeSpawner.profile_list`` or
+    ``c.KubeGPUSpawner.profile_list`` (a list or a dict; a callable is checked at each spawn)
+    has ``gpupool_offers`` that are not a list of the pool's ``offers``."""
+    for section in ("KubeSpawner", "KubeGPUSpawner"):
+        if section not in config or "profile_list" not in config[section]:
+            continue
+        profiles = config[section]["profile_list"]
+        if isinstance(profiles, dict):
+            entries = [(repr(k), v) for k, v in profiles.items()]
+        elif isinstance(profiles, list | tuple):
+            entries = [(str(i), v) for i, v in enumerate(profiles)]
+        else:
+            continue
+        for where, profile in entries:
+            if not isinstance(profile, dict) or PROFILE_OFFERS_KEY not in profile:
+                continue
+            value = profile[PROFILE_OFFERS_KEY]
+            ok = isinstance(value, list | tuple) and all(isinstance(o, str) for o in value)
+            unknown = [o for o in value if o not in offers] if ok else []
+            if not ok or unknown:
+                raise ConfigError(
+                    f"{section}.profile_list[{where}].{PROFILE_OFFERS_KEY}",
+                    f"must list offers of the pool ({', '.join(sorted(offers))}), not {value!r}",
                 )
 
 
