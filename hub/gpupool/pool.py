@@ -104,6 +104,9 @@ class Pool:
         self.new_id = new_id
         self.on_release: list[Callable[[Allocation], None]] = []
         """Called after every release (the job queue listens, to start what now fits)."""
+        self.on_inventory: list[Callable[[], None]] = []
+        """Called after the inventory changed (a Kubernetes node came, went or changed; the job
+        queue listens: a queued job may fit a new node)."""
         self._lock = threading.Lock()
 
     @classmethod

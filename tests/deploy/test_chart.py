@@ -46,6 +46,7 @@ from traitlets.config import Config
 from gpupool.config import GPUPool
 from gpupool.core.ledger import Allocation
 from gpupool.core.mig import GEOMETRIES
+from gpupool.discovery.kubernetes import ClusterAPI
 from gpupool.hub.fileconfig import load_config_file
 from gpupool.podspec import gpu_equivalents, queue_name
 from gpupool.pool import Pool
@@ -465,9 +466,20 @@ def api_calls(path: Path) -> set[tuple[str, str, str]]:
     return calls
 
 
-def granted(objects: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+def watched() -> set[tuple[str, str, str]]:
+    """What the Kubernetes reconciler lists and then watches, through its one seam
+    (:class:`gpupool.discovery.kubernetes.ClusterAPI`: nodes cluster-wide, pods in the hub's
+    namespace): a watch is a list call with ``watch=true``, so the scan above sees only the list."""
+    kinds = ClusterAPI().selectors
+    assert set(kinds) == {"nodes", "pods"}, kinds
+    return {("", kind, verb) for kind in kinds for verb in ("list", "watch")}
+
+
+def granted(
+    objects: list[dict[str, Any]], kinds: tuple[str, ...] = ("Role", "ClusterRole")
+) -> set[tuple[str, str, str]]:
     out = set()
-    for kind in ("Role", "ClusterRole"):
+    for kind in kinds:
         for role in by_kind(objects, kind).values():
             for rule in role["rules"]:
                 for group in rule["apiGroups"]:
@@ -480,7 +492,9 @@ def test_rbac_grants_every_call_the_hub_makes(chart: helm.Chart) -> None:
     objects = render(chart, values_of("small"))
     hub = ROOT / "hub" / "gpupool"
     needed = api_calls(hub / "jobs" / "kube.py") | api_calls(hub / "discovery" / "kubernetes.py")
+    needed |= watched()
     assert ("batch", "jobs", "create") in needed and ("", "nodes", "list") in needed
+    assert ("", "nodes", "watch") in needed and ("", "pods", "watch") in needed
     assert ("", "pods/log", "get") in needed
     missing = needed - granted(objects)
     assert not missing, f"the chart's RBAC lacks {sorted(missing)}"
@@ -493,6 +507,21 @@ def test_rbac_grants_every_call_the_hub_makes(chart: helm.Chart) -> None:
             "hub",
             NAMESPACE,
         )
+
+
+def test_rbac_lets_the_reconciler_watch_nodes_cluster_wide_and_pods_in_its_namespace(
+    chart: helm.Chart,
+) -> None:
+    """Nodes are cluster-scoped: only a ClusterRole grants them, and it grants nothing else and
+    nothing but reading; the pods are watched in the release's namespace, through its Role."""
+    objects = render(chart, values_of("small"))
+    cluster_wide = granted(objects, ("ClusterRole",))
+    namespaced = granted(objects, ("Role",))
+    for verb in ("list", "watch"):
+        assert ("", "nodes", verb) in cluster_wide, f"no ClusterRole may {verb} nodes"
+        assert ("", "pods", verb) in namespaced, f"the hub's Role may not {verb} pods"
+    assert {resource for _, resource, _ in cluster_wide} == {"nodes"}
+    assert {verb for _, _, verb in cluster_wide} == {"get", "list", "watch"}
 
 
 def test_rendezvous_policy_selects_job_pods_both_ways(chart: helm.Chart) -> None:

@@ -42,6 +42,7 @@ from traitlets.config import Config
 
 from gpupool.core import Ledger, Offer, Team
 from gpupool.discovery.kubernetes import inventory_from_nodes
+from gpupool.hub import setup
 from gpupool.hub.form import check_profile_offers
 from gpupool.hub.objects import SETTINGS_KEY, build
 from gpupool.pool import Pool
@@ -503,3 +504,15 @@ def test_z2jhs_profile_list_passes_through_the_chart_unchanged(tmp_path: Path) -
     ]
     text = str(config["data"])
     assert "profile_list" not in text and "options_form" not in text
+
+
+def test_setup_checks_the_profiles_offers(tmp_path: Path) -> None:
+    """The check runs where a bad key must stop the hub: in ``setup(c)``, before anything runs."""
+    c = Config()
+    c.GPUPool.inventory = "simulated:n: 2x H100-80GB"
+    c.GPUPool.db_url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
+    c.GPUPool.offers = {"cpu": {"kind": "cpu"}}
+    c.JupyterHub.db_url = f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}"
+    c.KubeSpawner.profile_list = [{"display_name": "x", "gpupool_offers": ["h100"]}]
+    with pytest.raises(ConfigError, match=r"^KubeSpawner\.profile_list\[0\]\.gpupool_offers"):
+        setup(c)

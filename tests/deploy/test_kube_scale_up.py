@@ -7,24 +7,27 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
-from kubernetes_asyncio.client import ApiClient, Configuration
+import pytest
 from traitlets.config import Config
 
 from gpupool.core import Ledger, Offer, Team
 from gpupool.core.inventory import Inventory
 from gpupool.core.queue import ScaleUp
-from gpupool.discovery.kubernetes import inventory_from_nodes
+from gpupool.discovery.kubernetes import ClusterAPI, inventory_from_nodes
 from gpupool.discovery.node_pools import parse_node_pools
+from gpupool.hub.kube_reconcile import KubeReconciler
 from gpupool.jobs.kube_scale_up import plan_scale_up_pods
 from gpupool.jobs.manager import JobManager
 from gpupool.pool import Pool
 from gpupool.store import Store
-from tests.conftest import gpu_node_labels, h100_node, node
+from tests.conftest import gpu_node_labels, h100_node, kubeconfig, node
 from tests.deploy.kube_api import StandIn, served
 
 NS = "gpupool"
@@ -63,55 +66,80 @@ def request_pods(api: StandIn) -> dict[str, dict[str, Any]]:
     }
 
 
-def test_a_job_for_a_node_pool_at_zero_asks_for_a_node_and_runs_there(tmp_path: Path) -> None:
+def test_a_job_for_a_node_pool_at_zero_asks_for_a_node_and_runs_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole path: queued with the reason, a request pod Pending as the autoscaler sees it,
+    the node added to the cluster, seen by the node watch, the job granted there by the pass
+    the new inventory triggers, the request withdrawn, the job's pod running on the new node."""
     h100 = copy.deepcopy(h100_node("h1"))
     h100["metadata"]["labels"]["hub.jupyter.org/node-purpose"] = "user"
     with served() as server:
         api = server.api
         api.add_node(h100)
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "kubeconfig", server.url)))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
         c = Config()
+        c.JobManager.schedule_interval = 3600  # only events start passes: submit, new nodes
         c.JobManager.backend_class = "gpupool.jobs.kube.KubeJobBackend"
         c.KubeJobBackend.namespace = NS
         c.KubeJobBackend.image = "quay.io/jupyter/pytorch-notebook:cuda12-2025-06-02"
-        c.KubeJobBackend.api_client_factory = lambda: ApiClient(Configuration(host=server.url))
         pool = Pool(Ledger(inventory(h100), OFFERS, TEAMS), Store(f"sqlite:///{tmp_path}/p.db"))
         m = JobManager(pool, config=c)
+        watcher = KubeReconciler(pool, ClusterAPI(NS), grace=0.0, period=0.2, retry=0.1)
 
-        async def submitted() -> str:
-            job = m.submit("alice", ["vision"], SCRIPT)
-            await m.schedule_pass()
-            return job.id
+        def pods() -> dict[str, dict[str, Any]]:
+            with api.lock:
+                return copy.deepcopy(request_pods(api))
 
-        job_id = asyncio.run(submitted())
-        job = m.jobs[job_id]
-        assert (job.state, job.reason) == (
-            "queued",
-            "node pool a100 has to add a node first (it is autoscaled)",
-        )
-        (name, pod) = next(iter(request_pods(api).items()))
-        assert name == "gpupool-scale-up-a100-0"
-        assert kubernetes_validate.validate(pod, "1.33", strict=True) == "1.33"
-        container = pod["spec"]["containers"][0]
-        assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
-        assert pod["spec"]["nodeSelector"] == {"cloud.google.com/gke-nodepool": "a100"}
-        assert "nodeName" not in pod["spec"] and "affinity" in pod["spec"]
-        # what the cluster autoscaler acts on: Pending, unschedulable on every present node
-        assert api.schedule(NS, name) == "Unschedulable"
-        message = pod["status"]["conditions"][0]["message"]
-        assert message.startswith("0/1 nodes are available")
+        async def scenario() -> None:
+            await m.start()
+            watcher.start()
+            try:
+                job = m.submit("alice", ["vision"], SCRIPT)
+                await until(lambda: bool(pods()))
+                assert m.jobs[job.id].state == "queued"
+                assert m.jobs[job.id].reason.endswith(
+                    "node pool a100 has to add a node first (it is autoscaled)"
+                )
+                (name, pod) = next(iter(pods().items()))
+                assert name == "gpupool-scale-up-a100-0"
+                assert kubernetes_validate.validate(pod, "1.33", strict=True) == "1.33"
+                container = pod["spec"]["containers"][0]
+                assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+                assert pod["spec"]["nodeSelector"] == {"cloud.google.com/gke-nodepool": "a100"}
+                assert "nodeName" not in pod["spec"] and "affinity" in pod["spec"]
+                # what the cluster autoscaler acts on: unschedulable on every present node
+                with api.lock:
+                    assert api.schedule(NS, name) == "Unschedulable"
+                    message = api.objects["pods"][NS, name]["status"]["conditions"][0]["message"]
+                assert message.startswith("0/1 nodes are available")
 
-        # the autoscaler adds the node; the node watch brings it into the inventory
-        api.add_node(a100_node("a1"))
-        pool.ledger = Ledger(inventory(h100, a100_node("a1")), OFFERS, TEAMS)
-        asyncio.run(m.schedule_pass())
-        job = m.jobs[job_id]
-        assert job.state in ("starting", "running"), job.reason
-        assert [pool.ledger.allocations[a].node for a in job.allocations] == ["a1"]
-        assert request_pods(api) == {}  # withdrawn in the same pass
-        name = f"gpupool-{job_id}"
-        api.create_pods(name, NS)
-        api.run_pods(name, NS)
-        assert [p["spec"]["nodeName"] for p in api.pods_of(name, NS).values()] == ["a1"]
+                with api.lock:  # the autoscaler adds the node
+                    api.add_node(a100_node("a1"))
+                await until(lambda: m.jobs[job.id].state != "queued" and not pods())
+                granted = m.jobs[job.id]
+                assert granted.state in ("starting", "running"), granted.reason
+                assert [pool.ledger.allocations[a].node for a in granted.allocations] == ["a1"]
+                await until(lambda: bool(m.jobs[job.id].handle))  # the Indexed Job exists
+                with api.lock:
+                    api.create_pods(f"gpupool-{job.id}", NS)
+                    api.run_pods(f"gpupool-{job.id}", NS)
+                    placed = api.pods_of(f"gpupool-{job.id}", NS)
+                assert [p["spec"]["nodeName"] for p in placed.values()] == ["a1"]
+            finally:
+                await watcher.stop()
+                await m.stop()
+
+        asyncio.run(scenario())
+
+
+async def until(what: Callable[[], bool], timeout: float = 20.0) -> None:
+    """Poll ``what`` on the loop (the watches and the queue run meanwhile)."""
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
 
 
 def test_requests_follow_what_the_queue_waits_for() -> None:

@@ -8,7 +8,8 @@ Vocabulary
 - ``setup(c)``: called at the end of ``jupyterhub_config.py``; it validates ``c.GPUPool`` right
   away (a bad key stops the hub at start, named), builds the pool, reconciles it with what runs,
   adds the REST API (``/hub/api/gpupool/...``), its custom scopes and roles, the pages, the
-  metrics collector and the reclaimer's service, and starts the job manager and the reclaimer;
+  metrics collector and the reclaimer's service, and starts the job manager and the reclaimer
+  (and, for a Kubernetes inventory, :class:`gpupool.hub.kube_reconcile.KubeReconciler`);
   it also keeps JupyterHub from logging refused spawns as errors (:mod:`gpupool.hub.refusals`).
 
 Contract: nothing here blocks on the network; NVML discovery and SQLite are local and quick.
@@ -30,8 +31,9 @@ from ..pool import Pool
 from ..usercode import check_shared_mode, spawner_setting
 from . import reconcile, refusals, shutdown
 from .collector import PoolCollector, register
-from .form import check_spawn_form
+from .form import check_profile_offers, check_spawn_form
 from .handlers import handlers
+from .kube_reconcile import KubeReconciler
 from .objects import SETTINGS_KEY, HubObjects, build
 from .pages import pages
 from .reclaim import SERVICE, SERVICE_SCOPES, hub_urls
@@ -50,13 +52,16 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
     """
     _check_local_spawner(c)
     check_spawn_form(c)
-    pool = Pool.from_config(GPUPool(config=c), logger)
+    settings = GPUPool(config=c)
+    pool = Pool.from_config(settings, logger)
+    check_profile_offers(c, pool.ledger.offers)
     refusals.install()
     hub_db = c.JupyterHub.get("db_url", "sqlite:///jupyterhub.sqlite")
     api_url, _public_url = hub_urls(c)
     reconciler = Reconciler(pool, hub_db, api_url, secrets.token_hex(32), config=c, log=logger)
     reconciler.at_start()
-    hub = build(pool, c, logger)
+    kube = _kube_reconciler(pool, settings.inventory, reconciler, c, logger)
+    hub = build(pool, c, logger, kube)
     c.JupyterHub.tornado_settings = {**c.JupyterHub.get("tornado_settings", {}), SETTINGS_KEY: hub}
     _add_api(c)
     _add_pages(c)
@@ -70,9 +75,35 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
     hub.jobs.starting = loop.create_task(hub.jobs.start())
     hub.reclaimer.start()
     reconciler.start()
-    for stop in (hub.jobs.shutting_down, reconciler.shutting_down):
+    stops = [hub.jobs.shutting_down, reconciler.shutting_down]
+    if kube is not None:
+        kube.start()
+        stops.append(kube.shutting_down)
+    for stop in stops:
         shutdown.watch(logging.getLogger("JupyterHub"), stop)
     return hub
+
+
+def _kube_reconciler(
+    pool: Pool, inventory: str, reconciler: Reconciler, c: Any, logger: logging.Logger
+) -> KubeReconciler | None:
+    """For a Kubernetes inventory (``kubernetes[:<node selector>]``), the reconciler that
+    follows the cluster's nodes and compares the ledger with the pods (see
+    :mod:`gpupool.hub.kube_reconcile`), reading JupyterHub's servers as the periodic
+    reconciler does (its service's token); ``None`` for any other inventory."""
+    if inventory != "kubernetes" and not inventory.startswith("kubernetes:"):
+        return None
+    selector = inventory.partition(":")[2].strip() or None
+
+    async def records() -> list[reconcile.Record]:
+        if not reconciler.api_url:
+            raise reconcile.HubUnreadable("no URL of JupyterHub's REST API")
+        users = await reconcile.fetch_users(
+            reconciler.api_url, reconciler.token, reconciler.request_timeout
+        )
+        return reconcile.rest_records(users)
+
+    return KubeReconciler(pool, records=records, node_selector=selector, config=c, log=logger)
 
 
 def _check_local_spawner(c: Any) -> None:

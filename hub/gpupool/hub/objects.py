@@ -2,7 +2,8 @@
 
 Vocabulary
 - *hub objects* (:class:`HubObjects`): the pool, the job manager and the idle reclaimer of one
-  hub process. ``setup(c)`` builds them and puts them into JupyterHub's tornado settings under
+  hub process, and on a Kubernetes inventory the reconciler that follows the cluster.
+  ``setup(c)`` builds them and puts them into JupyterHub's tornado settings under
   :data:`SETTINGS_KEY`; REST handlers and pages read ``self.settings``, spawners
   ``self.user.settings`` (JupyterHub hands every ``User`` the same settings dict). Tests build
   their own with :func:`build` and pass them in the same way; nothing reaches them through a
@@ -20,13 +21,16 @@ import logging
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from traitlets.config import Config
 
 from ..jobs.manager import JobManager
 from ..pool import Pool
 from .reclaim import IdleReclaimer, hub_urls
+
+if TYPE_CHECKING:
+    from .kube_reconcile import KubeReconciler
 
 SETTINGS_KEY = "gpupool"
 """The tornado settings key that holds the hub's :class:`HubObjects`."""
@@ -37,20 +41,25 @@ class HubObjects:
     pool: Pool
     jobs: JobManager
     reclaimer: IdleReclaimer
+    kube: KubeReconciler | None = None
+    """On a Kubernetes inventory: what keeps the pool in step with the cluster's nodes and pods."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> HubObjects:
         return self  # one pool per hub: configuration copies must share it
 
 
-def build(pool: Pool, config: Config, log: logging.Logger) -> HubObjects:
+def build(
+    pool: Pool, config: Config, log: logging.Logger, kube: KubeReconciler | None = None
+) -> HubObjects:
     """The job manager and the reclaimer over ``pool``, configured from the hub's ``config``;
-    the reclaimer gets a fresh random service token (in memory only, never logged)."""
+    the reclaimer gets a fresh random service token (in memory only, never logged). ``kube``:
+    the Kubernetes reconciler ``setup(c)`` built, if any."""
     jobs = JobManager(pool, config=config, log=log)
     api_url, public_url = hub_urls(config)
     reclaimer = IdleReclaimer(
         pool, secrets.token_hex(32), api_url, public_url, config=config, log=log
     )
-    return HubObjects(pool, jobs, reclaimer)
+    return HubObjects(pool, jobs, reclaimer, kube)
 
 
 def hub_objects(settings: Mapping[str, Any]) -> HubObjects:

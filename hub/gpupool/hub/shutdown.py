@@ -12,6 +12,7 @@ stops logging it.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 
@@ -39,7 +40,16 @@ def _suffixes() -> tuple[str, ...]:
 
 
 def watch(logger: logging.Logger, callback: Callable[[], None]) -> None:
-    """Call ``callback`` when JupyterHub, logging on ``logger``, begins to shut down."""
+    """Call ``callback`` when JupyterHub, logging on ``logger``, begins to shut down.
+
+    ``callback`` is called synchronously, inside the logging call: a plain function that
+    starts what must happen (cancels a task, schedules a stop), never a coroutine function,
+    whose coroutine nobody would await (a ``TypeError`` here)."""
+    if inspect.iscoroutinefunction(callback):
+        raise TypeError(
+            f"shutdown.watch({callback!r}): a coroutine function would never be awaited; pass "
+            "a plain function that schedules it"
+        )
     for f in logger.filters:
         if isinstance(f, ShutdownWatch):
             f.callbacks.append(callback)

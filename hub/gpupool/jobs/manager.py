@@ -153,6 +153,7 @@ class JobManager(LoggingConfigurable):
                 self.log.info("gpupool: re-attaching job %s (%s)", job.id, job.state)
                 self._watch(job.id)
         self.pool.on_release.append(lambda _a: self.kick())
+        self.pool.on_inventory.append(self.kick)
         self._kick = asyncio.Event()
         self._loop_task = asyncio.create_task(self._loop())
 
@@ -179,8 +180,12 @@ class JobManager(LoggingConfigurable):
     async def _loop(self) -> None:
         assert self._kick is not None
         while True:
+            # asyncio.timeout, never wait_for: on Python 3.11 wait_for returns instead of raising
+            # when stop()'s cancel arrives just as the event is set (CPython #86296; a server
+            # released by the hub's shutdown sets it), and the loop would outlive the hub.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), self.schedule_interval)
+                async with asyncio.timeout(self.schedule_interval):
+                    await self._kick.wait()
             self._kick.clear()
             try:
                 await self.schedule_pass()
@@ -305,7 +310,8 @@ class JobManager(LoggingConfigurable):
             if now.final:
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(left.wait(), self.log_poll_interval)
+                async with asyncio.timeout(self.log_poll_interval):  # not wait_for (see start)
+                    await left.wait()
 
     def queue_positions(self) -> dict[str, int]:
         """Queued job id -> its place in the queue's own order (1 is served first)."""

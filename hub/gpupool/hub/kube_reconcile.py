@@ -1,0 +1,654 @@
+"""On Kubernetes: the pool follows the cluster's nodes live, and its ledger is compared with the
+pods that exist (issue 15).
+
+Vocabulary
+- *reflector*: KubeSpawner's pattern, for ``nodes`` and ``pods``: list (a cache of API JSON and
+  the list's ``resourceVersion``), then watch from that version, applying ``ADDED``/``MODIFIED``/
+  ``DELETED`` events to the cache; a watch the server ends (its ``timeoutSeconds``) is resumed from
+  the last version seen, and a ``410 Gone`` (history compacted) means list again. The API server
+  is reached through one seam, :class:`gpupool.discovery.kubernetes.ClusterAPI` (``list`` and
+  ``watch``); tests point it at a stand-in.
+- *gpupool pods*: pods labelled ``gpupool.io/team`` in the hub's namespace; a notebook's pod
+  carries ``gpupool.io/allocation`` (its allocation's id), a job's pods ``gpupool.io/job`` (the
+  job id, the ``ref`` of the job's allocations).
+- *effective inventory* (:func:`effective_inventory`): the inventory the nodes give now
+  (:func:`gpupool.discovery.kubernetes.inventory_from_nodes`: cordoned nodes, CPU nodes and nodes
+  whose GPUs are shared are left out), except that a node where allocations are held that the new
+  form would lose (the node was removed, cordoned, relabelled to another MIG layout, or its
+  allocatable shrank) stays *draining*: only the GPUs (and fixed MIG instances) those allocations
+  hold, so nothing new is granted there, until they are released; then it goes.
+- *drift* (:func:`plan_drift`, the metric ``gpupool_kube_drift_total{kind}``):
+  ``released``: a notebook allocation older than ``grace`` whose pod is gone and whose server
+  JupyterHub no longer records (neither its ``ref`` "user/server" nor its id): released;
+  ``notebook_without_pod``: such an allocation while JupyterHub's records cannot be read, or no
+  record source is set: reported, never released on a guess;
+  ``job_without_pods``: a job allocation older than ``grace`` without any pod of its job:
+  reported (job allocations are the job manager's);
+  ``unexpected_node``: a gpupool pod bound to a node other than its allocation's ``node``:
+  logged and counted; for a notebook, the ledger is moved to free devices of the same model (or
+  the same fixed MIG profile) on the pod's node when there are enough (``moved`` is logged),
+  else reported;
+  ``unknown_allocation``: a running pod naming an allocation the ledger does not know, for longer
+  than ``grace`` (a pod briefly outlives its released allocation while it stops): reported.
+  Each finding is logged and counted once while it lasts.
+
+Contract: every ledger change happens under the pool's lock (:meth:`Pool.deciding`): the
+inventory swap builds a new :class:`Ledger` over the effective inventory and restores every
+allocation into it (quotas not re-checked, as at start), persisting those whose MIG instance
+UUIDs changed; if any allocation could not be restored, nothing is swapped (logged). Releases go
+through :meth:`Pool.release` (its listeners, the job queue, run). A pass that cannot read
+JupyterHub's records releases nothing. Nothing here deletes or changes a Kubernetes object.
+:meth:`KubeReconciler.stop` cancels its tasks and returns only once every one has ended (no
+timeout hides one that would not): their waits are plain ``Event.wait``/``sleep`` and watch
+streams closed by ``aclosing``, never ``asyncio.wait_for`` around a wait that can be cancelled
+(on Python 3.11 it can swallow the cancel, CPython issue #86296).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from prometheus_client import Counter as PromCounter
+from traitlets import Float, Integer, Unicode, default
+from traitlets.config import LoggingConfigurable
+
+from ..core.errors import UnknownAllocation
+from ..core.inventory import GPU, Inventory, Node
+from ..core.ledger import Allocation, Device, Ledger
+from ..discovery.kubernetes import ClusterAPI, Gone, inventory_from_nodes
+from ..jobs.kube_settings import SA_NAMESPACE_FILE
+from ..pool import Pool
+
+log = logging.getLogger("gpupool")
+
+TEAM_LABEL = "gpupool.io/team"
+ALLOCATION_LABEL = "gpupool.io/allocation"
+JOB_LABEL = "gpupool.io/job"
+
+DRIFT = PromCounter(
+    "gpupool_kube_drift",
+    "Differences found between the pool's ledger and the cluster's pods, by kind (released, "
+    "notebook_without_pod, job_without_pods, unexpected_node, unknown_allocation).",
+    ["kind"],
+)
+
+
+class API(Protocol):
+    async def list(self, kind: str) -> tuple[list[dict[str, Any]], str]: ...
+
+    def watch(self, kind: str, resource_version: str, timeout_s: int = ...) -> Any: ...
+
+
+class HubRecord(Protocol):
+    """What a JupyterHub record must say (:class:`gpupool.hub.reconcile.Record`)."""
+
+    @property
+    def ref(self) -> str: ...
+
+    @property
+    def allocation(self) -> str: ...
+
+
+Records = Callable[[], Awaitable[Iterable[HubRecord]]]
+
+
+# -- pure: the inventory the nodes give, keeping what allocations hold ----------------------------
+def effective_inventory(
+    nodes: Iterable[Mapping[str, Any]], ledger: Ledger
+) -> tuple[Inventory, dict[str, str]]:
+    """The inventory of ``nodes`` with draining nodes kept (see the module docstring), and the
+    draining nodes with why (``"gone"``, or ``"changed"``: cordoned, shared or relabelled)."""
+    nodes = list(nodes)
+    target = inventory_from_nodes(nodes)
+    trial = Ledger(target, ledger.offers, ledger.teams, ledger.everyone)
+    _restored, lost = trial.restore(ledger.allocations.values())
+    names = {str((obj.get("metadata") or {}).get("name")) for obj in nodes}
+    draining = {a.node: "changed" if a.node in names else "gone" for a in lost if a.node}
+    target = replace(target, node_pools=ledger.inventory.node_pools)  # declared, not listed
+    if not draining:
+        return target, {}
+    held: dict[str, list[Device]] = defaultdict(list)
+    for a in ledger.allocations.values():
+        for d in a.devices:
+            held[d.gpu].append(d)
+    kept = {n.name: n for n in target.nodes if n.name not in draining}
+    for old in ledger.inventory.nodes:
+        if old.name in draining:
+            gpus = tuple(g for g in (_held_part(g, held[g.uuid]) for g in old.gpus) if g)
+            kept[old.name] = Node(old.name, gpus)
+    notes = tuple(
+        f"node {name} is draining ({why}): only the devices its allocations hold are kept, "
+        "until they are released"
+        for name, why in sorted(draining.items())
+    )
+    inventory = Inventory(
+        tuple(kept[name] for name in sorted(kept)),
+        source=target.source,
+        simulated=target.simulated,
+        notes=target.notes + notes,
+        node_pools=target.node_pools,
+    )
+    return inventory, draining
+
+
+def _held_part(gpu: GPU, devices: list[Device]) -> GPU | None:
+    """``gpu`` as far as ``devices`` hold it: ``None`` if nothing; a fixed-MIG GPU with only its
+    held instances; otherwise the GPU as it was."""
+    if not devices:
+        return None
+    if gpu.mig_mode != "fixed":
+        return gpu
+    taken = {(d.profile, d.start) for d in devices}
+    return replace(gpu, instances=tuple(i for i in gpu.instances if (i.profile, i.start) in taken))
+
+
+def swap_inventory(pool: Pool, nodes: Iterable[Mapping[str, Any]]) -> dict[str, str] | None:
+    """Put the effective inventory of ``nodes`` under ``pool``, keeping every allocation, under
+    the pool's lock, then tell the pool's ``on_inventory`` listeners. Returns the draining nodes,
+    or ``None`` if nothing changed or the swap was refused (an allocation that would not
+    restore; logged)."""
+    nodes = list(nodes)
+
+    def decide(ledger: Ledger) -> dict[str, str] | None:
+        inventory, draining = effective_inventory(nodes, ledger)
+        if (inventory.nodes, inventory.notes) == (ledger.inventory.nodes, ledger.inventory.notes):
+            return None
+        fresh = Ledger(inventory, ledger.offers, ledger.teams, ledger.everyone, ledger.policy)
+        restored, lost = fresh.restore(ledger.allocations.values())
+        if lost:
+            pool.log.error(
+                "gpupool: the cluster's nodes changed, but allocation(s) %s would not fit the "
+                "new inventory; kept the old one",
+                ", ".join(a.id for a in lost),
+            )
+            return None
+        before = ledger.allocations
+        changed = [a for a in restored if a != before[a.id]]
+        if changed:
+            pool.store.replace(changed)
+        pool.ledger = fresh
+        return draining
+
+    draining = pool.deciding(decide)
+    if draining is not None:
+        for listener in pool.on_inventory:
+            listener()
+    return draining  # type: ignore[return-value]
+
+
+# -- pure: drift between the ledger and the pods ---------------------------------------------------
+@dataclass(frozen=True)
+class Finding:
+    """One drift (``kind``, see the module docstring); ``action`` is ``release``, ``move`` (to
+    ``node``) or ``report``; ``key`` identifies it while it lasts."""
+
+    kind: str
+    action: str
+    message: str
+    allocation: str = ""
+    node: str = ""
+    key: str = ""
+
+
+def plan_drift(
+    ledger: Ledger,
+    pods: Iterable[Mapping[str, Any]],
+    records: Iterable[HubRecord] | None,
+    now: float,
+    grace_s: float,
+) -> list[Finding]:
+    """What to do about the ledger versus ``pods`` (gpupool pods, API JSON). ``records``: the
+    servers JupyterHub records, or ``None`` when they could not be read (then no release)."""
+    from ..podspec import label_value
+
+    by_allocation: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    by_job: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if JOB_LABEL in labels:
+            by_job[labels[JOB_LABEL]].append(pod)
+        elif ALLOCATION_LABEL in labels:
+            by_allocation[labels[ALLOCATION_LABEL]].append(pod)
+    recorded = None
+    if records is not None:
+        recorded = set()
+        for r in records:
+            recorded |= {r.ref, r.allocation}
+    out: list[Finding] = []
+    known = set()
+    for a in sorted(ledger.allocations.values(), key=lambda a: a.id):
+        old = now - a.created >= grace_s
+        if a.kind == "job":
+            job_pods = by_job.get(label_value(a.ref), [])
+            if not job_pods:
+                if old:
+                    out.append(_job_without_pods(a))
+                continue
+            bound = {_node_of(p) for p in job_pods}
+            if a.node and None not in bound and a.node not in bound:
+                on = ", ".join(sorted(str(n) for n in bound))
+                message = (
+                    f"job {a.ref}: allocation {a.id} holds devices on {a.node}, but its pods run "
+                    f"on {on}; the job manager's to settle"
+                )
+                out.append(Finding("unexpected_node", "report", message, a.id, key=f"n:{a.id}"))
+            continue
+        value = label_value(a.id)
+        known.add(value)
+        mine = by_allocation.get(value, [])
+        if not mine:
+            if not old:
+                continue
+            if recorded is None:
+                message = (
+                    f"notebook allocation {a.id} of {a.user} ({a.ref or '-'}) has no pod, and "
+                    "JupyterHub's records could not be read; left alone"
+                )
+                out.append(Finding("notebook_without_pod", "report", message, a.id, key=a.id))
+            elif a.ref not in recorded and a.id not in recorded:
+                message = (
+                    f"notebook allocation {a.id} of {a.user} ({a.ref or '-'}): its pod is gone "
+                    "and JupyterHub records no such server; released"
+                )
+                out.append(Finding("released", "release", message, a.id, key=f"r:{a.id}"))
+            continue
+        nodes = {n for n in (_node_of(p) for p in mine) if n}
+        wrong = sorted(nodes - {a.node}) if a.node else []
+        if wrong:
+            message = (
+                f"notebook allocation {a.id} of {a.user} ({a.ref or '-'}) holds "
+                f"{a.visible_devices} on {a.node}, but its pod runs on {wrong[0]}"
+            )
+            out.append(Finding("unexpected_node", "move", message, a.id, wrong[0], key=f"n:{a.id}"))
+    for value, pods_of in sorted(by_allocation.items()):
+        if value in known:
+            continue
+        for pod in pods_of:
+            meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+            if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+                continue
+            message = (
+                f"pod {meta.get('namespace', '')}/{meta.get('name', '')} names allocation "
+                f"{value}, which the pool does not know"
+            )
+            out.append(Finding("unknown_allocation", "report", message, value, key=f"u:{value}"))
+    return out
+
+
+def _job_without_pods(a: Allocation) -> Finding:
+    message = (
+        f"job {a.ref}: allocation {a.id} on {a.node or '-'} has no pod of its job; the job "
+        "manager's to release"
+    )
+    return Finding("job_without_pods", "report", message, a.id, key=f"j:{a.id}")
+
+
+def _node_of(pod: Mapping[str, Any]) -> str | None:
+    return (pod.get("spec") or {}).get("nodeName") or None
+
+
+def moved(ledger: Ledger, a: Allocation, node: str) -> Allocation | None:
+    """``a`` on free devices of ``node`` like those it holds (the same model for whole GPUs, the
+    same profile for fixed MIG instances), or ``None`` when ``node`` has not enough."""
+    inventory = ledger.inventory
+    target = next((n for n in inventory.nodes if n.name == node), None)
+    if target is None or not a.devices:
+        return None
+    model_of = {g.uuid: g.model for g in inventory.gpus}
+    busy: dict[str, set[tuple[str | None, int | None]]] = defaultdict(set)
+    for other in ledger.allocations.values():
+        for d in other.devices:
+            busy[d.gpu].add((d.profile, d.start))
+    chosen: list[Device] = []
+    for d in a.devices:
+        want = model_of.get(d.gpu)
+        pick = None
+        for g in target.gpus:
+            if g.model != want:
+                continue
+            if d.profile is None and g.mig_mode in ("off", "flex") and not busy[g.uuid]:
+                pick = Device(g.uuid)
+            elif d.profile is not None and g.mig_mode == "fixed":
+                free = [
+                    i
+                    for i in g.instances
+                    if i.profile == d.profile and (i.profile, i.start) not in busy[g.uuid]
+                ]
+                if free and not any(p is None for p, _ in busy[g.uuid]):
+                    pick = Device(g.uuid, d.profile, free[0].start, free[0].uuid)
+            if pick is not None:
+                busy[g.uuid].add((pick.profile, pick.start))
+                break
+        if pick is None:
+            return None
+        chosen.append(pick)
+    return replace(a, devices=tuple(chosen), node=node)
+
+
+def move_allocation(pool: Pool, alloc_id: str, node: str) -> Allocation | None:
+    """Move an allocation's ledger entry to ``node`` (:func:`moved`), persisted, under the
+    pool's lock; ``None`` if it cannot be (then nothing changed)."""
+
+    def decide(ledger: Ledger) -> Allocation | None:
+        a = ledger.allocations.get(alloc_id)
+        candidate = moved(ledger, a, node) if a is not None else None
+        if a is None or candidate is None:
+            return None
+        ledger.release(a.id)
+        restored, _lost = ledger.restore([candidate])
+        if not restored:
+            ledger.restore([a])
+            return None
+        try:
+            pool.store.replace(restored)
+        except Exception:
+            ledger.release(a.id)
+            ledger.restore([a])
+            raise
+        return restored[0]
+
+    return pool.deciding(decide)  # type: ignore[return-value]
+
+
+# -- the hub's watcher ----------------------------------------------------------------------------
+class KubeReconciler(LoggingConfigurable):
+    """Reflects ``nodes`` and ``pods`` (see the module docstring) and keeps ``pool`` in step:
+    :meth:`apply_nodes` on every node change, :meth:`check` on every pod change (coalesced) and
+    every ``period`` seconds. ``api``: the seam (by default a :class:`ClusterAPI` for
+    ``namespace``, the nodes matching ``node_selector`` and the gpupool pods); ``records``
+    reads JupyterHub's records (the REST API); without it, no notebook allocation is released
+    here, only reported."""
+
+    namespace = Unicode(
+        config=True,
+        help="""Namespace of the notebook and job pods compared with the ledger (default:
+        KubeSpawner's ``namespace`` when configured, else the hub's own namespace in the
+        cluster, else ``default``). Example: ``c.KubeReconciler.namespace = "jhub"``""",
+    )
+    grace = Float(
+        120.0,
+        config=True,
+        help="""Seconds an allocation may go without its pod (a server or job starting) and a
+        pod may name an allocation the pool does not know (a server stopping) before it is
+        drift. Example: ``c.KubeReconciler.grace = 300``""",
+    )
+    period = Float(
+        60.0,
+        config=True,
+        help="""Seconds between passes over the pods when no pod changes (every change makes
+        one too). Example: ``c.KubeReconciler.period = 30``""",
+    )
+    watch_timeout = Integer(
+        300,
+        config=True,
+        help="""Seconds the API server keeps one watch open (its ``timeoutSeconds``) before it
+        is resumed from the last resourceVersion seen. Example:
+        ``c.KubeReconciler.watch_timeout = 600``""",
+    )
+    retry = Float(
+        5.0,
+        config=True,
+        help="""Seconds before a failed list or watch (API server unreachable, refused) is tried
+        again. Example: ``c.KubeReconciler.retry = 10``""",
+    )
+
+    @default("namespace")
+    def _default_namespace(self) -> str:
+        for section in ("KubeGPUSpawner", "KubeSpawner"):
+            if section in self.config and self.config[section].get("namespace"):
+                return str(self.config[section]["namespace"])
+        try:
+            return Path(SA_NAMESPACE_FILE).read_text().strip() or "default"
+        except OSError:
+            return "default"
+
+    def __init__(
+        self,
+        pool: Pool,
+        api: API | None = None,
+        *,
+        records: Records | None = None,
+        node_selector: str | None = None,
+        clock: Callable[[], float] = time.time,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("log", pool.log)
+        super().__init__(**kwargs)
+        self.pool = pool
+        self.api: API = api or ClusterAPI(self.namespace, node_selector, TEAM_LABEL)
+        self.records = records
+        self.clock = clock
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.synced: set[str] = set()
+        self.versions: dict[str, str] = {}
+        """The resourceVersion each reflector's cache is at."""
+        self.draining: dict[str, str] = {}
+        self.reported: set[str] = set()
+        self._unknown_since: dict[str, float] = {}
+        self._noted: set[str] = set(pool.inventory.notes)
+        self._dirty = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping: asyncio.Task[None] | None = None
+        self.passes = 0
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the reflectors, the checker and its ticker on the running loop."""
+        if self._released not in self.pool.on_release:
+            self.pool.on_release.append(self._released)
+        if not self._tasks:
+            self._tasks = [
+                asyncio.ensure_future(self.reflect("nodes")),
+                asyncio.ensure_future(self.reflect("pods")),
+                asyncio.ensure_future(self._checker()),
+                asyncio.ensure_future(self._ticker()),
+            ]
+
+    async def stop(self) -> None:
+        """Cancel every task and await each to its end (no timeout: none of them holds a
+        cancellation back, so this returns once they have unwound), then close the API."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for task, result in zip(tasks, results, strict=True):
+            if isinstance(result, Exception):  # not a cancellation: a task had failed
+                self.log.error("gpupool: Kubernetes task %s had failed: %r", task, result)
+        with contextlib.suppress(ValueError):
+            self.pool.on_release.remove(self._released)
+        close = getattr(self.api, "close", None)
+        if close is not None:
+            try:
+                await close()
+            except Exception as e:
+                self.log.warning("gpupool: closing the Kubernetes client: %s", e)
+
+    def shutting_down(self) -> None:
+        """The hub is going away (:func:`gpupool.hub.shutdown.watch` calls this, synchronously,
+        from the loop): :meth:`stop`, on the loop, without waiting for it here."""
+        if self._stopping is None and self._tasks:
+            self._stopping = asyncio.get_running_loop().create_task(self.stop())
+
+    def nudge(self) -> None:
+        """Ask for a :meth:`check` pass soon (the checker coalesces requests)."""
+        self._dirty.set()
+
+    # -- the reflector ----------------------------------------------------------------------
+    async def reflect(self, kind: str) -> None:
+        """List, then watch from the list's version; resume after a watch ends, list again on
+        410 Gone, retry after ``retry`` on any other failure (logged). The version seen last
+        is :attr:`versions` ``[kind]``."""
+        cache: dict[Any, dict[str, Any]] = self.nodes if kind == "nodes" else self.pods
+        key = _name if kind == "nodes" else _namespaced
+        version = ""
+        while True:
+            try:
+                if not version:
+                    items, version = await self.api.list(kind)
+                    cache.clear()
+                    cache.update({key(o): o for o in items})
+                    self.versions[kind] = version
+                    self.synced.add(kind)
+                    self._changed(kind)
+                # closed here, also when this task is cancelled or an event cannot be applied
+                async with contextlib.aclosing(
+                    self.api.watch(kind, version, self.watch_timeout)
+                ) as events:
+                    async for event, obj in events:
+                        version = str(obj["metadata"].get("resourceVersion") or version)
+                        if event == "DELETED":
+                            cache.pop(key(obj), None)
+                        else:
+                            cache[key(obj)] = obj
+                        self.versions[kind] = version
+                        self._changed(kind)
+            except Gone as e:
+                self.log.info("gpupool: watching %s: %s; listing again", kind, e)
+                version = ""
+            except Exception as e:
+                self.log.warning(
+                    "gpupool: watching %s failed (%s: %s); again in %.0f s",
+                    kind,
+                    type(e).__name__,
+                    str(e)[:300],
+                    self.retry,
+                )
+                await asyncio.sleep(self.retry)
+
+    def _changed(self, kind: str) -> None:
+        if kind == "nodes":
+            self.apply_nodes()
+        self._dirty.set()
+
+    async def _checker(self) -> None:
+        # A plain Event.wait, woken by _changed, nudge and the ticker: never
+        # asyncio.wait_for(event.wait(), timeout), which on Python 3.11 returns instead of
+        # raising when stop()'s cancel arrives just as the event is set (CPython #86296),
+        # so the task would run on after stop().
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            try:
+                await self.check()
+            except Exception:
+                self.log.exception("gpupool: checking the pods against the ledger failed")
+
+    async def _ticker(self) -> None:
+        """A :meth:`check` pass at least every ``period`` seconds."""
+        while True:
+            await asyncio.sleep(self.period)
+            self._dirty.set()
+
+    # -- nodes --------------------------------------------------------------------------------
+    def apply_nodes(self) -> None:
+        """Swap in the inventory the cached nodes give (see :func:`swap_inventory`)."""
+        if "nodes" not in self.synced:
+            return
+        before = {n.name for n in self.pool.inventory.nodes}
+        draining = swap_inventory(self.pool, self.nodes.values())
+        if draining is None:
+            return
+        inventory = self.pool.inventory
+        for note in inventory.notes:
+            if note not in self._noted:
+                self.log.warning("gpupool: %s", note)
+        self._noted = set(inventory.notes)
+        after = {n.name for n in inventory.nodes}
+        self.draining = draining
+        self.log.info(
+            "gpupool: the cluster's nodes changed: now %s (added %s, gone %s, draining %s)",
+            inventory.label,
+            ", ".join(sorted(after - before)) or "-",
+            ", ".join(sorted(before - after)) or "-",
+            ", ".join(sorted(draining)) or "-",
+        )
+
+    def _released(self, allocation: Allocation) -> None:
+        """After any release: a draining node may now go."""
+        if allocation.node and allocation.node in self.draining:
+            self.apply_nodes()
+
+    # -- pods ---------------------------------------------------------------------------------
+    async def check(self) -> list[Finding]:
+        """One pass over the ledger and the cached pods (see :func:`plan_drift`); returns what
+        it found new."""
+        if "pods" not in self.synced:
+            return []
+        records: Iterable[HubRecord] | None = None
+        if self.records is not None:
+            try:
+                records = list(await self.records())
+            except Exception as e:
+                self.log.warning(
+                    "gpupool: could not read JupyterHub's servers (%s: %s); no pod-less "
+                    "allocation is released this pass",
+                    type(e).__name__,
+                    e,
+                )
+        now = self.clock()
+        pods = list(self.pods.values())
+        findings: list[Finding] = self.pool.deciding(  # type: ignore[assignment]
+            lambda ledger: plan_drift(ledger, pods, records, now, self.grace)
+        )
+        self.passes += 1
+        fresh = []
+        keys = set()
+        for f in findings:
+            keys.add(f.key)
+            if f.kind == "unknown_allocation":
+                since = self._unknown_since.setdefault(f.key, now)
+                if now - since < self.grace:
+                    continue
+            if f.key in self.reported:
+                continue
+            fresh.append(f)
+            self._act(f)
+        self.reported &= keys
+        self._unknown_since = {k: v for k, v in self._unknown_since.items() if k in keys}
+        return fresh
+
+    def _act(self, f: Finding) -> None:
+        DRIFT.labels(kind=f.kind).inc()
+        if f.action == "release":
+            try:
+                self.pool.release(f.allocation)
+            except UnknownAllocation:
+                return  # released meanwhile (the spawner's stop)
+            self.log.warning("gpupool: %s", f.message)
+            return
+        self.reported.add(f.key)
+        if f.action == "move":
+            done = move_allocation(self.pool, f.allocation, f.node)
+            if done is not None:
+                self.log.warning(
+                    "gpupool: %s; moved in the ledger to %s on %s",
+                    f.message,
+                    done.visible_devices,
+                    f.node,
+                )
+                return
+            self.log.warning(
+                "gpupool: %s; %s has no free devices like them, so the ledger is left as is",
+                f.message,
+                f.node,
+            )
+            return
+        self.log.warning("gpupool: %s", f.message)
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str(obj["metadata"]["name"])
+
+
+def _namespaced(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj["metadata"]
+    return str(meta.get("namespace", "")), str(meta["name"])
