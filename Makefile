@@ -21,7 +21,8 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 INSTALL_LOG := .run/install.log
 HUB_LOG     := .run/hub.log
 
-.PHONY: install run test test-fast conformance conformance-baseline lint format bench clean chromium node-check
+.PHONY: install run test test-fast test-jh5 conformance conformance-baseline lint format bench clean \
+  chromium node-check
 
 install: node-check $(STAMP) $(CHP) chromium $(TOOLS)/nca
 
@@ -52,6 +53,23 @@ $(STAMP): pyproject.toml constraints.txt $(LABEXT)
 	$(PIP) install --quiet -c constraints.txt --no-build-isolation -e '.[hub,lab,test]'
 	touch $(STAMP)
 
+# The second supported JupyterHub: the one the hub image of the z2jh chart release we depend on
+# ships (constraints-jh5.txt pins it). The same package, editable, with the same constraints,
+# in a venv of its own; `make test-jh5` runs the tests that import JupyterHub against it.
+JH5       := .venv-jh5
+JH5_BIN   := $(JH5)/bin
+JH5_STAMP := $(JH5)/.installed
+JH5_PIP   := $(JH5_BIN)/python -m pip -q
+
+$(JH5_STAMP): pyproject.toml constraints.txt constraints-jh5.txt $(LABEXT)
+	test -x $(JH5_BIN)/python || $(PYTHON) -m venv $(JH5)
+	$(JH5_PIP) install --upgrade pip
+	$(JH5_PIP) install -c constraints.txt -c constraints-jh5.txt 'jupyterlab>=4.6,<5' \
+	  'hatchling>=1.21' editables 'hatch-jupyter-builder>=0.9'
+	$(JH5_PIP) install -c constraints.txt -c constraints-jh5.txt --no-build-isolation \
+	  -e '.[hub,lab,test]'
+	touch $@
+
 # Browser tests drive Debian's Chromium (never a downloaded browser).
 chromium:
 	@command -v chromium >/dev/null || (apt-get update -qq && \
@@ -80,6 +98,7 @@ test: install
 	cd labextension && $(JLPM) lint:check && $(JLPM) test
 	$(BIN)/python -m pytest -q
 	$(CONFORMANCE)
+	$(MAKE) --no-print-directory test-jh5
 
 # JupyterHub's own tests (from the installed JupyterHub) with gpupool's spawner and setup(c) in
 # place of the mock spawner's base (tests/conformance/plugin.py); bounded: 15 minutes, 2 per test.
@@ -88,6 +107,18 @@ CONFORMANCE_TESTS := --pyargs jupyterhub.tests.test_spawner jupyterhub.tests.tes
   -k "not test_pages or test_spawn or test_server_not_running or test_pre_spawn or test_malformed_form"
 CONFORMANCE := PATH=$(CURDIR)/node_modules/.bin:$$PATH timeout 900 $(BIN)/python -m pytest -q \
   -c tests/conformance/pytest.ini --rootdir $(CURDIR) $(CONFORMANCE_TESTS)
+
+# The tests that import JupyterHub, against the z2jh chart's JupyterHub (.venv-jh5): the hub's
+# (tests/hub: real hubs, servers and jobs), then the quick ones of the hub side, the spawners and
+# the Kubernetes path (tests/adapters, tests/deploy/test_kube_*.py; their slow modules run real
+# torchrun jobs or Helm and do not touch JupyterHub), and the image pins. Its own PATH first, so
+# the hub, the single-user servers and the jobs all run that JupyterHub, never the main venv's.
+JH5_PYTEST := PATH=$(CURDIR)/$(JH5_BIN):$(CURDIR)/node_modules/.bin:$$PATH $(JH5_BIN)/python -m \
+  pytest -q -p no:cacheprovider
+test-jh5: install $(JH5_STAMP)
+	$(JH5_PYTEST) tests/hub
+	$(JH5_PYTEST) -m "not slow" tests/adapters $(wildcard tests/deploy/test_kube_*.py) \
+	  tests/deploy/test_images.py
 
 conformance: install
 	$(CONFORMANCE)
@@ -128,5 +159,6 @@ helm-table: install
 	$(BIN)/python scripts/helm-gpu-equivalents
 
 clean:
-	rm -rf $(VENV) .venv-tools node_modules .run .pytest_cache .mypy_cache .ruff_cache .hypothesis \
+	rm -rf $(VENV) $(JH5) .venv-tools node_modules .run .pytest_cache .mypy_cache .ruff_cache \
+	  .hypothesis \
 	  labextension/node_modules labextension/lib labextension/gpupool_lab/labextension

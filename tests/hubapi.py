@@ -16,6 +16,8 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 from jupyterhub import orm
 
+from gpupool.hub.compat import HAS_DISPLAY_NAMES, JUPYTERHUB_VERSION
+
 TOKEN = "gpupool-test-service-token"
 PAGINATION = "application/jupyterhub-pagination+json"
 
@@ -100,7 +102,7 @@ class FakeHub:
         url = f"/user/{user.name}/" + (f"{spawner.name}/" if spawner.name else "")
         model: dict[str, Any] = {
             "name": spawner.name,
-            "display_name": spawner.display_name,
+            **({"display_name": spawner.display_name} if HAS_DISPLAY_NAMES else {}),
             "full_name": ref,
             "last_activity": None,
             "started": None,
@@ -186,7 +188,7 @@ class FakeHub:
                 if hub.status is not None:
                     return self.reply(hub.status, {"status": hub.status, "message": "down"})
                 if path == "/hub/api/":
-                    return self.reply(200, {"version": "6.1.0"})
+                    return self.reply(200, {"version": JUPYTERHUB_VERSION})
                 if self.headers.get("Authorization") != f"token {hub.token}":
                     return self.reply(403, {"status": 403, "message": "Forbidden"})
                 hub.calls.append((method, path))

@@ -36,6 +36,7 @@ from gpupool.core.ledger import Allocation
 from gpupool.core.offers import Offer
 from gpupool.core.parse import check_size, json_size
 from gpupool.core.quota import EVERYONE
+from gpupool.hub.compat import query_options
 from gpupool.hub.errors import http_error
 from gpupool.hub.form import SPAWN_FORMS, render
 from gpupool.hub.menu import Choice, menu
@@ -183,7 +184,7 @@ class GPUSpawnerMixin(Spawner):
 
     def options_from_query(self, query_data: dict[str, list[str]]) -> dict[str, Any]:
         """A spawn link (``/hub/spawn?opt-offer=h100&opt-count=2``): as a form."""
-        return self.run_options_from_form(query_data)
+        return self.run_options_from_form(query_options(query_data))
 
     def _gpupool_form_keys(self, form_data: dict[str, list[str]]) -> dict[str, Any]:
         try:

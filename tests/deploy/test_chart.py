@@ -47,6 +47,7 @@ from gpupool.config import GPUPool
 from gpupool.core.ledger import Allocation
 from gpupool.core.mig import GEOMETRIES
 from gpupool.discovery.kubernetes import ClusterAPI
+from gpupool.discovery.node_pools import parse_node_pools
 from gpupool.hub.fileconfig import load_config_file
 from gpupool.podspec import gpu_equivalents, queue_name
 from gpupool.pool import Pool
@@ -744,3 +745,19 @@ def test_alerts_use_the_metrics_the_hub_exports(chart: helm.Chart, tmp_path: Pat
     for r in group["rules"]:  # each alert says whose it is
         by = re.search(r"by \((\w+)", r["expr"])
         assert by and f"$labels.{by[1]} }}}}" in r["annotations"]["summary"], r["alert"]
+
+
+def test_node_pools_reach_the_hubs_pool_as_declared(chart: helm.Chart, tmp_path: Path) -> None:
+    declared = {
+        "a100": {
+            "node": "8x A100-80GB",
+            "max_nodes": 4,
+            "node_selector": {"cloud.google.com/gke-nodepool": "a100"},
+        }
+    }
+    objects = render(chart, merge(values_of("small"), {"gpupool": {"nodePools": declared}}))
+    (pool,) = parse_node_pools(GPUPool(config=hub_config(objects, tmp_path)).node_pools)
+    assert (pool.name, pool.max_nodes, len(pool.node.gpus)) == ("a100", 4, 8)
+    assert pool.node_selector == (("cloud.google.com/gke-nodepool", "a100"),)
+    with pytest.raises(helm.HelmValuesError, match="max_nodes"):
+        render(chart, merge(values_of("small"), {"gpupool": {"nodePools": {"a": {"node": "x"}}}}))

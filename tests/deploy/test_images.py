@@ -13,8 +13,11 @@ No image is built here (that needs a Docker engine); the Dockerfiles and their i
   ``pyproject.toml`` asks for (the wheel is built without build isolation);
 - the frozen requirements: every line ``name==version``; every ``requirements.in`` name frozen;
   whatever the wheel's ``lab``/``hub`` extra needs frozen at a version the extra accepts (the
-  wheel is installed with ``--no-deps``); torch left to the base image; one JupyterHub version
-  for both images and the hub's (this test environment's).
+  wheel is installed with ``--no-deps``); torch left to the base image;
+- the JupyterHub version: both images pin the JupyterHub of the z2jh chart's hub image (its
+  ``appVersion``, ``constraints-jh5.txt``'s pin), the ``hub`` extra accepts it and the latest,
+  and the hub image's install of its lock keeps the base image's JupyterHub (its shell command
+  is run with a pip that leaves the version, then with one that changes it, which must fail).
 """
 
 from __future__ import annotations
@@ -25,16 +28,19 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "images"
+JH5_CONSTRAINTS = ROOT / "constraints-jh5.txt"
 HADOLINT_CONFIG = IMAGES / ".hadolint.yaml"
 IMAGE_NAMES = ("singleuser", "hub")
 DOCKERFILES = {name: IMAGES / name / "Dockerfile" for name in IMAGE_NAMES}
@@ -447,10 +453,103 @@ def test_torch_is_left_to_the_base_image() -> None:
     assert not names & FROM_BASE_IMAGE
 
 
-def test_one_jupyterhub_version_everywhere() -> None:
-    hub = importlib.metadata.version("jupyterhub")
+# -- the JupyterHub version: the z2jh chart's, kept ------------------------------------------------
+def z2jh_jupyterhub() -> str:
+    """The JupyterHub of the z2jh chart's hub image, as ``constraints-jh5.txt`` pins it (the
+    venv ``make test-jh5`` runs the hub's tests in)."""
+    lines = (line.split("#", 1)[0].strip() for line in JH5_CONSTRAINTS.read_text().splitlines())
+    (pin,) = [Requirement(line) for line in lines if line]
+    assert canonicalize_name(pin.name) == "jupyterhub", pin
+    (spec,) = pin.specifier
+    assert spec.operator == "==", pin
+    return spec.version
+
+
+def z2jh_app_version() -> str | None:
+    """The appVersion of the z2jh chart archive that helm/gpupool depends on (its hub image's
+    JupyterHub): from helm/gpupool/charts/ when filled, else shared/charts/; None without it."""
+    chart = yaml.safe_load((ROOT / "helm" / "gpupool" / "Chart.yaml").read_text())
+    (dep,) = [d for d in chart["dependencies"] if d["name"] == "jupyterhub"]
+    for folder in (ROOT / "helm" / "gpupool" / "charts", ROOT.parent / "shared" / "charts"):
+        archive = folder / f"jupyterhub-{dep['version']}.tgz"
+        if archive.is_file():
+            with tarfile.open(archive) as tar:
+                member = tar.extractfile("jupyterhub/Chart.yaml")
+                assert member is not None
+                return str(yaml.safe_load(member.read())["appVersion"])
+    return None
+
+
+def test_the_second_test_environment_is_the_z2jh_charts_jupyterhub() -> None:
+    app_version = z2jh_app_version()
+    if app_version is None:
+        pytest.skip("the z2jh chart archive is neither in helm/gpupool/charts/ nor shared/charts/")
+    assert z2jh_jupyterhub() == app_version, "constraints-jh5.txt: pin the z2jh chart's appVersion"
+
+
+def test_the_hub_extra_accepts_the_z2jh_jupyterhub_and_this_one() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    hub = [Requirement(r) for r in project["optional-dependencies"]["hub"]]
+    (jupyterhub,) = [r for r in hub if canonicalize_name(r.name) == "jupyterhub"]
+    for version in (z2jh_jupyterhub(), importlib.metadata.version("jupyterhub")):
+        assert jupyterhub.specifier.contains(version), (str(jupyterhub), version)
+
+
+def test_both_images_pin_the_z2jh_charts_jupyterhub() -> None:
+    """The hub image keeps its base image's JupyterHub, and jupyterhub-singleuser matches it."""
     pins = {image: frozen(image)["jupyterhub"] for image in IMAGE_NAMES}
-    assert pins == dict.fromkeys(IMAGE_NAMES, hub), f"the hub runs JupyterHub {hub}; {pins}"
+    assert pins == dict.fromkeys(IMAGE_NAMES, z2jh_jupyterhub()), pins
+
+
+def lock_install(dockerfile: Path) -> str:
+    """The shell command of the hub image's final-stage RUN that installs requirements.txt."""
+    _, stages = split_stages(parse_dockerfile(dockerfile.read_text()))
+    runs = [i.args for i in stages[-1].instructions if i.keyword == "RUN"]
+    (run,) = [r for r in runs if re.search(r"\bpip3? install\b.*requirements", r)]
+    return run
+
+
+def run_lock_install(tmp_path: Path, command: str, pip_installs: str | None) -> tuple[int, str]:
+    """Run the lock install's shell command, as the image's /bin/sh would, with a Python whose
+    ``jupyterhub.__version__`` is the file ``version`` (the base image's, 5.5.0) and a pip that
+    writes what it was called with into ``pip-args``, the files it was given into ``pip-files``,
+    and, when ``pip_installs`` is set, installs that JupyterHub (writes it to ``version``)."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(parents=True)
+    (tmp_path / "version").write_text("5.5.0\n")
+    python = f'#!/bin/sh\ncase "$*" in *jupyterhub.__version__*) cat {tmp_path}/version;; esac\n'
+    pip = (
+        f'#!/bin/sh\necho "$@" > {tmp_path}/pip-args\n'
+        f'for a in "$@"; do [ -f "$a" ] && cat "$a" >> {tmp_path}/pip-files; done\n'
+        + (f"echo {pip_installs} > {tmp_path}/version\n" if pip_installs else "")
+    )
+    for name, text in (("python", python), ("pip", pip)):
+        (bin_ / name).write_text(text)
+        (bin_ / name).chmod(0o755)
+    (tmp_path / "requirements.txt").write_text("jupyterhub==5.5.0\n")
+    script = command.replace("/tmp/", f"{tmp_path}/")
+    result = subprocess.run(
+        ["/bin/sh", "-c", script],
+        env={"PATH": f"{bin_}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return result.returncode, result.stdout + result.stderr
+
+
+def test_the_hub_image_keeps_its_base_images_jupyterhub(tmp_path: Path) -> None:
+    """pip is constrained to the base image's JupyterHub, and the build checks it kept it."""
+    command = lock_install(DOCKERFILES["hub"])
+    code, output = run_lock_install(tmp_path / "kept", command, None)
+    assert code == 0, output
+    args = (tmp_path / "kept" / "pip-args").read_text()
+    assert "--constraint" in args.split() or "-c" in args.split(), args
+    assert "jupyterhub==5.5.0" in (tmp_path / "kept" / "pip-files").read_text().split()
+    code, output = run_lock_install(tmp_path / "changed", command, "6.1.1")
+    assert code != 0, "the build went on with pip's JupyterHub in place of the base image's"
+    assert "5.5.0" in output and "6.1.1" in output, output
 
 
 def test_dockerignore_keeps_local_state_out_of_the_context() -> None:

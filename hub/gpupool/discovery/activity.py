@@ -7,7 +7,9 @@ Vocabulary
 - *monitor*: :class:`DeviceMonitor`, the one seam through which the hub reads activity; it holds
   an ``nvml`` (``pynvml`` or a :class:`~gpupool.discovery.simulated.SimulatedNVML` view) per node
   it can read. Nodes it has none for (Kubernetes nodes: NVML is on the node, not in the hub pod)
-  give no samples.
+  give no samples here; the second source, :class:`gpupool.discovery.dcgm.DCGMSource`, reads
+  them from NVIDIA's DCGM exporter through Prometheus (when the reclaimer's
+  ``dcgm_prometheus_url`` is set) as the same :class:`DeviceSample`, with no PIDs.
 
 Contract: :meth:`DeviceMonitor.sample` initialises NVML once per node per call and always shuts it
 down again; a device NVML cannot read (gone, or an NVML error) is left out of the result rather

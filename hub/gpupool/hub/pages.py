@@ -19,12 +19,14 @@ Everyone else gets 403. "My GPUs" shows only the caller's own allocations, jobs 
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlencode
 
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
 from ..core.errors import PoolError
+from .compat import error_template
 from .errors import status_of
 from .objects import HubObjects, hub_objects
 from .pages_view import admin_view, mine_view
@@ -48,6 +50,11 @@ class _Page(BaseHandler):
     @property
     def gpupool(self) -> HubObjects:
         return hub_objects(self.settings)
+
+    def render_template(self, name: str, sync: bool = False, **ns: Any) -> Any:
+        """JupyterHub's, with its error pages showing gpupool's message on each version."""
+        name = error_template(name, str(ns.get("message") or ""))
+        return super().render_template(name, sync=sync, **ns)
 
     def is_pool_admin(self) -> bool:
         """JupyterHub admin, or the pool's admin scope. Pages take only the login cookie (API

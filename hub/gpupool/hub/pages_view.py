@@ -319,6 +319,7 @@ def admin_view(
         team_rows.append(row)
     return {
         "pool": _pool_header(pool),
+        "activity": reclaimer.activity(),
         "nodes": nodes,
         "allocations": [_allocation_row(a, jobs, reclaimer, now) for a in allocations],
         "teams": team_rows,

@@ -2,9 +2,12 @@
 
 Vocabulary
 - *look*: one pass over every GPU notebook allocation (``kind == "notebook"`` with devices; jobs
-  are never reclaimed): device activity from the pool's :class:`DeviceMonitor` (NVML), kernel
-  activity from the server's ``/api/kernels`` (read through the proxy), judged by
-  :func:`gpupool.core.idle.observe` under the team's policy.
+  are never reclaimed): device activity from the pool's :class:`DeviceMonitor` (NVML) on nodes
+  it can read, and on the others (Kubernetes nodes) from NVIDIA's DCGM exporter through
+  Prometheus when ``dcgm_prometheus_url`` is set (:class:`gpupool.discovery.dcgm.DCGMSource`;
+  a GPU busy per DCGM counts as a busy GPU per NVML does), kernel activity from the server's
+  ``/api/kernels`` (read through the proxy), judged by :func:`gpupool.core.idle.observe` under
+  the team's policy. Without either, a Kubernetes notebook is judged by its kernels alone.
 - *warning*: shown to the user in JupyterLab (the extension's status item reads it through
   ``GET /hub/api/gpupool/allocations``) and on the "my GPUs" page, with the time the GPUs go
   and a reminder that saving work is the user's.
@@ -15,13 +18,15 @@ Vocabulary
   {api_url}/users/{name}``: ``servers[name]`` with ``ready`` and its ``url`` path); its kernels
   are read through the proxy, ``{public_url}{url}api/kernels``, like any client's.
 
-Seams: ``clock`` (default :func:`gpupool.clock.utcnow`) and the HTTP client. The reclaimer talks
-to the hub like any service, through the REST API only (as jupyterhub-idle-culler does): as the
-``gpupool-reclaimer`` service (:data:`SERVICE`), whose token ``setup(c)`` makes at start
-(random, in memory, never logged), with :data:`SERVICE_SCOPES`: read servers, stop and start
-them, and reach them (their kernels). ``setup(c)`` also passes the hub's REST API URL
-(``api_url``) and the proxy's public URL (``public_url``), both as the hub's own process reaches
-them (:func:`hub_urls`). Without ``api_url`` the reclaimer does not run (it says so once).
+Seams: ``clock`` (default :func:`gpupool.clock.utcnow`), the HTTP client, and the pool's
+:class:`DeviceMonitor` and :class:`~gpupool.discovery.dcgm.DCGMSource` (Prometheus) for devices.
+The reclaimer talks to the hub like any service, through the REST API only (as
+jupyterhub-idle-culler does): as the ``gpupool-reclaimer`` service (:data:`SERVICE`), whose token
+``setup(c)`` makes at start (random, in memory, never logged), with :data:`SERVICE_SCOPES`: read
+servers, stop and start them, and reach them (their kernels). ``setup(c)`` also passes the hub's
+REST API URL (``api_url``) and the proxy's public URL (``public_url``), both as the hub's own
+process reaches them (:func:`hub_urls`). Without ``api_url`` the reclaimer does not run (it says so
+once).
 
 Contract: the reclaimer never reaches into the hub's objects or database. A server whose kernels
 cannot be read (not ready, not found, a call failed) counts as kernels unknown: its devices still
@@ -48,11 +53,13 @@ from .. import metrics
 from ..clock import iso, utcnow
 from ..core.idle import ACTIONS, DeviceReading, IdlePolicy, Reading, Watch, observe
 from ..core.ledger import Allocation
+from ..discovery.dcgm import ALLOCATION_SERIES_LABEL, DCGMSource, by_ledger_device
 from ..pool import Pool
 from ..settings import ConfigError
+from .compat import START_SERVERS_SCOPE
 
 SERVICE = "gpupool-reclaimer"
-SERVICE_SCOPES = ["read:servers", "delete:servers", "start:servers", "access:servers"]
+SERVICE_SCOPES = ["read:servers", "delete:servers", START_SERVERS_SCOPE, "access:servers"]
 """Read a user's servers, stop one (``stop``), start it again (``cpu``), read its kernels."""
 DEFAULT_POLICY = {"threshold": 5, "idle_minutes": 120, "warn_minutes": 30, "action": "stop"}
 _POLICY_KEYS = set(DEFAULT_POLICY)
@@ -138,6 +145,40 @@ class IdleReclaimer(LoggingConfigurable):
         "http://proxy-public"``""",
     )
 
+    dcgm_prometheus_url = Unicode(
+        "",
+        config=True,
+        help="""Where to read GPU use on Kubernetes nodes (where NVML is not in the hub's pod):
+        the URL of a Prometheus that scrapes NVIDIA's dcgm-exporter, run with
+        ``--kubernetes-enable-pod-labels`` so its series carry the pod label
+        ``gpupool.io/allocation`` (as ``gpupool_io_allocation``). The reclaimer and the admin
+        page then count DCGM's utilisation (``DCGM_FI_DEV_GPU_UTIL``; for MIG instances
+        ``DCGM_FI_PROF_GR_ENGINE_ACTIVE``) as NVML's. Empty (the default): off; Kubernetes
+        notebooks are judged by their kernels alone. Example::
+
+            c.IdleReclaimer.dcgm_prometheus_url = "http://prometheus-operated.monitoring:9090"
+        """,
+    )
+    dcgm_timeout = Float(
+        5.0,
+        config=True,
+        help="""Seconds one query to ``dcgm_prometheus_url`` may take; a slower, failing or
+        unreachable Prometheus gives no GPU use for that look (logged), never a failed look.
+        Example: ``c.IdleReclaimer.dcgm_timeout = 2``""",
+    )
+
+    @validate("dcgm_prometheus_url")
+    def _valid_dcgm_url(self, proposal: dict[str, Any]) -> str:
+        url = str(proposal["value"]).strip()
+        parts = urlparse(url)
+        if url and (parts.scheme not in ("http", "https") or not parts.netloc):
+            raise ConfigError(
+                "IdleReclaimer.dcgm_prometheus_url",
+                f"must be an http(s) URL like http://prometheus-operated.monitoring:9090, "
+                f"got {url!r}",
+            )
+        return url
+
     @validate("policies")
     def _valid_policies(self, proposal: dict[str, Any]) -> Any:
         parse_policies(proposal["value"])
@@ -161,6 +202,12 @@ class IdleReclaimer(LoggingConfigurable):
         """Whether some server's kernels could not be read yet (said once, at warning level)."""
         self.last_look: float | None = None
         """When the last complete pass began (the reclaimer's clock)."""
+        self.dcgm: DCGMSource | None = None
+        """The second activity source, for nodes NVML cannot read (``dcgm_prometheus_url``)."""
+        if self.dcgm_prometheus_url:
+            self.dcgm = DCGMSource(self.dcgm_prometheus_url, self.dcgm_timeout, self.log)
+        self._dcgm_unlabelled = False
+        """Whether "no DCGM series carries gpupool's allocation label" was said (once)."""
 
     def policy(self, team: str) -> IdlePolicy:
         return self._policies.get(team, self._policies["*"])
@@ -177,6 +224,31 @@ class IdleReclaimer(LoggingConfigurable):
             for alloc_id, watch in self.watches.items()
             if watch.idle_since is not None and alloc_id in allocations
         }
+
+    def activity(self) -> dict[str, str]:
+        """Where device use comes from, for the admin page: ``source`` (``nvml``, ``dcgm``,
+        ``nvml+dcgm`` or ``none``) and a sentence saying so (with the last DCGM failure)."""
+        monitor = self.pool.monitor
+        nodes = [n.name for n in self.pool.inventory.nodes]
+        unread = [n for n in nodes if not monitor.can_read(n)]
+        nvml = len(unread) < len(nodes)
+        if self.dcgm is not None and unread:
+            text = (
+                "GPU use on Kubernetes nodes: NVIDIA's DCGM exporter, through Prometheus at "
+                f"{self.dcgm.shown}"
+            )
+            if self.dcgm.failing is not None:
+                text += f" (the last query failed: {self.dcgm.failing})"
+            return {"source": "nvml+dcgm" if nvml else "dcgm", "text": text + "."}
+        if unread:
+            return {
+                "source": "nvml" if nvml else "none",
+                "text": "GPU use is not measured on "
+                + ("Kubernetes nodes" if not nvml else ", ".join(unread))
+                + ": idle notebooks there are judged by their kernels alone (set "
+                "IdleReclaimer.dcgm_prometheus_url, Helm: gpupool.dcgm.prometheusUrl).",
+            }
+        return {"source": "nvml", "text": "GPU use: NVML on the hub's machine."}
 
     def status(self, allocation: Allocation) -> dict[str, Any]:
         """What the reclaimer knows of one allocation: utilisation per device (percent, ``None``
@@ -237,14 +309,15 @@ class IdleReclaimer(LoggingConfigurable):
         for gone in set(self.watches) - {a.id for a in notebooks}:
             del self.watches[gone]
         began = self.now()
-        samples = self._samples(notebooks)
         limit = asyncio.Semaphore(KERNEL_CALLS_AT_ONCE)
 
         async def kernels_of(a: Allocation) -> tuple[bool | None, float | None]:
             async with limit:
                 return await self.read_kernels(a)
 
-        all_kernels = await asyncio.gather(*(kernels_of(a) for a in notebooks))
+        samples, all_kernels = await asyncio.gather(
+            self._samples(notebooks), asyncio.gather(*(kernels_of(a) for a in notebooks))
+        )
         done: list[tuple[Allocation, str]] = []
         for allocation, kernels in zip(notebooks, all_kernels, strict=True):
             reading = Reading(
@@ -268,15 +341,38 @@ class IdleReclaimer(LoggingConfigurable):
         self.last_look = began
         return done
 
-    def _samples(self, notebooks: list[Allocation]) -> dict[str, DeviceReading]:
+    async def _samples(self, notebooks: list[Allocation]) -> dict[str, DeviceReading]:
+        """Readings by ledger device: NVML's where the monitor reads the node, else DCGM's."""
+        monitor = self.pool.monitor
         by_node: dict[str, list[str]] = defaultdict(list)
+        elsewhere: list[Allocation] = []
         for a in notebooks:
-            if a.node is not None:
-                by_node[a.node] += [d.visible_id for d in a.devices]
+            if monitor.can_read(a.node):
+                by_node[a.node] += [d.visible_id for d in a.devices]  # type: ignore[index]
+            elif a.node is not None:
+                elsewhere.append(a)
         out = {}
         for node, uuids in by_node.items():
-            for uuid, s in self.pool.monitor.sample(node, uuids).items():
+            for uuid, s in monitor.sample(node, uuids).items():
                 out[uuid] = DeviceReading(s.utilisation, s.memory_used, s.pids)
+        if self.dcgm is not None and elsewhere:
+            found = await self.dcgm.sample()
+            for a in elsewhere:
+                mine = by_ledger_device([d.visible_id for d in a.devices], found.get(a.id, {}))
+                for uuid, s in mine.items():
+                    out[uuid] = DeviceReading(s.utilisation, s.memory_used, s.pids)
+            if self.dcgm.failing is None and not found and not self._dcgm_unlabelled:
+                self._dcgm_unlabelled = True
+                self.log.warning(
+                    "gpupool: Prometheus at %s has no DCGM series with the pod label %s for "
+                    "%d GPU notebook(s): is dcgm-exporter run with "
+                    "--kubernetes-enable-pod-labels (and any --kubernetes-pod-label-allowlist-"
+                    "regex keeping gpupool.io/allocation)? Until then they are judged by "
+                    "their kernels alone.",
+                    self.dcgm.shown,
+                    ALLOCATION_SERIES_LABEL,
+                    len(elsewhere),
+                )
         return out
 
     async def read_kernels(self, allocation: Allocation) -> tuple[bool | None, float | None]:
