@@ -41,6 +41,8 @@ class Device:
     profile: str | None = None
     start: int | None = None
     instance: str | None = None
+    share_milli: int | None = None
+    """For a share of a GPU without MIG: the thousandths of the GPU's memory it holds."""
 
     @property
     def visible_id(self) -> str:

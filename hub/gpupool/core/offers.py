@@ -20,7 +20,7 @@ from typing import Literal
 from .mig import GEOMETRIES
 from .units import GPU_MILLI
 
-OfferKind = Literal["cpu", "gpu", "mig"]
+OfferKind = Literal["cpu", "gpu", "mig", "share"]
 RequestKind = Literal["notebook", "job"]
 
 
@@ -33,6 +33,11 @@ class Offer:
     max_count: int = 1
     nvlink: bool = False
     profile: str | None = None
+    share_milli: int | None = None
+    """A ``share`` offer by fraction: thousandths of one GPU's memory (250: a quarter)."""
+    share_mib: int | None = None
+    """A ``share`` offer by size: MiB of one GPU's memory (6144: 6 GB); its cost is that over
+    the memory of the GPU it lands on."""
 
     def unit_cost_milli(self) -> int:
         """Cost of one unit of this offer (one GPU, one MIG instance, or nothing for cpu)."""
