@@ -251,6 +251,11 @@ class StandIn:
         self._record("ADDED", plural, obj)
         return 201, obj
 
+    def _defaults_pods(self, obj: dict[str, Any]) -> None:
+        """The API server gives a pod it creates ``status.phase: Pending`` (KubeSpawner's
+        reflector reads it) before any scheduler has looked at it."""
+        obj.setdefault("status", {"phase": "Pending", "qosClass": "Burstable"})
+
     def _defaults_services(self, obj: dict[str, Any]) -> None:
         spec = obj["spec"]
         spec.setdefault("type", "ClusterIP")

@@ -124,19 +124,12 @@ class User:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
-def _pending(pod: dict[str, Any]) -> None:
-    pod.setdefault("status", {"phase": "Pending", "qosClass": "Burstable"})
-
-
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Served, Pool]]:
     """The stand-in (an H100 node, a MIG A100 node and a CPU node, z2jh user nodes) and the
     hub's pool over the same nodes."""
     nodes = [h100_node(), a100_mixed_node(), node("cpu-1", {}, {}, taints=[])]
     with served() as server:
-        # the API server gives a pod it creates status.phase Pending (KubeSpawner's reflector
-        # reads it); the stand-in leaves status out until it schedules the pod
-        server.api._defaults_pods = _pending  # type: ignore[attr-defined]
         for obj in copy.deepcopy(nodes):
             obj["metadata"]["labels"]["hub.jupyter.org/node-purpose"] = "user"
             server.api.add_node(obj)
