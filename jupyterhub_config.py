@@ -99,7 +99,15 @@ c.Spawner.http_timeout = 90
 # GPUs have MIG on with instances 3g.40gb + 2g.20gb + 1g.10gb; the spawn page and the logs say
 # "simulated" then. Spec grammar: "NODE: COUNTx MODEL[, mig=N[:P+P…]][, nvlink=K]".
 c.GPUPool.inventory = os.environ.get("GPUPOOL_INVENTORY", "nvml")
-c.GPUPool.simulated_fallback = "local: 4x H100-80GB, mig=2:3g.40gb+2g.20gb+1g.10gb, nvlink=2"
+c.GPUPool.simulated_fallback = (
+    "local: 4x H100-80GB, mig=2:3g.40gb+2g.20gb+1g.10gb, nvlink=2; local-a100: 1x A100-80GB, mig=1;"
+    " local-l40s: 2x L40S-48GB"
+)
+# MIG on demand: on the simulated A100 (MIG on, no instances yet) gpupool itself creates each MIG
+# instance where it places it and destroys it on release. Named by UUID so that a real GPU is
+# never managed by this demo; on a real machine list GPU UUIDs or models, e.g. ["A100-80GB"]
+# (the hub must run as root; gpupool never switches MIG mode: nvidia-smi -i 0 -mig 1 does).
+c.GPUPool.managed_mig = ["GPU-43a3e6ab-e43a-5ca0-8511-1ed279d24e69"]
 
 # Offers: what users may pick. kind "gpu": whole GPUs (max_count per server, optional model,
 # nvlink=True for one NVLink island); kind "mig": one MIG instance (a name like "mig-3g.40gb"
@@ -110,6 +118,18 @@ c.GPUPool.offers = {
     "mig-3g.40gb": {"model": "H100-80GB", "description": "Half an H100"},
     "mig-2g.20gb": {"model": "H100-80GB", "description": "A quarter of an H100"},
     "mig-1g.10gb": {"model": "H100-80GB", "description": "An eighth of an H100"},
+    "share-12gb": {
+        "kind": "share",
+        "memory": "12GB",
+        "model": "L40S-48GB",
+        "description": "A quarter of an L40S (no MIG): capped in PyTorch and watched",
+    },
+    "a100-mig-3g.40gb": {
+        "kind": "mig",
+        "profile": "3g.40gb",
+        "model": "A100-80GB",
+        "description": "Half an A100, MIG instance made on demand",
+    },
 }
 
 # Teams, by JupyterHub group. guarantee: GPU-equivalents (a whole GPU = 1, a MIG instance = its
@@ -122,12 +142,12 @@ c.GPUPool.teams = {
         "guarantee": 1.5,
         "borrow_limit": 0.5,
         "user_cap": 2,
-        "offers": ["cpu", "h100", "mig-3g.40gb"],
+        "offers": ["cpu", "h100", "mig-3g.40gb", "share-12gb"],
     },
     "nlp": {
         "guarantee": 1,
         "user_cap": 0.5,
-        "offers": ["cpu", "mig-3g.40gb", "mig-2g.20gb", "mig-1g.10gb"],
+        "offers": ["cpu", "mig-3g.40gb", "mig-2g.20gb", "mig-1g.10gb", "a100-mig-3g.40gb"],
     },
 }
 # Users in no team (eve) get only this: CPU only.

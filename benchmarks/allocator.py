@@ -7,10 +7,14 @@ Vocabulary
   5 whole-GPU nodes (MIG ``off``), 2 dynamic-MIG nodes (a quarter of the GPUs; the policy picks
   the start slot) and 1 fixed-layout MIG node whose GPUs carry pre-created
   :class:`~gpupool.core.inventory.MigInstance` layouts (3g+3g, 3g+2g+1g, 3×2g+1g, 7×1g).
+  Then 65,536 GPUs *with shares*: the same pattern, whole-GPU nodes also taking shares.
 - *request mix*: 20% whole GPUs (1, 2, 4 or 8 with weights 50/25/15/10) and 80% one MIG instance
   (1g.10gb, 2g.20gb, 3g.40gb with weights 40/35/25), charged to one of four teams (traffic
-  40/30/20/10%). Team limits (guarantee + borrowing) are 30, 40, 25 and 10% of the pool, so the
-  busiest team runs into its quota at 80% load; one team also has a 4 GPU-eq per-user cap.
+  40/30/20/10%). *With shares*: 20% whole GPUs, 40% MIG instances and 40% shares of a GPU with
+  MIG off (by fraction: 1/8, 1/4, 1/2, 0.3 with weights 30/30/20/10; by size: 10 GB, 20 GB with
+  weights 5/5; both weights within the 40%). Team limits (guarantee + borrowing) are 30, 40, 25
+  and 10% of the pool, so the busiest team runs into its quota at 80% load; one team also has a
+  4 GPU-eq per-user cap.
 - *fill*: allocate from the request stream until the live allocations block 80% of the pool.
 - *steady state*: ``STEPS`` steps, each releasing one random live allocation when the pool is at
   or above 80% and then making one allocation attempt. Latencies are measured here only.
@@ -52,6 +56,7 @@ MODEL = "H100-80GB"
 MEMORY_MIB = 81559
 GPUS_PER_NODE = 8
 SIZES: tuple[int, ...] = (64, 512, 4096)
+SHARE_SIZES: tuple[int, ...] = (65536,)
 TARGET = 0.80
 STEPS = 3000
 SEED = 20231
@@ -84,6 +89,31 @@ REQUEST_MIX: tuple[tuple[tuple[str, int], float], ...] = (
     (("mig-1g.10gb", 1), 0.80 * 0.40),
     (("mig-2g.20gb", 1), 0.80 * 0.35),
     (("mig-3g.40gb", 1), 0.80 * 0.25),
+)
+
+SHARE_OFFERS: dict[str, tuple[int | None, int | None]] = {
+    # name: (share_milli, share_mib)
+    "share-eighth": (125, None),
+    "share-quarter": (250, None),
+    "share-half": (500, None),
+    "share-0.3": (300, None),
+    "share-10gb": (None, 10240),
+    "share-20gb": (None, 20480),
+}
+REQUEST_MIX_SHARES: tuple[tuple[tuple[str, int], float], ...] = (
+    (("gpu", 1), 0.20 * 0.50),
+    (("gpu", 2), 0.20 * 0.25),
+    (("gpu", 4), 0.20 * 0.15),
+    (("gpu", 8), 0.20 * 0.10),
+    (("mig-1g.10gb", 1), 0.40 * 0.40),
+    (("mig-2g.20gb", 1), 0.40 * 0.35),
+    (("mig-3g.40gb", 1), 0.40 * 0.25),
+    (("share-eighth", 1), 0.40 * 0.30),
+    (("share-quarter", 1), 0.40 * 0.30),
+    (("share-half", 1), 0.40 * 0.20),
+    (("share-0.3", 1), 0.40 * 0.10),
+    (("share-10gb", 1), 0.40 * 0.05),
+    (("share-20gb", 1), 0.40 * 0.05),
 )
 
 USERS_PER_TEAM = 8
@@ -135,6 +165,8 @@ def build_offers() -> dict[str, Offer]:
     offers = {"gpu": Offer("gpu", "gpu", model=MODEL, max_count=8)}
     for p in MIG_PROFILES:
         offers[f"mig-{p}"] = Offer(f"mig-{p}", "mig", model=MODEL, profile=p)
+    for name, (milli, mib) in SHARE_OFFERS.items():
+        offers[name] = Offer(name, "share", model=MODEL, share_milli=milli, share_mib=mib)
     return offers
 
 
@@ -151,11 +183,13 @@ def build_teams(gpus: int) -> dict[str, Team]:
     }
 
 
-def request_stream(seed: int) -> Iterator[Request]:
-    """An endless, reproducible request stream from :data:`REQUEST_MIX` and :data:`TEAMS`."""
+def request_stream(seed: int, shares: bool = False) -> Iterator[Request]:
+    """An endless, reproducible request stream from :data:`REQUEST_MIX` (or, with ``shares``,
+    :data:`REQUEST_MIX_SHARES`) and :data:`TEAMS`."""
     rng = random.Random(seed)
-    shapes = [s for s, _ in REQUEST_MIX]
-    weights = [w for _, w in REQUEST_MIX]
+    mix = REQUEST_MIX_SHARES if shares else REQUEST_MIX
+    shapes = [s for s, _ in mix]
+    weights = [w for _, w in mix]
     teams = [t.name for t in TEAMS]
     traffic = [t.traffic for t in TEAMS]
     for i in itertools.count():
@@ -196,18 +230,23 @@ class AllocatorResult:
     alloc_whole: Latency
     alloc_mig: Latency
     release: Latency
+    shares: bool = False
+    alloc_share: Latency | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def run_one(gpus: int, policy: str, steps: int = STEPS, seed: int = SEED) -> AllocatorResult:
-    """Fill a ``gpus``-GPU pool to :data:`TARGET` under ``policy``, then time ``steps`` steps."""
+def run_one(
+    gpus: int, policy: str, steps: int = STEPS, seed: int = SEED, shares: bool = False
+) -> AllocatorResult:
+    """Fill a ``gpus``-GPU pool to :data:`TARGET` under ``policy``, then time ``steps`` steps
+    (with ``shares``, share requests in the mix)."""
     inventory = build_inventory(gpus)
     ledger = Ledger(inventory, build_offers(), build_teams(gpus), policy=make_policy(policy))
     capacity = gpus * 1000
     target = TARGET * capacity
-    stream = request_stream(seed)
+    stream = request_stream(seed, shares)
     release_rng = random.Random(seed + 1)
     live: list[str] = []
     blocked = 0
@@ -239,7 +278,7 @@ def run_one(gpus: int, policy: str, steps: int = STEPS, seed: int = SEED) -> All
 
     granted_ns: list[int] = []
     refused_ns: list[int] = []
-    by_kind: dict[str, list[int]] = {"gpu": [], "mig": []}
+    by_kind: dict[str, list[int]] = {"gpu": [], "mig": [], "share": []}
     release_ns: list[int] = []
     refused = {"quota": 0, "capacity": 0}
     blocked_samples: list[float] = []
@@ -252,7 +291,7 @@ def run_one(gpus: int, policy: str, steps: int = STEPS, seed: int = SEED) -> All
             blocked -= allocation.cost_milli
         request = next(stream)
         ok, why, dt = attempt(request)
-        by_kind["gpu" if request.offer == "gpu" else "mig"].append(dt)
+        by_kind[request.offer.split("-")[0]].append(dt)
         if ok:
             granted_ns.append(dt)
         else:
@@ -274,6 +313,8 @@ def run_one(gpus: int, policy: str, steps: int = STEPS, seed: int = SEED) -> All
         alloc_whole=Latency.of(by_kind["gpu"]),
         alloc_mig=Latency.of(by_kind["mig"]),
         release=Latency.of(release_ns),
+        shares=shares,
+        alloc_share=Latency.of(by_kind["share"]) if shares else None,
     )
 
 
@@ -291,6 +332,7 @@ def format_table(results: Sequence[AllocatorResult]) -> str:
         "alloc p99 µs",
         "whole p50 µs",
         "MIG p50 µs",
+        "share p50 µs",
         "refused p99 µs",
         "release p50 µs",
         "release p99 µs",
@@ -299,7 +341,7 @@ def format_table(results: Sequence[AllocatorResult]) -> str:
     for r in results:
         rows.append(
             [
-                f"{r.gpus:,}",
+                f"{r.gpus:,}" + (" +shares" if r.shares else ""),
                 r.policy,
                 f"{r.alloc.count:,}",
                 f"{r.granted:,}",
@@ -310,6 +352,7 @@ def format_table(results: Sequence[AllocatorResult]) -> str:
                 f"{r.alloc.p99_us:.1f}",
                 f"{r.alloc_whole.p50_us:.1f}",
                 f"{r.alloc_mig.p50_us:.1f}",
+                f"{r.alloc_share.p50_us:.1f}" if r.alloc_share else "-",
                 f"{r.alloc_refused.p99_us:.1f}",
                 f"{r.release.p50_us:.1f}",
                 f"{r.release.p99_us:.1f}",
@@ -321,19 +364,29 @@ def format_table(results: Sequence[AllocatorResult]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.allocator",
-        description="Allocation and release latency of the ledger at 64, 512 and 4,096 GPUs.",
+        description="Allocation and release latency of the ledger at 64, 512 and 4,096 GPUs, "
+        "and at 65,536 GPUs with shares in the mix.",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--steps", type=int, default=STEPS, help="steady-state steps per run")
     parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument(
+        "--sizes",
+        default="all",
+        choices=["all", "mig", "shares"],
+        help="the MIG sizes, the share size, or both (default)",
+    )
     args = parser.parse_args(argv)
-    results = [run_one(g, p, args.steps, args.seed) for g in SIZES for p in POLICIES]
+    runs = [(g, False) for g in SIZES] if args.sizes != "shares" else []
+    runs += [(g, True) for g in SHARE_SIZES] if args.sizes != "mig" else []
+    results = [run_one(g, p, args.steps, args.seed, s) for g, s in runs for p in POLICIES]
     if args.json:
         print(json.dumps([r.to_json() for r in results], indent=2))
         return 0
     print(
         f"steady state at {TARGET:.0%} load, {args.steps:,} steps per run (seed {args.seed}); "
-        "nodes of 8 H100-80GB: 5/8 whole, 2/8 dynamic MIG, 1/8 fixed MIG layouts"
+        "nodes of 8 H100-80GB: 5/8 whole (with shares: whole or shares), 2/8 dynamic MIG, "
+        "1/8 fixed MIG layouts"
     )
     print()
     print(format_table(results))

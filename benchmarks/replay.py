@@ -1,16 +1,20 @@
 """Replay the Alibaba GPU trace (FGD, ATC'23) through the real ledger, once per placement policy.
 
-Run as ``python -m benchmarks.replay --policy all [--json] [--churn STEPS --seed S]
-[--traces DIR]``. The trace is found as :mod:`benchmarks.trace` says (``--traces``,
-``$GPUPOOL_TRACES``, ``../shared/traces``); without one the replay runs on a synthetic trace of the
-same columns and shape and says so (``trace: synthetic`` in the table and the JSON).
+Run as ``python -m benchmarks.replay --policy all [--model mig|sharing] [--json]
+[--churn STEPS --seed S] [--traces DIR]``. The trace is found as :mod:`benchmarks.trace` says
+(``--traces``, ``$GPUPOOL_TRACES``, ``../shared/traces``); without one the replay runs on a
+synthetic trace of the same columns and shape and says so (``trace: synthetic`` in the table and
+the JSON).
 
 Vocabulary
 - *trace pod*: one row of ``openb_pod_list_default.csv``: ``num_gpu`` GPUs of ``gpu_milli``
   thousandths each, created at ``creation_time``.
+- *model*: ``mig`` (the default: dynamic MIG) or ``sharing`` (the FGD paper's own: fractional
+  shares of GPUs without MIG); see below.
 - *shape*: what the replay asks the ledger for on a pod's behalf: ``count`` whole GPUs (offer
-  ``gpu``) or one MIG instance (offer ``mig-<profile>``), plus the pod's *demand*
-  ``num_gpu * gpu_milli`` in thousandths of a GPU.
+  ``gpu``), one MIG instance (offer ``mig-<profile>``, MIG model) or one share (offer
+  ``share-<gpu_milli>``, sharing model), plus the pod's *demand* ``num_gpu * gpu_milli`` in
+  thousandths of a GPU.
 - *capacity*: the pool's GPU count (in thousandths where compared with demand).
 - *offered* / *placed* / *refused*: pods handed to :meth:`Ledger.allocate`; granted; refused with
   :class:`NoCapacity`.
@@ -19,7 +23,7 @@ Vocabulary
   capacity: what the allocations take away from everyone else (for MIG more than the demand,
   since a 0.46-GPU pod holds a 4g.40gb = 0.5 GPU-eq).
 
-The model, exactly
+The MIG model (``--model mig``, the default), exactly
 - Every GPU is an H100-80GB with dynamic MIG (``mig_mode="flex"``): it takes a whole-GPU request
   while no MIG instance is on it, or MIG instances while it is not held whole. Nodes come from the
   node file in file order, each with its ``gpu`` count of GPUs.
@@ -35,6 +39,17 @@ The model, exactly
 - Placement is the real :class:`gpupool.core.ledger.Ledger` with one team whose guarantee is so
   large that quotas never bind; offers ``gpu`` (kind ``gpu``, ``max_count`` 8) and one
   ``mig-<profile>`` per profile; policies from :func:`gpupool.core.placement.make_policy`.
+
+The sharing model (``--model sharing``), exactly: the FGD paper's setting, GPU only
+- Every GPU of the node list is a GPU without MIG (an L40S-48GB with MIG ``off``) of 1000 milli.
+- ``gpu_milli == 1000``: ``num_gpu`` fully free GPUs on one node (offer ``gpu``). ``num_gpu == 1``
+  with ``gpu_milli < 1000``: a share of that many milli of one GPU (offer ``share-<gpu_milli>``,
+  kind ``share``, ``share_milli = gpu_milli``). Any other combination is rejected with
+  ``ValueError``. Ordering, fill, churn, the team and the policies are as in the MIG model; the
+  blocked ratio is the allocated milli over capacity (a share costs exactly its milli, so it
+  equals the placed demand ratio).
+
+Both models
 - Churn (``--churn STEPS --seed S``): after the fill, STEPS times: release one placed pod,
   ``placed.pop(rng.randrange(len(placed)))`` with ``rng = random.Random(S)`` and ``placed`` in
   placement order, then offer the next pod of the cycle. Reported: the mean over steps of the
@@ -80,6 +95,10 @@ MIG_PROFILES: tuple[str, ...] = ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g
 MAX_WHOLE = 8
 TEAM = "replay"
 GPU_MILLI = 1000
+MODELS: tuple[str, ...] = ("mig", "sharing")
+SHARE_MODEL = "L40S-48GB"
+SHARE_MEMORY_MIB = 46068
+SHARE_PRODUCT = "NVIDIA L40S"
 
 
 # -- trace data -----------------------------------------------------------------------------
@@ -151,8 +170,8 @@ def mig_profile_for(gpu_milli: int) -> str:
     raise AssertionError("7g.80gb covers every share")  # pragma: no cover
 
 
-def shape_of(pod: TracePod) -> Shape | None:
-    """The shape the replay offers for ``pod``; ``None`` for a GPU-less pod.
+def shape_of(pod: TracePod, model: str = "mig") -> Shape | None:
+    """The shape the replay offers for ``pod`` in ``model``; ``None`` for a GPU-less pod.
 
     ``ValueError`` for a pod this model has no shape for: several fractional GPUs, more whole
     GPUs than one offer takes, or a ``gpu_milli`` outside (0, 1000].
@@ -164,17 +183,21 @@ def shape_of(pod: TracePod) -> Shape | None:
         if not 1 <= pod.num_gpu <= MAX_WHOLE:
             raise ValueError(f"{pod.name}: {pod.num_gpu} whole GPUs; the model takes 1 to 8")
         return Shape(pod.name, "gpu", pod.num_gpu, demand)
+    if pod.num_gpu == 1 and model == "sharing":
+        if not 0 < pod.gpu_milli < GPU_MILLI:
+            raise ValueError(f"{pod.name}: gpu_milli {pod.gpu_milli} is not a share of one GPU")
+        return Shape(pod.name, f"share-{pod.gpu_milli}", 1, demand)
     if pod.num_gpu == 1:
         return Shape(pod.name, f"mig-{mig_profile_for(pod.gpu_milli)}", 1, demand)
     raise ValueError(
         f"{pod.name}: {pod.num_gpu} GPUs of {pod.gpu_milli} thousandths each has no shape in "
-        "this model (one MIG offer is one instance)"
+        "this model (one MIG or share offer is one instance or share)"
     )
 
 
-def gpu_shapes(pods: Iterable[TracePod]) -> list[Shape]:
-    """Ordered shapes of the GPU pods (GPU-less pods skipped)."""
-    shapes = (shape_of(p) for p in order_pods(list(pods)))
+def gpu_shapes(pods: Iterable[TracePod], model: str = "mig") -> list[Shape]:
+    """Ordered shapes of the GPU pods in ``model`` (GPU-less pods skipped)."""
+    shapes = (shape_of(p, model) for p in order_pods(list(pods)))
     return [s for s in shapes if s is not None]
 
 
@@ -189,43 +212,55 @@ def fill_length(shapes: Sequence[Shape], capacity_milli: int) -> int:
 
 
 # -- the pool -------------------------------------------------------------------------------
-def build_inventory(nodes: Sequence[tuple[str, int]]) -> Inventory:
-    """One flex-MIG H100-80GB per GPU of each node, nodes in the given order."""
+def _gpu(name: str, i: int, model: str) -> GPU:
+    if model == "sharing":
+        return GPU(
+            uuid=f"GPU-{name}-{i}",
+            index=i,
+            model=SHARE_MODEL,
+            memory_mib=SHARE_MEMORY_MIB,
+            product_name=SHARE_PRODUCT,
+        )
+    return GPU(
+        uuid=f"GPU-{name}-{i}",
+        index=i,
+        model=MODEL,
+        memory_mib=MEMORY_MIB,
+        mig_capable=True,
+        mig_mode="flex",
+        product_name=PRODUCT,
+    )
+
+
+def build_inventory(nodes: Sequence[tuple[str, int]], model: str = "mig") -> Inventory:
+    """Per GPU of each node (nodes in the given order) a flex-MIG H100-80GB (MIG model) or an
+    L40S-48GB without MIG (sharing model)."""
     return Inventory(
         nodes=tuple(
-            Node(
-                name,
-                tuple(
-                    GPU(
-                        uuid=f"GPU-{name}-{i}",
-                        index=i,
-                        model=MODEL,
-                        memory_mib=MEMORY_MIB,
-                        mig_capable=True,
-                        mig_mode="flex",
-                        product_name=PRODUCT,
-                    )
-                    for i in range(count)
-                ),
-            )
-            for name, count in nodes
+            Node(name, tuple(_gpu(name, i, model) for i in range(count))) for name, count in nodes
         ),
         source="alibaba-gpu-v2023 replay",
         simulated=True,
     )
 
 
-def build_offers() -> dict[str, Offer]:
+def build_offers(shapes: Iterable[Shape] = ()) -> dict[str, Offer]:
+    """``gpu``, one ``mig-<profile>`` per profile and one ``share-<milli>`` per share in
+    ``shapes``."""
     offers = {"gpu": Offer("gpu", "gpu", max_count=MAX_WHOLE)}
     for p in MIG_PROFILES:
         offers[f"mig-{p}"] = Offer(f"mig-{p}", "mig", profile=p)
+    for s in shapes:
+        if s.offer.startswith("share-") and s.offer not in offers:
+            milli = int(s.offer.removeprefix("share-"))
+            offers[s.offer] = Offer(s.offer, "share", share_milli=milli)
     return offers
 
 
-def build_ledger(inventory: Inventory, policy: str) -> Ledger:
+def build_ledger(inventory: Inventory, policy: str, shapes: Iterable[Shape] = ()) -> Ledger:
     """The real ledger over ``inventory``: one team whose quota never binds."""
     team = Team(TEAM, guarantee_milli=10**15)
-    return Ledger(inventory, build_offers(), {TEAM: team}, policy=make_policy(policy))
+    return Ledger(inventory, build_offers(shapes), {TEAM: team}, policy=make_policy(policy))
 
 
 # -- one run --------------------------------------------------------------------------------
@@ -277,7 +312,7 @@ class _Replay:
     """The mutable state of one run: the ledger, the placed pods and the cycle position."""
 
     def __init__(self, policy: str, shapes: Sequence[Shape], inventory: Inventory) -> None:
-        self.ledger = build_ledger(inventory, policy)
+        self.ledger = build_ledger(inventory, policy, shapes)
         self.shapes = shapes
         self.next = 0  # position in the cycle over shapes; also makes allocation ids unique
         self.placed: list[tuple[str, int]] = []  # (allocation id, demand), in placement order
@@ -316,9 +351,11 @@ def run_policy(
     nodes: Sequence[tuple[str, int]],
     churn_steps: int = 0,
     seed: int = 0,
+    model: str = "mig",
 ) -> ReplayResult:
-    """Fill the pool with ``shapes`` under ``policy``, then churn ``churn_steps`` times."""
-    inventory = build_inventory(nodes)
+    """Fill the pool of ``model`` with ``shapes`` under ``policy``, then churn ``churn_steps``
+    times."""
+    inventory = build_inventory(nodes, model)
     gpus = len(inventory.gpus)
     capacity = gpus * GPU_MILLI
     run = _Replay(policy, shapes, inventory)
@@ -447,6 +484,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--trace-seed", type=int, default=0, metavar="S", help="seed of the synthetic trace"
     )
     parser.add_argument("--policy", choices=[*POLICIES, "all"], default="all")
+    parser.add_argument(
+        "--model",
+        choices=MODELS,
+        default="mig",
+        help="mig: flex-MIG H100s, fractions as MIG instances (default); sharing: GPUs without "
+        "MIG, fractions as shares of milli (the FGD paper's model)",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON list instead")
     parser.add_argument("--churn", type=int, default=0, metavar="STEPS")
     parser.add_argument("--seed", type=int, default=0, metavar="S")
@@ -455,11 +499,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpupool-trace-") as tmp:
         name, trace, nodes = load_trace(parser, args, Path(tmp))
     synthetic = name == traces.SYNTHETIC
-    shapes = gpu_shapes(trace)
+    shapes = gpu_shapes(trace, args.model)
     policies = list(POLICIES) if args.policy == "all" else [args.policy]
-    results = [run_policy(p, shapes, nodes, args.churn, args.seed) for p in policies]
+    results = [run_policy(p, shapes, nodes, args.churn, args.seed, args.model) for p in policies]
     if args.json:
-        about: dict[str, Any] = {"trace": name}
+        about: dict[str, Any] = {"trace": name, "model": args.model}
         if synthetic:
             about["trace_seed"] = args.trace_seed
         print(json.dumps([about | r.to_json() for r in results], indent=2))
@@ -470,7 +514,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"trace: {name}{seeded}: {len(trace):,} pods, {len(shapes):,} with GPUs "
         f"({len(trace) - len(shapes):,} GPU-less skipped); pool: {len(nodes):,} nodes, "
-        f"{gpus:,} {MODEL} (flex MIG)"
+        + (
+            f"{gpus:,} {SHARE_MODEL} (MIG off, shares of 1000 milli)"
+            if args.model == "sharing"
+            else f"{gpus:,} {MODEL} (flex MIG)"
+        )
     )
     wrapped = f", wrapping around after {len(shapes):,}" if first.offered > len(shapes) else ""
     print(

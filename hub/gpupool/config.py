@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from traitlets import Any as AnyTrait
 from traitlets import Dict, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
@@ -135,6 +136,30 @@ class GPUPool(LoggingConfigurable):
         file and its directory); otherwise the hub stops with one line saying what to do.
         Example: ``c.GPUPool.db_url = "postgresql+psycopg://gpupool@db/gpupool"``""",
     )
+
+    managed_mig = AnyTrait(
+        False,
+        config=True,
+        help="""GPUs in MIG mode on which gpupool creates MIG instances itself, where the
+        placement policy puts them, and destroys them on release: by GPU UUID (``nvidia-smi -L``)
+        or model key; a dict may also turn one GPU off (a UUID's entry wins over its model's);
+        ``True`` means every MIG GPU. Local (NVML) inventories only; the hub needs root (or the
+        MIG config capability), else these GPUs hand out only the instances they have, and the
+        admin page says why. Instances an admin made stay as they are and are never destroyed.
+        gpupool never switches MIG mode (``nvidia-smi -i 0 -mig 1`` and a GPU reset do).
+        Default: ``False`` (only instances an admin made are handed out). Examples::
+
+            c.GPUPool.managed_mig = ["H100-80GB"]
+            c.GPUPool.managed_mig = {"GPU-5a1f0c2e-…": True, "A100-80GB": True}
+        """,
+    )
+
+    @validate("managed_mig")
+    def _valid_managed_mig(self, proposal: dict[str, Any]) -> Any:
+        from .discovery.mig_manager import parse_managed
+
+        parse_managed(proposal["value"])
+        return proposal["value"]
 
     @validate("offers")
     def _valid_offers(self, proposal: dict[str, Any]) -> Any:

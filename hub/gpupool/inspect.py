@@ -34,7 +34,7 @@ def render(pool: Pool) -> str:
             )
     lines.append("offers (free now, ignoring quotas):")
     for name, offer in sorted(ledger.offers.items()):
-        cost = fmt(offer.unit_cost_milli())
+        cost = fmt(ledger.unit_cost_milli(offer))
         lines.append(
             f"  {name:<14} {offer.label:<16} {cost:>6} GPU-eq  free {ledger.placeable(offer)}"
         )

@@ -4,8 +4,8 @@
 Vocabulary
 - *event metrics*: counters and histograms updated where things happen: allocation latency and
   refusals (in :class:`gpupool.pool.Pool`), queue wait (in the job manager), idle warnings and
-  reclaims (in the reclaimer), reconciliation's actions and passes (in
-  :mod:`gpupool.hub.reconcile`).
+  reclaims (in the reclaimer), shares over their memory (in the share watch), reconciliation's
+  actions and passes (in :mod:`gpupool.hub.reconcile`).
 - *state metrics*: gauges computed at scrape time by
   :class:`gpupool.hub.collector.PoolCollector` from the ledger, the job manager, the reclaimer
   and the device monitor, so they always equal what the pool holds.
@@ -75,3 +75,12 @@ RECONCILE_FAILURES = PromCounter(
 
 def refusal(kind: str, code: str) -> None:
     REFUSALS.labels(kind=kind, reason=code).inc()
+
+
+SHARE_OVERUSE = PromCounter(
+    "gpupool_share_overuse",
+    "Shares of GPUs without MIG whose processes used more GPU memory than the share (read "
+    "through NVML), by kind (notebook or job) and action: warn (the user was warned) or stop "
+    "(the server was stopped, or the job cancelled, after ShareEnforcement.grace_minutes).",
+    ["kind", "action"],
+)

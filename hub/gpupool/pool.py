@@ -9,7 +9,11 @@ Vocabulary
 
 Contract: ``allocate`` and ``release`` are atomic: if writing to the database fails, the ledger is
 rolled back and the error propagates. Seams: ``clock`` (defaults to :func:`gpupool.clock.utcnow`)
-and ``new_id``.
+and ``new_id``. On managed MIG GPUs (``GPUPool.managed_mig``) the pool's
+:class:`~gpupool.discovery.mig_manager.MigManager` creates an allocation's instances inside
+``allocate`` (under the lock, recorded before the allocation is persisted and handed out) and
+destroys them inside ``release``; a creation NVML refuses releases the allocation again and
+raises :class:`~gpupool.discovery.mig_manager.DeviceUnavailable` (HTTP 503) naming what is free.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from . import metrics
@@ -32,6 +37,7 @@ from .core.ledger import Allocation, Ledger
 from .core.offers import Request, RequestKind
 from .core.quota import resolve_team
 from .discovery.activity import DeviceMonitor
+from .discovery.mig_manager import DeviceUnavailable, MigCreateFailed, MigManager, parse_managed
 from .settings import ConfigError, config_warnings
 from .store import Store, StoreError
 
@@ -44,7 +50,9 @@ def load_inventory(
     """The inventory named by ``GPUPool.inventory`` (``nvml``, ``kubernetes[:<selector>]`` or
     ``simulated:<spec>``), and the monitor that reads its devices' activity through the same NVML
     (none for Kubernetes nodes: NVML is on the nodes). When NVML finds no GPU and a ``fallback``
-    spec is set, that simulated inventory instead; a simulated NVML reads ``activity_file``.
+    spec is set, that simulated inventory instead; a simulated NVML reads ``activity_file``, and
+    keeps the MIG instances made on it beside that file (``<name>.mig-state.json``), so they
+    outlive a hub restart as real ones do.
     Kubernetes nodes are read on a worker thread's own event loop (this may run inside the hub's
     loop); an unreachable cluster raises ``RuntimeError`` saying so."""
     from .discovery import SimulatedNVML, discover, simulated_inventory
@@ -66,7 +74,8 @@ def load_inventory(
             return found, DeviceMonitor({node.name: pynvml for node in found.nodes})
         logger.warning("gpupool: NVML found no GPU; using the simulated fallback %r", fallback)
         spec = fallback
-    sim = SimulatedNVML(spec, activity_file=activity_file or None)
+    state = Path(activity_file).with_suffix(".mig-state.json") if activity_file else None
+    sim = SimulatedNVML(spec, activity_file=activity_file or None, state_file=state)
     inventory = simulated_inventory(sim)
     logger.warning("gpupool: SIMULATED inventory, no real GPUs: %s", inventory.label)
     return inventory, DeviceMonitor({name: sim.for_node(name) for name in sim.node_names})
@@ -94,8 +103,11 @@ class Pool:
         clock: Callable[[], datetime] = utcnow,
         new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
         monitor: DeviceMonitor | None = None,
+        mig: MigManager | None = None,
     ) -> None:
         self.ledger = ledger
+        self.mig = mig
+        """Creates and destroys MIG instances on managed GPUs (``None``: none are managed)."""
         self.monitor = monitor or DeviceMonitor()
         """Reads device activity (utilisation, memory, processes) for metrics and reclaim."""
         self.store = store
@@ -127,12 +139,21 @@ class Pool:
         )
         if config.node_pools:
             inventory = with_node_pools(inventory, config.node_pools, config.inventory)
+        mig = None
+        managed = parse_managed(config.managed_mig)
+        if managed.anything and not inventory.source.startswith("kubernetes"):
+            mig = MigManager(managed, monitor.nvml_by_node, store, logger)
+            inventory = mig.prepare(inventory)
+        elif managed.anything:
+            logger.warning("gpupool: GPUPool.managed_mig is for local (NVML) inventories; ignored")
         for warning in config_warnings(settings, inventory):
             logger.warning("gpupool: %s", warning)
         ledger = Ledger(
             inventory, settings.offers, settings.teams, settings.everyone, config.policy
         )
-        pool = cls(ledger, store, logger=logger, monitor=monitor)
+        if mig is not None:
+            mig.attach(ledger)
+        pool = cls(ledger, store, logger=logger, monitor=monitor, mig=mig)
         pool.restore()
         return pool
 
@@ -157,18 +178,23 @@ class Pool:
         began = time.perf_counter()
         with self._lock:
             ledger = self.ledger
+            if self.mig is not None and self.mig.draining:
+                self.mig.retry_draining(ledger)
             try:
                 chosen = resolve_team(ledger.teams, ledger.everyone, groups, team)
                 request = Request(
                     user, chosen.name, offer, count, kind, ref, frozenset(avoid_nodes)
                 )
                 allocation = ledger.allocate(request, self.new_id(), self.clock().timestamp())
+                allocation = self._carve(allocation)
             except PoolError as e:
                 metrics.refusal(kind, e.code)
                 raise
             try:
                 self.store.insert(allocation)
             except Exception:
+                if self.mig is not None:
+                    self.mig.undo(allocation)
                 ledger.release(allocation.id)
                 raise
             metrics.ALLOCATION_SECONDS.labels(kind=kind).observe(time.perf_counter() - began)
@@ -183,13 +209,41 @@ class Pool:
             )
             return allocation
 
+    def _carve(self, allocation: Allocation) -> Allocation:
+        """The allocation with the MIG instances of its managed placements created (under the
+        lock); when NVML refuses, released again and :class:`DeviceUnavailable` raised."""
+        if self.mig is None or not self.mig.manages(allocation):
+            return allocation
+        try:
+            return self.mig.carve(allocation, self.ledger)
+        except MigCreateFailed as failed:
+            self.ledger.release(allocation.id)
+            self.mig.after_failure(failed, self.ledger)
+            team = self.ledger.team(allocation.team)
+            free = self.ledger.free_now(team, allocation.user)
+            raise DeviceUnavailable(f"{failed.reason} Free now: {free}.") from None
+        except Exception:
+            self.ledger.release(allocation.id)
+            raise
+
+    def retry_draining(self) -> int:
+        """Try again to destroy MIG instances left draining (processes ran on them at release);
+        returns how many were destroyed. The hub calls this periodically."""
+        if self.mig is None or not self.mig.draining:
+            return 0
+        with self._lock:
+            return self.mig.retry_draining(self.ledger)
+
     def release(self, alloc_id: str) -> Allocation:
-        """Give an allocation's devices back; persisted first, then the ledger."""
+        """Give an allocation's devices back; persisted first, then the ledger (and a managed
+        MIG instance is destroyed, or left draining while processes still run on it)."""
         with self._lock:
             allocation = self.ledger.allocations.get(alloc_id)
             if allocation is not None:
                 self.store.delete([alloc_id])
             released = self.ledger.release(alloc_id)
+            if self.mig is not None and self.mig.manages(released):
+                self.mig.released(released, self.ledger)
             self.log.info("gpupool: released %s (%s)", alloc_id, released.user)
         for listener in self.on_release:
             listener(released)
@@ -199,13 +253,19 @@ class Pool:
         """Rebuild the ledger from the store; returns (and forgets) the lost allocations."""
         with self._lock:
             persisted = self.store.load()
+            gone: list[Allocation] = []
+            if self.mig is not None:
+                persisted, gone = self.mig.check_persisted(persisted)
             restored, lost = self.ledger.restore(persisted)
+            lost += gone
             before = {a.id: a for a in persisted}
             changed = [a for a in restored if a != before[a.id]]
             if changed:
                 self.store.replace(changed)
             if lost:
                 self.store.delete(a.id for a in lost)
+            if self.mig is not None:
+                self.mig.after_restore(self.ledger)
             for a in lost:
                 self.log.warning(
                     "gpupool: allocation %s of %s (%s %s) is lost: its devices %s are gone or "

@@ -26,12 +26,22 @@ from traitlets import TraitError
 from .core.inventory import GPU, Inventory
 from .core.ledger import Ledger
 from .core.mig import GEOMETRIES
-from .core.offers import Offer, mig_costs
+from .core.offers import Offer, fmt_mib, mig_costs, model_memory_mib
 from .core.quota import EVERYONE, Team
 from .core.units import GPU_MILLI, fmt, to_milli
 
 _MODEL = re.compile(r"^[A-Z][A-Z0-9]*-\d+GB$")
-_OFFER_KEYS = {"kind", "description", "model", "max_count", "nvlink", "profile"}
+_OFFER_KEYS = {
+    "kind",
+    "description",
+    "model",
+    "max_count",
+    "nvlink",
+    "profile",
+    "memory",
+    "fraction",
+}
+_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GB|GiB|MB|MiB)\s*$", re.I)
 _TEAM_KEYS = {"guarantee", "borrow_limit", "user_cap", "offers", "min_priority", "max_priority"}
 
 
@@ -80,15 +90,73 @@ def _priority(path: str, value: Any, low: int, high: int) -> int:
     return value
 
 
+def parse_memory(path: str, value: Any) -> int:
+    """A share's size in MiB from ``"6GB"``, ``"6 GiB"``, ``"512MB"`` or ``"6144MiB"`` (GB and GiB
+    are both 1024 MiB, as in model keys like ``RTX3090-24GB``; MB and MiB are MiB)."""
+    m = _MEMORY.match(value) if isinstance(value, str) else None
+    mib = 0
+    if m:
+        number, unit = float(m.group(1)), m.group(2).lower()
+        mib = round(number * 1024) if unit in ("gb", "gib") else round(number)
+    if mib < 1:
+        raise ConfigError(
+            path, f"must be a size like '6GB' or '512MB' (GB = 1024 MiB), got {value!r}"
+        )
+    return mib
+
+
+def _share(path: str, spec: Mapping[str, Any], model: str | None) -> tuple[int | None, int | None]:
+    """``(share_milli, share_mib)`` of a share offer: exactly one of ``fraction`` or ``memory``."""
+    if ("memory" in spec) == ("fraction" in spec):
+        raise ConfigError(
+            path,
+            "a 'share' offer takes exactly one of 'memory' (a size, e.g. '6GB') or 'fraction' "
+            "(of the GPU's memory, e.g. 0.25)",
+        )
+    if "fraction" in spec:
+        fraction = spec["fraction"]
+        ok = isinstance(fraction, int | float) and not isinstance(fraction, bool)
+        milli = round(fraction * GPU_MILLI) if ok else 0
+        if not ok or not 0 < fraction <= 1 or milli < 1:
+            raise ConfigError(
+                f"{path}.fraction",
+                f"must be a number above 0 and at most 1 (at least 0.001), got {fraction!r}",
+            )
+        return milli, None
+    mib = parse_memory(f"{path}.memory", spec["memory"])
+    memory = model_memory_mib(model) if model else None
+    if memory is not None and mib > memory:
+        raise ConfigError(
+            f"{path}.memory", f"{fmt_mib(mib)} is more than a {model} has ({fmt_mib(memory)})"
+        )
+    return None, mib
+
+
 def parse_offer(name: str, spec: Any) -> Offer:
-    """One offer from ``{"kind": "mig", "profile": "3g.40gb"}`` (kind inferred from the name)."""
+    """One offer from ``{"kind": "mig", "profile": "3g.40gb"}`` (kind inferred from the name:
+    ``cpu``, ``mig-…``, ``share-…``, else ``gpu``). A share offer: ``{"kind": "share", "memory":
+    "6GB", "model": "RTX3090-24GB"}`` or ``{"kind": "share", "fraction": 0.25}``; by memory without
+    a model it may cost different fractions on different GPUs (the ledger checks the quota again
+    with the cost of the GPU it lands on)."""
     path = f"GPUPool.offers[{name!r}]"
     spec = _mapping(path, spec, '{"kind": "gpu", "model": "H100-80GB", "max_count": 4}')
     _unknown_keys(path, spec, _OFFER_KEYS)
-    default_kind = "cpu" if name == "cpu" else "mig" if name.startswith("mig-") else "gpu"
+    default_kind = (
+        "cpu"
+        if name == "cpu"
+        else "mig"
+        if name.startswith("mig-")
+        else "share"
+        if name.startswith("share-")
+        else "gpu"
+    )
     kind = spec.get("kind", default_kind)
-    if kind not in ("cpu", "gpu", "mig"):
-        raise ConfigError(f"{path}.kind", f"must be 'cpu', 'gpu' or 'mig', got {kind!r}")
+    if kind not in ("cpu", "gpu", "mig", "share"):
+        raise ConfigError(
+            f"{path}.kind",
+            f"must be 'cpu', 'gpu' or 'mig', or 'share' (a share of a GPU without MIG), "
+            f"got {kind!r}",
+        )
     model = spec.get("model")
     if model is not None and (not isinstance(model, str) or not _MODEL.match(model)):
         raise ConfigError(
@@ -122,7 +190,26 @@ def parse_offer(name: str, spec: Any) -> Offer:
         profile = next(GEOMETRIES[m].resolve(profile) for m in costs).name  # type: ignore[union-attr]
     elif profile is not None:
         raise ConfigError(f"{path}.profile", "only 'mig' offers take a profile")
-    return Offer(name, kind, str(spec.get("description", "")), model, max_count, nvlink, profile)
+    share_milli = share_mib = None
+    if kind == "share":
+        if "nvlink" in spec:
+            raise ConfigError(f"{path}.nvlink", "only 'gpu' offers take nvlink")
+        share_milli, share_mib = _share(path, spec, model)
+    else:
+        for key in ("memory", "fraction"):
+            if key in spec:
+                raise ConfigError(f"{path}.{key}", "only 'share' offers take a memory or fraction")
+    return Offer(
+        name,
+        kind,
+        str(spec.get("description", "")),
+        model,
+        max_count,
+        nvlink,
+        profile,
+        share_milli,
+        share_mib,
+    )
 
 
 def parse_offers(offers: Any) -> dict[str, Offer]:
@@ -254,6 +341,15 @@ def _never(path: str, offer: Offer, gpus: tuple[GPU, ...], have: str) -> tuple[s
             f"every {offer.model or 'GPU'} in the pool has MIG on, and gpupool never switches "
             "MIG mode, so none can be granted whole"
         )
+    if offer.kind == "share":
+        off = [g for g in gpus if g.mig_mode == "off" and offer.model in (None, g.model)]
+        if not off:
+            return path, (
+                f"every {offer.model or 'GPU'} in the pool has MIG on (shares need MIG off), and "
+                "gpupool never switches MIG mode"
+            )
+        key = f"{path}.memory" if offer.share_mib is not None else path
+        return key, f"{offer.label} is larger than every GPU with MIG off it could land on"
     profile = offer.profile or ""
     models = set(mig_costs(profile, offer.model))
     able = [g for g in gpus if g.mig_capable and g.model in models]

@@ -11,7 +11,7 @@ Vocabulary and contract:
   document gives the words; without it (the hub did not answer) they come from the offer name's
   conventions (``cpu``, ``mig-<profile>``), so the label always shows.
 - The **idle state** comes from the hub's list of the user's allocations: the idle reclaimer's
-  ``idle_since`` and its warning ``{"reclaim_at", "action", "message"}`` for this server's
+  ``idle_since`` and its warning ``{"reclaim_at", "action", "reason", "message"}`` for this server's
   allocation, both None when the hub did not answer or says nothing of the kind.
 - Pure functions of their arguments: the handler fetches, these decide.
 """
@@ -33,6 +33,9 @@ __all__ = [
 
 #: the fields of the hub's idle warning passed on to the lab
 WARNING_FIELDS = ("reclaim_at", "action", "message")
+WARNING_REASONS = ("idle", "memory")
+"""Why the hub warns: the GPUs are idle, or a share's processes use more memory than the share
+(a hub that does not say is warning about idleness)."""
 #: ``NVIDIA_VISIBLE_DEVICES`` values that name no device list
 NO_DEVICE_LIST = frozenset({"", "all", "none", "void"})
 
@@ -45,6 +48,7 @@ class IdleWarning(TypedDict):
 
     reclaim_at: str
     action: str
+    reason: str
     message: str
 
 
@@ -110,8 +114,9 @@ def offer_label(offer: str, devices: int, choices: Sequence[OfferLine]) -> tuple
 def idle_state(allocations: Sequence[object] | None, allocation_id: str) -> IdleState:
     """``{"idle_since", "warning"}`` of this server's allocation (``id == allocation_id``) among
     the hub's ``allocations``: the idle reclaimer's ``idle_since`` (ISO time or None) and its
-    warning, ``{"reclaim_at", "action", "message"}`` or None. None for both when the hub did not
-    answer (``allocations`` None), the allocation is not listed or has no ``idle`` (a CPU one)."""
+    warning, ``{"reclaim_at", "action", "reason", "message"}`` or None. None for both when the
+    hub did not answer (``allocations`` None), the allocation is not listed or has no ``idle``
+    (a CPU one)."""
     found: Mapping[str, Any] = {}
     if allocation_id:
         for allocation in allocations or ():
@@ -132,7 +137,10 @@ def _warning(warning: Mapping[str, object]) -> IdleWarning | None:
     reclaim_at, action, message = (warning.get(key) for key in WARNING_FIELDS)
     if not (isinstance(reclaim_at, str) and isinstance(action, str) and isinstance(message, str)):
         return None
-    return {"reclaim_at": reclaim_at, "action": action, "message": message}
+    reason = warning.get("reason", "idle")
+    if reason not in WARNING_REASONS:
+        return None
+    return {"reclaim_at": reclaim_at, "action": action, "reason": str(reason), "message": message}
 
 
 def allocation_info(

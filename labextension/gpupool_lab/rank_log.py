@@ -34,6 +34,8 @@ import time
 import traceback
 from pathlib import Path
 
+from gpupool_lab import share_cap
+
 USAGE = "usage: python -m gpupool_lab.rank_log LOG_DIR SCRIPT [ARGS...]"
 
 
@@ -74,6 +76,7 @@ def run_script(script: str, args: list[str]) -> int:
     """Run ``script`` as ``__main__`` and return its exit status."""
     sys.argv = [script, *args]
     sys.path.insert(0, str(Path(script).resolve().parent))
+    share_cap.install()  # a rank on a GPU share: PyTorch kept to the share (no-op otherwise)
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:

@@ -147,6 +147,10 @@ export interface IReclaimWarning {
   reclaim_at: string;
   action: ReclaimAction;
   /**
+   * Why: the GPUs are idle, or a share's processes use more GPU memory than the share.
+   */
+  reason: 'idle' | 'memory';
+  /**
    * The hub's full text, for people.
    */
   message: string;

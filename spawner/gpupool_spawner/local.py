@@ -12,11 +12,18 @@ Vocabulary
   (indexes change with MIG and between processes); empty for CPU-only servers.
 
 Contract: the environment also carries ``GPUPOOL_ALLOCATION``, ``GPUPOOL_OFFER``, ``GPUPOOL_TEAM``,
-``GPUPOOL_SIMULATED`` and ``GPUPOOL_HUB``. A MIG slice without an instance UUID (a GPU in dynamic
-MIG mode, whose instance would have to be created first) is refused, so a server never sees a
-whole GPU by mistake. The state keeps the server's process start time next to its pid, so a
-restarted hub never takes (or signals) a recycled pid for its server; a re-attached server that
-ends is reported with an unknown exit status (only its parent could read it).
+``GPUPOOL_SIMULATED`` and ``GPUPOOL_HUB``. On a GPU gpupool manages (``GPUPool.managed_mig``) the
+pool has created the MIG instance before the server starts, and the server sees exactly its
+``MIG-…`` UUID. A MIG slice without an instance UUID (a GPU in MIG mode with no instances that
+gpupool does not manage) is refused, so a server never sees a whole GPU by mistake. The state
+keeps the server's process start time next to its pid, so a restarted hub never takes (or
+signals) a recycled pid for its server; a re-attached server that ends is reported with an
+unknown exit status (only its parent could read it).
+
+A share of a GPU without MIG (see :mod:`gpupool.shares`) also gets ``GPUPOOL_SHARE_MILLI``,
+``GPUPOOL_SHARE_MIB`` (its cap), ``GPUPOOL_SHARE_ENFORCEMENT``, under MPS the client limits, and
+``PYTHONSTARTUP`` (gpupool_lab's startup file, which caps PyTorch at the share). A per-user server
+(``run_as_hub_user = False``) is refused a share on an MPS GPU: MPS serves one unix user at a time.
 """
 
 from __future__ import annotations
@@ -30,9 +37,17 @@ from traitlets import Bool, Unicode, default
 
 from gpupool.core.ledger import Allocation
 from gpupool.hub.errors import refuse
+from gpupool.hub.objects import hub_objects
 from gpupool.hub.reconcile import START_KEY
 from gpupool.procfs import process_start
 from gpupool.settings import ConfigError
+from gpupool.shares import (
+    ShareEnforcement,
+    ipython_startup_file,
+    mps_refusal,
+    offer_enforcement,
+    share_env,
+)
 from gpupool.usercode import Account, account, check_shared_mode
 
 from .mixin import GPUSpawnerMixin, UnknownExit
@@ -81,15 +96,49 @@ class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
             raise refuse(
                 503,
                 f"GPU {d.gpu} has MIG on without a {d.profile} instance at slot {d.start}; an "
-                "admin must create MIG instances (nvidia-smi mig -cgi … -C) before the local "
-                "spawner can hand them out.",
+                "admin must create MIG instances (nvidia-smi mig -cgi … -C), or let gpupool "
+                "create them (c.GPUPool.managed_mig), before the local spawner can hand them "
+                "out.",
             )
+        if not self.run_as_hub_user:  # MPS serves one unix user at a time (gpupool.shares)
+            gpus = self.gpupool.inventory.gpus
+            why = mps_refusal(allocation, gpus, self.gpupool_share_enforcement)
+            if why:
+                raise refuse(403, why)
 
     def get_env(self) -> dict[str, str]:
         env: dict[str, str] = super().get_env()
         allocation = self.gpupool_allocation
         env["CUDA_VISIBLE_DEVICES"] = allocation.visible_devices if allocation else ""
+        env.update(self.gpupool_share_env(allocation))
         return env
+
+    # -- shares of GPUs without MIG (see gpupool.shares) -------------------------------------
+    @property
+    def gpupool_share_enforcement(self) -> ShareEnforcement:
+        """The hub's share settings (checked at start), from the share watch ``setup(c)`` built."""
+        watch = hub_objects(self.user.settings).shares
+        return watch.enforcement if watch is not None else ShareEnforcement(config=self.config)
+
+    def gpupool_share_env(self, allocation: Allocation | None) -> dict[str, str]:
+        """A share's variables (:func:`gpupool.shares.share_env`) and, unless the environment
+        names its own, ``PYTHONSTARTUP``: gpupool_lab's IPython startup file, which caps
+        PyTorch at the share in every kernel (IPython runs it at kernel start)."""
+        env = share_env(allocation, self.gpupool.inventory.gpus, self.gpupool_share_enforcement)
+        if env and "PYTHONSTARTUP" not in self.environment:
+            startup = ipython_startup_file()
+            if startup:
+                env["PYTHONSTARTUP"] = startup
+        return env
+
+    def gpupool_offer_notes(self) -> dict[str, str]:
+        enforcement = self.gpupool_share_enforcement
+        gpus = self.gpupool.inventory.gpus
+        notes = {
+            name: offer_enforcement(offer, gpus, enforcement)
+            for name, offer in self.gpupool.ledger.offers.items()
+        }
+        return {name: note for name, note in notes.items() if note}
 
     def code_account(self) -> Account:
         """The account this server runs as; a 403 naming what to do if it would be root or

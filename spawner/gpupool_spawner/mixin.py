@@ -160,7 +160,12 @@ class GPUSpawnerMixin(Spawner):
             return ""
         pool = self.gpupool
         menus = menu(pool.ledger, self.user.name, self.gpupool_groups())
-        return render(menus, pool.inventory.label, pool.inventory.simulated)
+        notes = self.gpupool_offer_notes()
+        return render(menus, pool.inventory.label, pool.inventory.simulated, notes)
+
+    def gpupool_offer_notes(self) -> dict[str, str]:
+        """Hook: a sentence per offer name for the spawn page (how a share is enforced)."""
+        return {}
 
     @default("options_from_form")
     def _gpupool_default_options_from_form(self) -> Any:

@@ -39,7 +39,7 @@ def test_migrations_create_the_schema_on_an_empty_sqlite(tmp_path: Path) -> None
         names = set(sa.inspect(conn).get_table_names())
         assert {"gpupool_allocations", "gpupool_allocation_devices", "gpupool_jobs"} <= names
         version = conn.execute(sa.text("select version_num from gpupool_alembic_version"))
-        assert version.scalar_one() == "0003"
+        assert version.scalar_one() == "0004"
         context = MigrationContext.configure(
             conn, opts={"version_table": "gpupool_alembic_version"}
         )
@@ -135,3 +135,25 @@ def test_jobs_round_trip(tmp_path: Path) -> None:
     store.save_job(done)
     assert store.load_jobs() == [done]
     store.close()
+
+
+def test_a_share_device_round_trips(tmp_path: Path) -> None:
+    from gpupool.core.ledger import Allocation, Device
+
+    store = Store(f"sqlite:///{tmp_path / 'shares.sqlite'}")
+    share = Allocation(
+        "s1", "ana", "vision", "share-6gb", "notebook", "ana/", 1, 250, "node1",
+        (Device("GPU-rtx-0", share_milli=250),), created=5.0,
+    )  # fmt: skip
+    whole = Allocation(
+        "w1", "bob", "vision", "h100", "job", "job-1", 1, 1000, "node1",
+        (Device("GPU-h100-0"),), created=6.0,
+    )  # fmt: skip
+    store.insert(share)
+    store.insert(whole)
+    assert store.load() == [share, whole]
+    store.close()
+    again = Store(f"sqlite:///{tmp_path / 'shares.sqlite'}")
+    [loaded, plain] = again.load()
+    assert loaded.devices[0].share_milli == 250 and plain.devices[0].share_milli is None
+    again.close()

@@ -126,7 +126,7 @@ def test_an_unknown_migration_is_refused(tmp_path: Path) -> None:
         conn.exec_driver_sql("UPDATE gpupool_alembic_version SET version_num = '0099'")
     assert refusal(db) == (
         f"{KEY} {db} is at migration '0099', which this gpupool does not know (its newest is "
-        "'0003'; written by a newer gpupool?): upgrade gpupool, or restore a backup made with "
+        "'0004'; written by a newer gpupool?): upgrade gpupool, or restore a backup made with "
         "this version"
     )
 
@@ -138,8 +138,8 @@ def test_gpupool_tables_without_their_migration_record_are_refused(tmp_path: Pat
         conn.exec_driver_sql("DROP TABLE gpupool_alembic_version")
     assert refusal(db) == (
         f"{KEY} {db} has gpupool tables (gpupool_allocation_devices, gpupool_allocations, "
-        "gpupool_jobs) but no record of their migration (table gpupool_alembic_version): "
-        f"{MOVE_AWAY}"
+        "gpupool_jobs, gpupool_mig_instances) but no record of their migration "
+        f"(table gpupool_alembic_version): {MOVE_AWAY}"
     )
 
 
@@ -149,7 +149,7 @@ def test_a_missing_table_is_refused(tmp_path: Path) -> None:
     with sa.create_engine(f"sqlite:///{db}").begin() as conn:
         conn.exec_driver_sql("DROP TABLE gpupool_jobs")
     assert refusal(db) == (
-        f"{KEY} {db} is at migration '0003' but lacks the table gpupool_jobs: {MOVE_AWAY}"
+        f"{KEY} {db} is at migration '0004' but lacks the table gpupool_jobs: {MOVE_AWAY}"
     )
 
 
@@ -159,7 +159,7 @@ def test_an_older_migration_is_upgraded(tmp_path: Path) -> None:
     build(f"sqlite:///{db}").store.close()
     with sa.create_engine(f"sqlite:///{db}").connect() as conn:
         version = conn.exec_driver_sql("SELECT version_num FROM gpupool_alembic_version")
-        assert version.scalar_one() == "0003"
+        assert version.scalar_one() == "0004"
 
 
 @pytest.mark.parametrize("content", [None, b""], ids=["no file", "empty file"])
@@ -196,6 +196,7 @@ def test_jupyterhubs_own_database_is_shared_not_refused(tmp_path: Path) -> None:
         "gpupool_allocations",
         "gpupool_allocation_devices",
         "gpupool_jobs",
+        "gpupool_mig_instances",
     }
 
 

@@ -8,9 +8,9 @@ started here is stopped at the end of the module.
 
 from __future__ import annotations
 
+import ast
 import html
 import os
-import re
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -69,10 +69,14 @@ def running(hub: Hub, user: str, choice: str) -> None:
 
 def inventory() -> Any:
     """The pool the demo config finds here: NVML's GPUs, or its simulated fallback."""
-    text = (ROOT / "jupyterhub_config.py").read_text()
-    fallback = re.search(r'simulated_fallback = "([^"]+)"', text)
-    assert fallback
-    return load_inventory("nvml", fallback.group(1))[0]
+    tree = ast.parse((ROOT / "jupyterhub_config.py").read_text())
+    (fallback,) = (
+        ast.literal_eval(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and ast.unparse(node.targets[0]) == "c.GPUPool.simulated_fallback"
+    )
+    return load_inventory("nvml", fallback)[0]
 
 
 def post(s: requests.Session, hub: Hub, action: str, data: dict[str, str]) -> requests.Response:

@@ -207,7 +207,7 @@ def test_offers_match_the_document(hub: Hub, ada: str) -> None:
     assert offers["simulated"] is True
     assert [t["team"] for t in offers["teams"]] == ["vision"]
     names = {(o["name"], o["count"]) for o in offers["teams"][0]["offers"]}
-    assert names == {("cpu", 1), ("mig-3g.40gb", 1), ("h100", 1), ("h100", 2)}
+    assert names == {("cpu", 1), ("mig-3g.40gb", 1), ("h100", 1), ("h100", 2), ("share-12gb", 1)}
     for line in offers["teams"][0]["offers"]:  # enabled and the reason follow the verdict
         now = line["admission"] == "now"
         assert line["enabled"] is now and (line["reason"] == "") is now, line

@@ -1,7 +1,8 @@
 """The local spawner in a real JupyterHub: quotas, visible devices, release paths, tampering.
 
 The pool is the demo config's simulated fallback (no NVIDIA driver here): 4× H100-80GB, GPUs 0
-and 1 whole, GPUs 2 and 3 with MIG instances 3g.40gb + 2g.20gb + 1g.10gb. Team vision (ada, ben,
+and 1 whole, GPUs 2 and 3 with MIG instances 3g.40gb + 2g.20gb + 1g.10gb (and a managed MIG A100
+and two L40S for shares, on nodes of their own). Team vision (ada, ben,
 cal) may hold 2 GPU-eq, 2 per user; team nlp (dee, eli) 1 GPU-eq, 0.5 per user; eve is in no team.
 Each test stops what it started.
 """
@@ -24,7 +25,7 @@ def test_a_team_is_refused_at_its_quota_while_another_team_still_gets_a_gpu(hub:
     assert refusal(r) == (
         "MIG 3g.40gb needs 0.5 GPU-eq but team vision uses 2 of 2 GPU-eq (guarantee 1.5, borrow "
         "limit 0.5); 0 GPU-eq left. Free now: nothing within your quota (free in the pool: "
-        "2× 3g.40gb)."
+        "2× 3g.40gb, 8× share-12gb)."
     )
     assert hub.server("cal") is None and "cal/" not in hub.allocations()
     page = hub.login("cal").get(f"{hub.url}/hub/spawn").text

@@ -97,10 +97,11 @@ def test_device_metrics_follow_nvml(busy_hub: Hub) -> None:
     assert mine.value == pytest.approx(0.73) and mine.labels["model"] == "H100-80GB"
     used = metrics["gpupool_device_memory_used_bytes"]
     assert [s.value for s in used if s.labels["device"] == device.gpu] == [4096 << 20]
-    # the simulated fallback: two whole GPUs with a utilisation, two MIG GPUs of three
-    # instances each, which have memory but no utilisation (as NVML reports them)
-    assert len(utilisation) == 2
-    assert len(metrics["gpupool_device_memory_total_bytes"]) == 2 + 6
+    # the simulated fallback: two whole H100s and two L40S with a utilisation, two MIG GPUs of
+    # three instances each, which have memory but no utilisation (as NVML reports them), and a
+    # managed MIG A100 with no instance yet (its memory, no utilisation: MIG mode)
+    assert len(utilisation) == 4
+    assert len(metrics["gpupool_device_memory_total_bytes"]) == 4 + 6 + 1
     assert {s.labels["profile"] for s in used} == {"", "3g.40gb", "2g.20gb", "1g.10gb"}
 
 

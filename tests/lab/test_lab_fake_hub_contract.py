@@ -159,6 +159,7 @@ def test_reading_offers_teams_and_allocations(hub: FakeHub, checked: requests.Se
             "warning": {
                 "reclaim_at": "2025-01-01T14:05:00+00:00",
                 "action": "cpu",
+                "reason": "idle",
                 "message": "idle; it will be restarted without a GPU",
             },
         },

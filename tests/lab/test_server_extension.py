@@ -598,6 +598,7 @@ def test_allocation_answers_while_the_hub_hangs(
 WARNING = {
     "reclaim_at": "2025-01-01T14:05:00+00:00",
     "action": "cpu",
+    "reason": "idle",
     "message": "This server's GPU (h100) has been idle; at 14:05 UTC it will be restarted "
     "without a GPU (CPU only).",
 }

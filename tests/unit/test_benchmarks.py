@@ -355,3 +355,73 @@ def test_the_public_trace_when_present_maps_onto_the_model() -> None:
         "mig-1g.10gb": 32,
     }
     assert sum(n for _, n in read_nodes(source.nodes)) == 6212
+
+
+# -- the sharing model (the FGD paper's) ----------------------------------------------------
+def test_sharing_model_shapes_are_shares_of_their_milli() -> None:
+    assert shape_of(TracePod("f", 1, 460), "sharing") == Shape("f", "share-460", 1, 460)
+    assert shape_of(TracePod("w", 4, 1000), "sharing") == Shape("w", "gpu", 4, 4000)
+    assert shape_of(TracePod("cpu", 0, 0), "sharing") is None
+    with pytest.raises(ValueError):
+        shape_of(TracePod("x", 2, 500), "sharing")
+
+
+def test_sharing_first_fit_and_best_fit_replays_by_hand(tmp_path: Path) -> None:
+    pods = write_pods(
+        tmp_path / "pods.csv",
+        [("s6", 1, 600, 0), ("s5", 1, 500, 1), ("s4", 1, 400, 2), ("w2", 2, 1000, 3)],
+    )
+    nodes = write_nodes(tmp_path / "nodes.csv", [("a", 2), ("b", 1)])
+    shapes = gpu_shapes(read_pods(pods), "sharing")
+    first = run_policy("first-fit", shapes, read_nodes(nodes), model="sharing")
+    best = run_policy("best-fit", shapes, read_nodes(nodes), model="sharing")
+    # first-fit: s6 -> a/0, s5 -> a/1, s4 -> a/0 (400 free there), w2 refused (no node has
+    # two fully free GPUs); the fill stops there: demand 3500 >= 3000
+    assert (first.offered, first.placed, first.refused) == (4, 3, 1)
+    assert first.blocked_ratio == pytest.approx(1500 / 3000)
+    # best-fit: s6 -> a/0; s5 -> a/1 (ties: 500 left on a/1 and on b/0: file order); s4 ->
+    # a/0 (0 left); w2 refused too. Same outcome, different reasons.
+    assert (best.placed, best.refused) == (3, 1)
+    assert best.blocked_ratio == best.placed_demand_ratio == pytest.approx(0.5)
+
+
+def test_sharing_best_fit_packs_where_first_fit_takes_the_first(tmp_path: Path) -> None:
+    pods = write_pods(
+        tmp_path / "pods.csv",
+        [("a", 1, 400, 0), ("b", 1, 700, 1), ("c", 1, 300, 2), ("d", 1, 600, 3)],
+    )
+    nodes = write_nodes(tmp_path / "nodes.csv", [("x", 1), ("y", 1)])
+    shapes = gpu_shapes(read_pods(pods), "sharing")
+    first = run_policy("first-fit", shapes, read_nodes(nodes), model="sharing")
+    best = run_policy("best-fit", shapes, read_nodes(nodes), model="sharing")
+    # a -> x (400); b -> y (700, x has 600 free). first-fit: c -> x (the first that fits), so
+    # d (600) finds 300 free on each: refused. best-fit: c -> y (0 left), d -> x.
+    assert (first.placed, first.refused) == (3, 1)
+    assert (best.placed, best.refused) == (4, 0)
+    assert best.blocked_ratio == pytest.approx(1.0)
+
+
+def test_the_sharing_model_runs_every_policy_and_reports_the_same_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GPUPOOL_TRACES", str(tmp_path / "missing"))
+    assert main(["--json", "--churn", "50", "--model", "sharing"]) == 0
+    sharing = json.loads(capsys.readouterr().out)
+    assert main(["--json", "--churn", "50"]) == 0
+    mig = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in sharing] == ["first-fit", "best-fit", "gpupool"]
+    assert [set(r) for r in sharing] == [set(r) for r in mig]
+    assert {r["model"] for r in sharing} == {"sharing"} and {r["model"] for r in mig} == {"mig"}
+    for r in sharing:  # a share costs exactly its milli
+        assert r["blocked_ratio"] == pytest.approx(r["placed_demand_ratio"])
+    assert main(["--policy", "best-fit", "--model", "sharing"]) == 0
+    assert "MIG off, shares of 1000 milli" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_the_allocator_benchmark_runs_with_shares_in_the_mix() -> None:
+    from benchmarks.allocator import run_one
+
+    for policy in ("first-fit", "best-fit", "gpupool"):
+        result = run_one(64, policy, steps=200, shares=True)  # ends with check_invariants
+        assert result.alloc_share is not None and result.alloc_share.count > 0
+        assert result.granted > 0

@@ -25,7 +25,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from gpupool.core import Inventory, Ledger, Node, PoolError, Request, Team
+from gpupool.core import GPU, Inventory, Ledger, Node, Offer, PoolError, Request, Team
 from gpupool.core.placement import POLICIES
 from gpupool.pool import Pool
 from gpupool.store import Store
@@ -104,9 +104,20 @@ class PoolMachine(RuleBasedStateMachine):
             assert persisted == self.pool.ledger.allocations
 
 
+SHARE_OFFERS = {
+    **OFFERS,
+    "share-quarter": Offer("share-quarter", "share", share_milli=250),
+    "share-0.6": Offer("share-0.6", "share", share_milli=600),
+    "share-6gb": Offer("share-6gb", "share", model="RTX3090-24GB", share_mib=6144),
+    "share-10gb": Offer("share-10gb", "share", share_mib=10240),
+}
+"""The shared offers plus shares: by fraction, by size of one model and by size on any GPU."""
+
+
 def small_inventory() -> Inventory:
     """Few devices, so that requests collide often: an NVLink pair, one dynamic and one fixed
-    MIG H100, a whole and a flex A100-40GB."""
+    MIG H100, a whole and a flex A100-40GB, and two RTX 3090s (MIG off, so shares or whole; the
+    H100s with MIG off take shares too)."""
     return Inventory(
         (
             Node(
@@ -119,6 +130,13 @@ def small_inventory() -> Inventory:
                 ),
             ),
             Node("b", (gpu("b", 0, "A100-40GB"), gpu("b", 1, "A100-40GB", "flex"))),
+            Node(
+                "c",
+                (
+                    GPU("GPU-c-0", 0, "RTX3090-24GB", 24576),
+                    GPU("GPU-c-1", 1, "RTX3090-24GB", 24268),
+                ),
+            ),
         ),
         source="test",
     )
@@ -130,27 +148,33 @@ class LedgerMachine(RuleBasedStateMachine):
     @initialize(policy=st.sampled_from(sorted(POLICIES)))
     def start(self, policy: str) -> None:
         self.policy = policy
-        self.ledger = Ledger(small_inventory(), OFFERS, self.teams, policy=policy)
+        self.ledger = Ledger(small_inventory(), SHARE_OFFERS, self.teams, policy=policy)
         self.ids = (f"a{i}" for i in itertools.count())
 
     @rule(
         user=st.sampled_from(USERS),
         team=st.sampled_from(["roomy", "roomy", "roomy", "vision", "nlp", "ops", "everyone"]),
-        offer=st.sampled_from(sorted(OFFERS)),
+        offer=st.sampled_from(sorted(SHARE_OFFERS)),
         count=st.integers(1, 3),
     )
     def allocate(self, user: str, team: str, offer: str, count: int) -> None:
         ledger = self.ledger
-        before = (dict(ledger.allocations), list(ledger.occ.mask), +ledger.team_used)
+        occ = ledger.occ
+        before = (dict(ledger.allocations), list(occ.mask), list(occ.share_used), +ledger.team_used)
         try:
             ledger.allocate(Request(user, team, offer, count), next(self.ids))
         except PoolError:
-            after = (dict(ledger.allocations), list(ledger.occ.mask), +ledger.team_used)
+            after = (
+                dict(ledger.allocations),
+                list(occ.mask),
+                list(occ.share_used),
+                +ledger.team_used,
+            )
             assert after == before, "a refused request changed the ledger"
 
     @rule(
         steps=st.lists(
-            st.tuples(st.sampled_from(sorted(OFFERS)), st.integers(1, 2), st.integers(0, 9)),
+            st.tuples(st.sampled_from(sorted(SHARE_OFFERS)), st.integers(1, 2), st.integers(0, 9)),
             min_size=1,
             max_size=30,
         )
@@ -172,10 +196,11 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule()
     def restart(self) -> None:
-        fresh = Ledger(small_inventory(), OFFERS, self.teams, policy=self.policy)
+        fresh = Ledger(small_inventory(), SHARE_OFFERS, self.teams, policy=self.policy)
         _restored, lost = fresh.restore(self.ledger.allocations.values())
         assert lost == [] and fresh.allocations == self.ledger.allocations
         assert fresh.occ.mask == self.ledger.occ.mask
+        assert fresh.occ.share_used == self.ledger.occ.share_used
         self.ledger = fresh
 
     @invariant()

@@ -1,8 +1,9 @@
 """Admission: whether a request could never start, fits now, or would wait — one rule.
 
 Vocabulary
-- *request*: ``count`` of one offer per node (GPUs of a whole-GPU offer, one MIG instance, or
-  processes of the CPU offer) on ``nodes`` nodes, charged to a team for a user.
+- *request*: ``count`` of one offer per node (GPUs of a whole-GPU offer, one MIG instance, one
+  share of a GPU without MIG, or processes of the CPU offer) on ``nodes`` nodes, charged to a
+  team for a user.
 - *verdict*: ``now`` (grantable at this moment), ``wait`` (within the team's limit and the
   user's cap, but the quota is in use or the devices are busy: a job queues, a notebook is
   refused with the reason) or ``never`` (the team may not use the offer, the offer does not come
@@ -15,6 +16,9 @@ Vocabulary
   node).
 - *free*: how many of the offer the pool can place now on one node (:meth:`Ledger.placeable`);
   *capacity*: the same on an empty pool (:meth:`Ledger.capacity`).
+- *cost*: one unit's GPU-equivalents times count times nodes; the unit cost is the usage's
+  ``unit_cost`` when given (the least a share by size costs on the pool's GPUs,
+  :meth:`Ledger.unit_cost_milli`), else the offer's own.
 
 Contract: pure and total; :func:`admit` never raises. The spawn page, the REST offers document,
 the job manager's submit and the JupyterLab dialog (through the offers document) all use it, so
@@ -78,6 +82,8 @@ class Usage:
     """A node pool that could add a node holding the request (empty: none)."""
     machines_later: int = 0
     """``machines`` once every declared node pool that holds the request is at its maximum."""
+    unit_cost: int | None = None
+    """What one unit of the offer costs on this pool (``None``: the offer's own cost)."""
 
 
 def admit(team: Team, offer: Offer, count: int, nodes: int, usage: Usage) -> Admission:
@@ -90,7 +96,8 @@ def admit(team: Team, offer: Offer, count: int, nodes: int, usage: Usage) -> Adm
         return Admission(
             "never", f"{offer.name} takes 1 to {offer.max_count} GPUs per node", "count"
         )
-    cost = offer.cost_milli(count) * nodes
+    unit = offer.unit_cost_milli() if usage.unit_cost is None else usage.unit_cost
+    cost = unit * count * nodes
     need = f"needs {fmt(cost)} GPU-eq"
     cap = team.user_cap_milli
     if cost > team.limit_milli:

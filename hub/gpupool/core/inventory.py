@@ -103,6 +103,8 @@ class Inventory:
 
 
 _FAMILY = re.compile(r"\b(A100|H100|H200|H20|A30|A40|A10|L40S|L40|L4|T4|V100|P100|B200)\b", re.I)
+_RTX = re.compile(r"\bRTX\s*(A?\d{4})\b", re.I)
+"""GeForce and workstation RTX cards (no MIG; shared by memory): ``RTX3090``, ``RTXA6000``."""
 _KNOWN_GB = {
     "A100": (40, 80),
     "H100": (80, 94),
@@ -123,11 +125,17 @@ def model_key(product_name: str, memory_mib: int) -> str:
     """gpupool's model key for an NVML product name and memory size.
 
     ``model_key("NVIDIA H100 80GB HBM3", 81559)`` is ``"H100-80GB"``; ``"NVIDIA A100-SXM4-40GB"``
-    with 40960 MiB is ``"A100-40GB"``. The memory picks the nearest marketed size, because NVML
-    reports a little less than the label.
+    with 40960 MiB is ``"A100-40GB"``; ``"NVIDIA GeForce RTX 3090"`` with 24576 MiB is
+    ``"RTX3090-24GB"``. The memory picks the nearest marketed size, because NVML reports a little
+    less than the label.
     """
+    rtx = _RTX.search(product_name)
     m = _FAMILY.search(product_name)
-    family = m.group(1).upper() if m else re.sub(r"[^A-Za-z0-9]+", "-", product_name).strip("-")
+    if rtx:
+        family = "RTX" + rtx.group(1).upper()
+    else:
+        family = m.group(1).upper() if m else re.sub(r"[^A-Za-z0-9]+", "-", product_name)
+        family = family.strip("-")
     gb = memory_mib / 1024
     sizes = _KNOWN_GB.get(family)
     label = min(sizes, key=lambda s: abs(s - gb)) if sizes else round(gb)

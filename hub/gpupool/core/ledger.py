@@ -3,14 +3,22 @@
 Vocabulary
 - *allocation*: a granted request: id, owner, team, offer, what it is for (``kind``/``ref``), the
   devices it holds and what it costs in GPU-equivalents (thousandths).
-- *device*: one held GPU (``profile is None``) or MIG instance (profile, start slot, and the
-  ``MIG-…`` UUID once the instance exists).
+- *device*: one held GPU (``profile is None`` and ``share_milli is None``), MIG instance
+  (profile, start slot, and the ``MIG-…`` UUID once the instance exists), or share of a GPU with
+  MIG off (``share_milli``: thousandths of its memory; ``visible_id`` is the GPU's UUID).
+- *cost* of a share: its milli (its memory fraction); a share offer by size costs what it takes
+  on the GPU it lands on, so the quota is checked with the least it may cost on this inventory
+  (:meth:`Ledger.unit_cost_milli`) before placing and with the real cost after.
 - *restore*: rebuilding the ledger from persisted allocations after a restart, against the
   inventory found now. Allocations whose devices are gone (or now conflict) come back as *lost*.
+- *blocked slots*: a MIG placement taken by no allocation and charged to nobody: an instance
+  the pool must not place over (an admin's instance on a GPU whose instances the pool creates,
+  or one of the pool's own that is still draining). See :meth:`Ledger.block`.
 
 Invariants, checked by :meth:`Ledger.check_invariants` and kept by every operation:
-no slot has two owners; a whole GPU is never handed out while MIG instances are on it (nor MIG on
-a whole-held GPU); multi-GPU allocations sit on one node; no team holds more than guarantee plus
+no slot has two owners; a whole GPU is never handed out while MIG instances or shares are on it
+(nor MIG or shares on a whole-held GPU); shares sit only on GPUs with MIG off and add up to at most
+the GPU (1000 milli); multi-GPU allocations sit on one node; no team holds more than guarantee plus
 borrowing limit; the usage counters equal the sum of the allocations.
 
 Contract: pure and synchronous. Every operation either completes or leaves the ledger unchanged.
@@ -26,8 +34,8 @@ from dataclasses import dataclass, replace
 from .admission import Admission, Usage, admit
 from .errors import InvalidRequest, NoCapacity, QuotaExceeded, UnknownAllocation
 from .inventory import Inventory, Node, NodePool
-from .mig import GEOMETRIES
-from .occupancy import Occupancy
+from .mig import GEOMETRIES, Profile
+from .occupancy import SHARE_MILLI, Occupancy
 from .offers import Offer, Request
 from .parse import clip
 from .placement import Demand, Pick, PlacementPolicy, make_policy
@@ -48,6 +56,17 @@ class Device:
     def visible_id(self) -> str:
         """What goes into ``CUDA_VISIBLE_DEVICES``: the MIG UUID if known, else the GPU UUID."""
         return self.instance or self.gpu
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """A MIG placement taken without an allocation, and why (``admin``, ``draining``, ``off``)."""
+
+    gpu: str
+    profile: str
+    start: int
+    reason: str
+    instance: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,15 +104,19 @@ class Ledger:
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self.occ = Occupancy(inventory)
         self.allocations: dict[str, Allocation] = {}
+        self.blocked: dict[tuple[str, int], Blocked] = {}
         self.team_used: Counter[str] = Counter()
         self.user_used: Counter[tuple[str, str]] = Counter()
         self._capacity: dict[Offer, int] = {}
         self._node_capacities: dict[Offer, tuple[int, ...]] = {}
         self._pool_capacities: dict[Offer, tuple[tuple[NodePool, int], ...]] = {}
+        self._unit_costs: dict[Offer, int] = {}
 
     def clone(self) -> Ledger:
         """An independent copy with the same allocations (for what-if planning)."""
         twin = Ledger(self.inventory, self.offers, self.teams, self.everyone, type(self.policy)())
+        for b in self.blocked.values():
+            twin.block(b)
         twin.restore(self.allocations.values())
         return twin
 
@@ -109,31 +132,54 @@ class Ledger:
     def placeable(self, offer: Offer) -> int:
         """How many of ``offer`` could be granted right now, ignoring quotas.
 
-        For whole GPUs: the most free GPUs on one node. For MIG: instances that fit, summed over
-        GPUs (each GPU counted on its own, so this is exact for one request at a time).
+        For whole GPUs: the most free GPUs on one node. For MIG and shares: instances or shares
+        that fit, summed over GPUs (each GPU counted on its own, so this is exact for one request
+        at a time).
         """
         occ = self.occ
         if offer.kind == "cpu":
             return 1
+        if offer.kind == "share":
+            total = 0
+            for group in occ.share_groups.values():
+                if offer.model is not None and group.model != offer.model:
+                    continue
+                need = offer.share_cost_on(group.memory_mib)
+                if not 0 < need <= SHARE_MILLI:
+                    continue
+                for u in group.used_values:
+                    if u + need > SHARE_MILLI:
+                        break
+                    total += len(group.by_used[u]) * ((SHARE_MILLI - u) // need)
+            return total
         if offer.kind == "gpu":
             return max(
                 (
                     f
-                    for (model, f, _), b in occ.node_buckets.items()
+                    for (model, f), b in occ.node_buckets.items()
                     if b and (offer.model is None or model == offer.model)
                 ),
                 default=0,
             )
         total = 0
+        resolved: dict[str, Profile | None] = {}
+
+        def profile_of(model: str) -> Profile | None:
+            if model not in resolved:
+                geo = GEOMETRIES.get(model)
+                resolved[model] = geo.resolve(offer.profile) if geo and offer.profile else None
+            return resolved[model]
+
         for (model, _mode, mask), bucket in occ.mig_buckets.items():
-            g = bucket.min() if offer.model in (None, model) else None
-            geo = occ.geometry[g] if g is not None else None
-            p = geo.resolve(offer.profile) if geo else None
-            if geo and p:
-                total += len(bucket) * geo.max_fit[p][mask]
+            if offer.model not in (None, model) or not bucket:
+                continue
+            p = profile_of(model)
+            if p is not None:
+                total += len(bucket) * GEOMETRIES[model].max_fit[p][mask]
         for (model, name, _mask), bucket in occ.fixed_buckets.items():
-            geo = GEOMETRIES.get(model) if offer.model in (None, model) else None
-            p = geo.resolve(offer.profile) if geo else None
+            if offer.model not in (None, model) or not bucket:
+                continue
+            p = profile_of(model)
             if p is not None and p.name == name:
                 total += len(bucket)
         return total
@@ -164,6 +210,21 @@ class Ledger:
     def _alone(self, node: Node) -> Ledger:
         return Ledger(Inventory((node,)), self.offers, self.teams, self.everyone)
 
+    def unit_cost_milli(self, offer: Offer) -> int:
+        """The least one unit of ``offer`` costs on this inventory: the offer's own cost, but for
+        a share by size without a model the least over the GPUs it may land on (cached)."""
+        if offer.kind != "share" or offer.share_mib is None:
+            return offer.unit_cost_milli()
+        if offer not in self._unit_costs:
+            costs = [
+                offer.share_cost_on(memory)
+                for (model, memory) in self.occ.share_groups
+                if offer.model in (None, model)
+            ]
+            fits = [c for c in costs if c <= SHARE_MILLI]
+            self._unit_costs[offer] = min(fits or costs or [offer.unit_cost_milli()])
+        return self._unit_costs[offer]
+
     def usage(
         self, team: Team, user: str, offer: Offer, count: int = 1, distinct: bool = False
     ) -> Usage:
@@ -181,6 +242,7 @@ class Ledger:
             machines,
             growing[0][0].name if growing else "",
             (machines or 0) + sum(p.max_nodes for p, _ in growing),
+            self.unit_cost_milli(offer),
         )
 
     def admit(
@@ -209,7 +271,7 @@ class Ledger:
             n = self.placeable(offer) if offer.kind != "cpu" and team.allows(name) else 0
             if n:
                 what = f"{n}× {offer.profile if offer.kind == 'mig' else name}"
-                (fits if offer.unit_cost_milli() <= left else free).append(what)
+                (fits if self.unit_cost_milli(offer) <= left else free).append(what)
         if fits:
             return ", ".join(fits)
         if free:
@@ -226,17 +288,28 @@ class Ledger:
         what = f"{request.count}× {offer.label}" if offer.kind == "gpu" else offer.label
         used = (self.team_used[team.name], self.user_used[team.name, request.user])
         try:
-            check_quota(team, *used, offer.cost_milli(request.count), what)
+            check_quota(team, *used, self.unit_cost_milli(offer) * request.count, what)
         except QuotaExceeded as e:
             free = self.free_now(team, request.user)
             raise QuotaExceeded(f"{e.message} Free now: {free}.") from None
         picks: list[Pick] = []
         if offer.kind != "cpu":
-            avoid = frozenset(
-                n for n, name in enumerate(self.occ.node_names) if name in request.avoid_nodes
+            avoid = (
+                frozenset(
+                    n for n, name in enumerate(self.occ.node_names) if name in request.avoid_nodes
+                )
+                if request.avoid_nodes
+                else frozenset()
             )
             demand = Demand(
-                offer.kind, request.count, offer.model, offer.nvlink, offer.profile, avoid
+                offer.kind,
+                request.count,
+                offer.model,
+                offer.nvlink,
+                offer.profile,
+                avoid,
+                offer.share_milli,
+                offer.share_mib,
             )
             self.policy.observe(demand)
             found = self.policy.place(self.occ, demand)
@@ -244,7 +317,8 @@ class Ledger:
                 raise NoCapacity(self._no_capacity(team, request.user, offer, request.count, avoid))
             picks = found
             # what the placement really blocks (a profile name may mean other sizes on other
-            # models; the settings forbid that, a hand-built offer might not)
+            # models, a share by size other fractions of other GPUs; the settings forbid the
+            # first, a hand-built offer might not)
             check_quota(team, *used, sum(self._pick_cost(p) for p in picks), what)
         template = Allocation(
             alloc_id,
@@ -269,7 +343,9 @@ class Ledger:
         occ = self.occ
         for d in allocation.devices:
             g = occ.ordinal[d.gpu]
-            if d.profile is None:
+            if d.share_milli is not None:
+                occ.free_share(g, d.share_milli)
+            elif d.profile is None:
                 occ.free_whole(g)
             else:
                 geo = occ.geometry[g]
@@ -279,6 +355,28 @@ class Ledger:
         self.team_used[allocation.team] -= allocation.cost_milli
         self.user_used[allocation.team, allocation.user] -= allocation.cost_milli
         return allocation
+
+    def block(self, blocked: Blocked) -> None:
+        """Take a MIG placement's slots for no allocation (see *blocked slots*); ``ValueError``
+        when the GPU has no such placement or its slots are not free."""
+        occ = self.occ
+        g = occ.ordinal.get(blocked.gpu)
+        geo = occ.geometry[g] if g is not None else None
+        p = geo.resolve(blocked.profile) if geo else None
+        if g is None or p is None or blocked.start not in p.starts:
+            raise ValueError(f"no {blocked.profile} at slot {blocked.start} on {blocked.gpu}")
+        occ.take_slots(g, p, blocked.start)
+        self.blocked[blocked.gpu, blocked.start] = blocked
+
+    def unblock(self, gpu: str, start: int) -> Blocked:
+        """Give blocked slots back; ``KeyError`` when none are blocked there."""
+        blocked = self.blocked.pop((gpu, start))
+        g = self.occ.ordinal[gpu]
+        geo = self.occ.geometry[g]
+        p = geo.resolve(blocked.profile) if geo else None
+        assert p is not None
+        self.occ.free_slots(g, p, start)
+        return blocked
 
     def restore(
         self, allocations: Iterable[Allocation]
@@ -308,7 +406,10 @@ class Ledger:
         devices = []
         for pick in picks:
             gpu = occ.gpus[pick.gpu]
-            if pick.profile is None:
+            if pick.share is not None:
+                occ.take_share(pick.gpu, pick.share)
+                devices.append(Device(gpu.uuid, share_milli=pick.share))
+            elif pick.profile is None:
                 occ.take_whole(pick.gpu)
                 devices.append(Device(gpu.uuid))
             else:
@@ -328,6 +429,8 @@ class Ledger:
         return allocation
 
     def _pick_cost(self, pick: Pick) -> int:
+        if pick.share is not None:
+            return pick.share
         geo = self.occ.geometry[pick.gpu]
         return geo.cost_milli(pick.profile) if geo and pick.profile else 1000
 
@@ -336,13 +439,24 @@ class Ledger:
         occ = self.occ
         picks: list[Pick] = []
         taken: dict[int, int] = {}
+        shared: dict[int, int] = {}
         for d in a.devices:
             g = occ.ordinal.get(d.gpu)
             if g is None:
                 return None
             gpu = occ.gpus[g]
+            if d.share_milli is not None:
+                # a share: on a GPU with MIG off that nothing holds whole, room left for it
+                used = occ.share_used[g] + shared.get(g, 0) + d.share_milli
+                if gpu.mig_mode != "off" or occ.whole[g] or g in taken or used > SHARE_MILLI:
+                    return None
+                if d.share_milli <= 0:
+                    return None
+                shared[g] = shared.get(g, 0) + d.share_milli
+                picks.append(Pick(g, share=d.share_milli))
+                continue
             if d.profile is None:
-                if not occ.whole_free(g) or g in taken:
+                if not occ.whole_free(g) or g in taken or g in shared:
                     return None
                 taken[g] = occ.full(g)
                 picks.append(Pick(g))
@@ -370,7 +484,11 @@ class Ledger:
         self, team: Team, user: str, offer: Offer, count: int, avoid: frozenset[int] = frozenset()
     ) -> str:
         what = (
-            f"{count}× {offer.model or 'GPU'} on one node" if offer.kind == "gpu" else offer.profile
+            f"{count}× {offer.model or 'GPU'} on one node"
+            if offer.kind == "gpu"
+            else offer.label
+            if offer.kind == "share"
+            else offer.profile
         )
         if avoid:
             others = ", ".join(sorted(self.occ.node_names[n] for n in avoid))
@@ -386,6 +504,14 @@ class Ledger:
         occ = self.occ
         masks = [0] * len(occ.gpus)
         whole = [False] * len(occ.gpus)
+        shared = [0] * len(occ.gpus)
+        for b in self.blocked.values():
+            g = occ.ordinal[b.gpu]
+            geo = occ.geometry[g]
+            p = geo.resolve(b.profile) if geo else None
+            assert p is not None and b.start in p.starts, f"bad blocked placement {b}"
+            assert not masks[g] & p.mask_at(b.start), f"blocked {b} overlaps another"
+            masks[g] |= p.mask_at(b.start)
         team_used: Counter[str] = Counter()
         user_used: Counter[tuple[str, str]] = Counter()
         for a in self.allocations.values():
@@ -395,8 +521,16 @@ class Ledger:
             assert len(nodes) <= 1, f"{a.id} spans nodes {nodes}"
             for d in a.devices:
                 g = occ.ordinal[d.gpu]
-                if d.profile is None:
-                    assert masks[g] == 0, f"{a.id}: whole GPU {d.gpu} already has slots taken"
+                if d.share_milli is not None:
+                    assert occ.gpus[g].mig_mode == "off", f"{a.id}: share on a MIG GPU {d.gpu}"
+                    assert not whole[g], f"{a.id}: share on whole-held GPU {d.gpu}"
+                    assert d.share_milli > 0, f"{a.id}: empty share {d}"
+                    shared[g] += d.share_milli
+                    assert shared[g] <= SHARE_MILLI, f"{a.id}: shares of {d.gpu} exceed it"
+                elif d.profile is None:
+                    assert masks[g] == 0 and not shared[g], (
+                        f"{a.id}: whole GPU {d.gpu} already has slots or shares taken"
+                    )
                     assert occ.gpus[g].mig_mode in ("off", "flex"), f"{a.id}: whole on MIG GPU"
                     masks[g], whole[g] = occ.full(g), True
                 else:
@@ -408,6 +542,7 @@ class Ledger:
                     masks[g] |= bits
         assert masks == occ.mask, "occupancy differs from the allocations"
         assert whole == occ.whole, "whole-GPU flags differ from the allocations"
+        assert shared == occ.share_used, "shares differ from the allocations"
         for name, used in team_used.items():
             assert used == self.team_used[name], f"usage counter of team {name} is off"
         assert +self.team_used == +team_used and +self.user_used == +user_used, "counters are off"

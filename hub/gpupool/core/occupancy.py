@@ -1,34 +1,56 @@
-"""Occupancy: which memory slots of which GPU are taken, indexed so placement stays fast.
+"""Occupancy: which memory slots or shares of which GPU are taken, indexed so placement stays fast.
 
 Vocabulary
 - *ordinal*: a GPU's position in the inventory (nodes in order, GPUs by index); every tie in
   placement is broken by ordinal, i.e. "file order".
 - *mask*: a GPU's taken memory slots as bits. A whole-GPU holder takes every slot.
-- *whole-free*: a GPU that can take a whole-GPU request now: MIG ``off`` or ``flex``, nothing on it.
+- *whole-free*: a GPU that can take a whole-GPU request now: MIG ``off`` or ``flex``, nothing on it
+  (no slot, no share).
+- *share*: thousandths ("milli") of a GPU's memory held by one allocation on a GPU with MIG
+  ``off`` (the only mode that takes shares: a ``flex`` GPU is sliced by MIG, which isolates better).
+  A GPU holds one kind at a time: one whole-GPU holder, or MIG instances, or shares summing to at
+  most :data:`SHARE_MILLI`. *used* is that sum; *free milli* is what is left (of any kind: free
+  slots in thousandths on a MIG GPU, nothing on a whole-held one).
+- *share group*: the share-taking GPUs of one model and memory size (a share asked by size costs
+  the same on each), with an index by used milli (sorted non-empty values, each a set of GPUs) and
+  a max-free tree over the group's GPUs in ordinal order (the first GPU where a share fits, in
+  O(log n)). Placement looks at used values, not GPUs.
 - *MIG bucket*: all GPUs that take dynamically placed MIG instances (``dynamic``, or ``flex`` not
   held whole) with the same model, mode and mask. Placement looks at buckets, not GPUs, so a
   decision costs O(distinct masks), not O(GPUs).
-- *node bucket*: nodes with the same model, whole-free count and free slots (in eighths of a GPU).
+- *node bucket*: nodes with the same model and whole-free count, by ordinal; beside it the same
+  nodes coded ``free_milli * NODE_CODE + ordinal`` (the node with the least free milli summed
+  over its GPUs first, then file order).
 - *fixed bucket*: the free pre-created instances of one model and profile on GPUs with the same
   mask, each as ``ordinal * 16 + start`` (so the minimum is the first GPU, then the lowest start).
 
 Contract: no I/O, no policy. Callers (the ledger) check that slots are free before taking them;
-taking a taken slot raises ``ValueError``, which is a bug, never a user error.
+taking a taken slot (or more share than is free, or a share on a GPU that is not MIG ``off``)
+raises ``ValueError``, which is a bug, never a user error.
 """
 
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right, insort
 from collections.abc import Iterator
 
 from .inventory import GPU, Inventory, MigInstance
 from .mig import Geometry, Profile
+from .units import GPU_MILLI
 
 WHOLE_SLOTS = 8
 """Slots of a GPU without MIG geometry, so that every GPU counts as eight eighths."""
 
+SHARE_MILLI = GPU_MILLI
+"""All the shares on one GPU add up to at most this (its whole memory)."""
+
 MigKey = tuple[str, str, int]
-NodeKey = tuple[str, int, int]
+NodeKey = tuple[str, int]
+ShareKey = tuple[str, int]
+"""A share group: ``(model, memory_mib)``."""
+NODE_CODE = 1 << 24
+"""Nodes by free milli are coded ``free_milli * NODE_CODE + ordinal`` (fewer than 2**24 nodes)."""
 FixedKey = tuple[str, str, int]
 FIXED_CODE = 16
 """Fixed instances are coded ``ordinal * FIXED_CODE + start`` (start slots are below 16)."""
@@ -64,6 +86,70 @@ class MinSet:
         return iter(sorted(self._members))
 
 
+class ShareGroup:
+    """The share-taking GPUs of one model and memory size, indexed by used milli and by order.
+
+    A member is *available* unless held whole; ``by_used[u]`` holds the available members with
+    ``u`` milli of shares on them, ``used_values`` the sorted ``u`` with any, and ``tree`` the
+    largest free milli under each node of a binary tree over the members (``-1``: unavailable).
+    """
+
+    __slots__ = ("by_used", "members", "memory_mib", "model", "pos", "size", "tree", "used_values")
+
+    def __init__(self, model: str, memory_mib: int, members: list[int]) -> None:
+        self.model = model
+        self.memory_mib = memory_mib
+        self.members = members
+        self.pos = {g: i for i, g in enumerate(members)}
+        self.by_used: dict[int, MinSet] = {}
+        self.used_values: list[int] = []
+        size = 1
+        while size < len(members):
+            size *= 2
+        self.size = size
+        self.tree = [-1] * (2 * size)
+
+    def set(self, g: int, old: int | None, new: int | None) -> None:
+        """Member ``g`` goes from ``old`` to ``new`` used milli (``None``: unavailable)."""
+        if old == new:
+            return
+        if old is not None:
+            bucket = self.by_used[old]
+            bucket.discard(g)
+            if not bucket:
+                del self.by_used[old]
+                self.used_values.pop(bisect_right(self.used_values, old) - 1)
+        if new is not None:
+            target = self.by_used.get(new)
+            if target is None:
+                target = self.by_used[new] = MinSet()
+                insort(self.used_values, new)
+            target.add(g)
+        i = self.pos[g] + self.size
+        tree = self.tree
+        tree[i] = -1 if new is None else SHARE_MILLI - new
+        i //= 2
+        while i:
+            a, b = tree[2 * i], tree[2 * i + 1]
+            tree[i] = a if a > b else b
+            i //= 2
+
+    def first_fitting(self, need: int) -> int | None:
+        """The first member (in ordinal order) with at least ``need`` milli free."""
+        tree = self.tree
+        if tree[1] < need:
+            return None
+        i = 1
+        while i < self.size:
+            i = 2 * i if tree[2 * i] >= need else 2 * i + 1
+        return self.members[i - self.size]
+
+    def fitting(self, need: int) -> Iterator[int]:
+        """Every member with at least ``need`` milli free, in ordinal order (for avoided nodes)."""
+        tree = self.tree
+        return (g for i, g in enumerate(self.members) if tree[i + self.size] >= need)
+
+
 class Occupancy:
     """Mutable slot state over a fixed inventory."""
 
@@ -82,14 +168,28 @@ class Occupancy:
         self.slots: list[int] = [geo.memory_slots if geo else WHOLE_SLOTS for geo in self.geometry]
         self.mask: list[int] = [0] * len(self.gpus)
         self.whole: list[bool] = [False] * len(self.gpus)
+        self.share_used: list[int] = [0] * len(self.gpus)
+        members: dict[ShareKey, list[int]] = {}
+        for g, gpu in enumerate(self.gpus):
+            if gpu.mig_mode == "off":
+                members.setdefault((gpu.model, gpu.memory_mib), []).append(g)
+        self.share_groups: dict[ShareKey, ShareGroup] = {
+            key: ShareGroup(*key, gs) for key, gs in members.items()
+        }
+        self.share_group_of: dict[int, ShareGroup] = {}
+        for group in self.share_groups.values():
+            for g in group.members:
+                self.share_group_of[g] = group
+                group.set(g, None, 0)
         self.fixed_instances: dict[int, list[tuple[Profile, MigInstance]]] = {
             i: self._resolve_instances(i) for i, g in enumerate(self.gpus) if g.mig_mode == "fixed"
         }
         self.mig_buckets: dict[MigKey, MinSet] = {}
         self.node_buckets: dict[NodeKey, MinSet] = {}
+        self.node_free: dict[NodeKey, MinSet] = {}
         self.fixed_buckets: dict[FixedKey, MinSet] = {}
         self._gpu_key: list[MigKey | None] = [None] * len(self.gpus)
-        self._node_keys: list[list[NodeKey]] = [[] for _ in self.node_gpus]
+        self._node_keys: list[list[tuple[NodeKey, int]]] = [[] for _ in self.node_gpus]
         self._fixed_keys: dict[int, list[tuple[FixedKey, int]]] = {}
         for g in range(len(self.gpus)):
             self._reindex_gpu(g)
@@ -101,14 +201,24 @@ class Occupancy:
         return (1 << self.slots[g]) - 1
 
     def whole_free(self, g: int) -> bool:
-        return self.gpus[g].mig_mode in ("off", "flex") and self.mask[g] == 0
+        return (
+            self.gpus[g].mig_mode in ("off", "flex")
+            and self.mask[g] == 0
+            and self.share_used[g] == 0
+        )
 
-    def free_eighths(self, g: int) -> int:
+    def free_milli(self, g: int) -> int:
+        """What is free on GPU ``g`` in thousandths of it: slots, or memory left to shares."""
+        if self.share_used[g]:
+            return SHARE_MILLI - self.share_used[g]
         free = self.slots[g] - self.mask[g].bit_count()
-        return free * WHOLE_SLOTS // self.slots[g]
+        return free * GPU_MILLI // self.slots[g]
 
-    def node_free_eighths(self, n: int) -> int:
-        return sum(self.free_eighths(g) for g in self.node_gpus[n])
+    def node_free_milli(self, n: int) -> int:
+        return sum(self.free_milli(g) for g in self.node_gpus[n])
+
+    def node_whole_free(self, n: int) -> int:
+        return sum(self.whole_free(g) for g in self.node_gpus[n])
 
     def whole_free_on(self, n: int, model: str | None) -> list[int]:
         return [
@@ -150,10 +260,36 @@ class Occupancy:
         self.mask[g] &= ~profile.mask_at(start)
         self._changed(g)
 
+    def take_share(self, g: int, milli: int) -> None:
+        used = self.share_used[g]
+        if (
+            self.gpus[g].mig_mode != "off"
+            or self.whole[g]
+            or milli <= 0
+            or used + milli > SHARE_MILLI
+        ):
+            raise ValueError(f"no {milli} milli share free on {self.gpus[g].uuid}")
+        self.share_used[g] = used + milli
+        self.share_group_of[g].set(g, used, used + milli)
+        self._reindex_node(self.node_of[g])
+
+    def free_share(self, g: int, milli: int) -> None:
+        used = self.share_used[g]
+        if milli > used:
+            raise ValueError(f"{self.gpus[g].uuid} holds {used} milli of shares, not {milli}")
+        self.share_used[g] = used - milli
+        self.share_group_of[g].set(g, used, used - milli)
+        self._reindex_node(self.node_of[g])
+
     # -- index upkeep ----------------------------------------------------------------------
     def _changed(self, g: int) -> None:
         self._reindex_gpu(g)
         self._reindex_node(self.node_of[g])
+        group = self.share_group_of.get(g)
+        if group is not None:
+            held = self.whole[g]
+            # only a whole-GPU holder changes a share-taking GPU here (MIG is never on one)
+            group.set(g, 0 if held else None, None if held else 0)
 
     def _reindex_gpu(self, g: int) -> None:
         if g in self.fixed_instances:
@@ -173,16 +309,21 @@ class Occupancy:
         self._gpu_key[g] = key
 
     def _reindex_node(self, n: int) -> None:
-        for key in self._node_keys[n]:
+        for key, code in self._node_keys[n]:
             self.node_buckets[key].discard(n)
-        free = self.node_free_eighths(n)
+            self.node_free[key].discard(code)
+        code = self.node_free_milli(n) * NODE_CODE + n
         counts: dict[str, int] = {}
         for g in self.node_gpus[n]:
             if self.gpus[g].mig_mode in ("off", "flex"):
                 counts[self.gpus[g].model] = counts.get(self.gpus[g].model, 0) + self.whole_free(g)
-        keys = [(model, f, free) for model, f in counts.items()]
-        for key in keys:
-            self.node_buckets.setdefault(key, MinSet()).add(n)
+        keys = [((model, f), code) for model, f in counts.items()]
+        for key, c in keys:
+            if key not in self.node_buckets:
+                self.node_buckets[key] = MinSet()
+                self.node_free[key] = MinSet()
+            self.node_buckets[key].add(n)
+            self.node_free[key].add(c)
         self._node_keys[n] = keys
 
     def _reindex_fixed(self, g: int) -> None:

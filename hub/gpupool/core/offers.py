@@ -2,9 +2,16 @@
 
 Vocabulary
 - *offer*: a named, admin-declared shape: ``cpu`` (no GPU), ``gpu`` (whole GPUs, up to
-  ``max_count`` per request, optionally one ``model`` and all in one NVLink island), or ``mig``
-  (one instance of a MIG ``profile``, optionally of one ``model``). By convention a MIG offer is
-  named ``mig-<profile>``.
+  ``max_count`` per request, optionally one ``model`` and all in one NVLink island), ``mig``
+  (one instance of a MIG ``profile``, optionally of one ``model``), or ``share`` (one share of
+  the memory of a GPU with MIG off, optionally of one ``model``: ``share_milli`` thousandths of
+  it, or ``share_mib`` MiB of it). By convention a MIG offer is named ``mig-<profile>``; a share
+  offer is always one share per request.
+- *share cost*: a share by fraction costs its thousandths; a share by size costs
+  ``ceil(share_mib * 1000 / memory_mib)`` of the GPU it lands on (rounded up, so the shares on a
+  GPU never add up to more than its memory), which may differ between models: before placing,
+  the ledger checks the quota with the least it could cost, after placing with what it costs
+  (as for MIG profiles). A share larger than a GPU's memory never lands on that GPU.
 - *request*: a user's ask: offer, count, the team to charge, and what it is for (a notebook
   server or a batch job, named by ``ref``).
 - *cost*: GPU-equivalents in thousandths (see :mod:`gpupool.core.units`).
@@ -14,6 +21,7 @@ Contract: frozen data and pure functions.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -45,6 +53,13 @@ class Offer:
             return 0
         if self.kind == "gpu":
             return GPU_MILLI
+        if self.kind == "share":
+            # by size and without a model: the least on any GPU is unknown here; the ledger
+            # knows its GPUs (Ledger.unit_cost_milli) and checks again after placing
+            if self.share_milli is not None:
+                return self.share_milli
+            memory = model_memory_mib(self.model) if self.model else None
+            return share_cost_milli(self.share_mib or 0, memory) if memory else 0
         # the cheapest model that has the profile: a lower bound the ledger checks first; it
         # checks again with the cost of the placed instance
         costs = mig_costs(self.profile or "", self.model)
@@ -60,7 +75,44 @@ class Offer:
             return "CPU only"
         if self.kind == "mig":
             return f"MIG {self.profile}"
+        if self.kind == "share":
+            of = self.model or "a GPU"
+            if self.share_mib is not None:
+                return f"{fmt_mib(self.share_mib)} share of {of}"
+            return f"{fmt_fraction(self.share_milli or 0)} share of {of}"
         return self.model or "GPU"
+
+    def share_cost_on(self, memory_mib: int) -> int:
+        """What one share of this offer costs on a GPU of ``memory_mib`` (above 1000: no room)."""
+        if self.share_milli is not None:
+            return self.share_milli
+        return share_cost_milli(self.share_mib or 0, memory_mib)
+
+
+_MODEL_GB = re.compile(r"-(\d+)GB$")
+
+
+def model_memory_mib(model: str) -> int | None:
+    """The memory a model key names: ``RTX3090-24GB`` → 24576 (GB read as GiB, as the keys do)."""
+    m = _MODEL_GB.search(model)
+    return int(m.group(1)) * 1024 if m else None
+
+
+def share_cost_milli(share_mib: int, memory_mib: int) -> int:
+    """``share_mib`` of a GPU of ``memory_mib`` in thousandths, rounded up: 6144 of 24576 → 250."""
+    return -(-share_mib * GPU_MILLI // memory_mib) if memory_mib > 0 else GPU_MILLI + 1
+
+
+def fmt_mib(mib: int) -> str:
+    """``6144`` → ``"6 GB"``, ``6656`` → ``"6.5 GB"``, ``512`` → ``"512 MB"`` (GB: 1024 MiB)."""
+    if mib < 1024:
+        return f"{mib} MB"
+    return f"{mib / 1024:.2f}".rstrip("0").rstrip(".") + " GB"
+
+
+def fmt_fraction(milli: int) -> str:
+    """``250`` → ``"25%"``, ``125`` → ``"12.5%"``."""
+    return f"{milli / 10:.1f}".rstrip("0").rstrip(".") + "%"
 
 
 def mig_costs(profile: str, model: str | None = None) -> dict[str, int]:

@@ -211,7 +211,7 @@ def shadow_time(ledger: Ledger, head: Queued, running: Sequence[Running], now: f
 def victims(ledger: Ledger, head: Queued, running: Sequence[Running]) -> list[str] | None:
     """The fewest newest borrowing jobs whose release lets ``head`` start, or ``None``."""
     team = ledger.team(head.team)
-    need = sum(ledger.offers[r.offer].cost_milli(r.count) for r in head.requests())
+    need = sum(ledger.unit_cost_milli(ledger.offers[r.offer]) * r.count for r in head.requests())
     if ledger.team_used[head.team] + need > team.guarantee_milli:
         return None  # the head itself would borrow: it waits like everyone else
     trial = ledger.clone()

@@ -4,12 +4,16 @@ Vocabulary
 - *machine*: one simulated node built from a :class:`~gpupool.discovery.spec.NodeSpec`: its GPUs,
   their MIG instances, and the utilisation and processes tests have set, by UUID.
 - *handle*: :class:`Device` stands in for ``c_nvmlDevice_t`` (a whole GPU, or a MIG device when
-  ``gi`` is set), :class:`GpuInstanceHandle` for ``c_nvmlGpuInstance_t``.
+  ``gi`` is set), :class:`GpuInstanceHandle` for ``c_nvmlGpuInstance_t``,
+  :class:`ComputeInstanceHandle` for ``c_nvmlComputeInstance_t``.
+- *instance*: one GPU instance; it is a MIG device (has a ``MIG-…`` UUID) once it has its one
+  compute instance (``ci``), as after ``nvidia-smi mig -cgi … -C``.
 - *profile index*: NVML's ``NVML_GPU_INSTANCE_PROFILE_*`` enum (``3_SLICE``), not the profile ID.
 
 Contract: plain mutable data, no NVML semantics (those live in :mod:`.simulated`). UUIDs are
-deterministic (uuid5 of node, index and GPU-instance ID), so a spec always yields the same ones;
-GPU-instance IDs are numbered from 1 in placement order.
+deterministic (uuid5 of node, index and GPU-instance ID, plus a creation counter for instances
+created later), so a spec always yields the same ones; GPU-instance IDs are numbered from 1 in
+placement order, and a created one takes the lowest free ID.
 """
 
 from __future__ import annotations
@@ -47,6 +51,21 @@ def profile_index(profile: Profile) -> int:
     return _SLICE_INDEX[profile.compute_slices]
 
 
+_CI_INDEX: dict[int, int] = {
+    1: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+    2: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
+    3: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE,
+    4: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE,
+    7: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE,
+}
+
+
+def compute_profile_index(profile: Profile) -> int:
+    """The ``NVML_COMPUTE_INSTANCE_PROFILE_*`` index of the compute instance that takes all of a
+    GPU instance's slices (``3g.40gb``: ``3_SLICE``)."""
+    return _CI_INDEX[profile.compute_slices]
+
+
 def error(code: int) -> pynvml.NVMLError:
     """The pynvml exception real NVML raises for ``code`` (``NVMLError_NotFound`` for 6)."""
     return pynvml.NVMLError(code)  # pynvml maps the code to its subclass
@@ -75,6 +94,16 @@ class GpuInstanceHandle:
 
 
 @dataclass(frozen=True)
+class ComputeInstanceHandle:
+    """Stands in for ``c_nvmlComputeInstance_t``."""
+
+    node: str
+    index: int
+    gi: int
+    ci: int
+
+
+@dataclass(frozen=True)
 class GpuInstanceInfo:
     """The fields of ``c_nvmlGpuInstanceInfo_t``."""
 
@@ -86,10 +115,17 @@ class GpuInstanceInfo:
 
 @dataclass
 class Instance:
+    """A GPU instance; with its compute instance ``ci`` (``None``: none yet) a MIG device."""
+
     gi: int
     profile: Profile
     start: int
-    uuid: str
+    uuid: str | None
+    ci: int | None = 0
+
+    @property
+    def mig_device(self) -> bool:
+        return self.ci is not None and self.uuid is not None
 
 
 @dataclass
@@ -116,6 +152,12 @@ class Machine:
     refs: int = 0
     utilisation: dict[str, tuple[int, int]] = field(default_factory=dict)
     processes: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    created: int = 0
+    """Instances created since the spec was built (names the next created MIG UUID)."""
+
+    def new_mig_uuid(self, index: int, gi: int) -> str:
+        self.created += 1
+        return f"MIG-{uuid.uuid5(_NS, f'{self.spec.name}/{index}/{gi}/created/{self.created}')}"
 
 
 def build(spec: NodeSpec) -> Machine:

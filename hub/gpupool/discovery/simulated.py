@@ -12,11 +12,25 @@ structures where it returns one) and raises pynvml's own error classes where rea
 ``NVMLError_Uninitialized`` before ``nvmlInit``, ``NVMLError_InvalidArgument`` for a foreign handle
 or an index out of range, ``NVMLError_NotFound`` for a missing MIG device or GPU instance,
 ``NVMLError_NotSupported`` for utilisation of a MIG device (or of a GPU in MIG mode), and
-``NVMLError_NoPermission`` for GPU-instance queries when built with ``privileged=False``
-(NVML reserves them for root). One MIG device per GPU instance (one full compute instance).
-Deliberate simplifications: GPU-instance IDs are numbered from 1 in placement order; NVLink P2P
-is reported from the spec's islands whatever the MIG mode; there is no PCIe P2P; instance
-creation and destruction are not simulated.
+``NVMLError_NoPermission`` for GPU-instance queries, creation and destruction when built with
+``privileged=False`` (NVML reserves them for root: the simulated "not root").
+
+MIG instances are created and destroyed as NVML does it:
+``nvmlDeviceCreateGpuInstanceWithPlacement`` with a GPU-instance profile ID
+(``nvmlDeviceGetGpuInstanceProfileInfo(...).id``) and a placement at one of the profile's start
+slots (another start or size: ``InvalidArgument``; slots already
+taken, the profile's instance count or the GPU's compute slices exhausted:
+``InsufficientResources``), then ``nvmlGpuInstanceCreateComputeInstance`` with a compute-instance
+profile ID (``nvmlGpuInstanceGetComputeInstanceProfileInfo``), which makes the MIG device and its
+``MIG-…`` UUID; ``nvmlComputeInstanceDestroy`` refuses with ``InUse`` while processes run on the
+MIG device, and ``nvmlGpuInstanceDestroy`` while the GPU instance still has a compute instance.
+With a ``state_file`` the instances of MIG GPUs are kept there, so they outlive a hub restart as
+they outlive it on a real machine.
+
+Deliberate simplifications: GPU-instance IDs are numbered from 1 in placement order (a created
+one takes the lowest free ID); one compute instance per GPU instance, always the full-size one
+(smaller compute-instance profiles are ``NotSupported``); NVLink P2P is reported from the spec's
+islands whatever the MIG mode; there is no PCIe P2P; MIG mode never changes.
 """
 
 from __future__ import annotations
@@ -35,6 +49,7 @@ from gpupool.core.mig import GEOMETRIES, Geometry, Profile
 
 from .machine import (
     P2P_INDEXES,
+    ComputeInstanceHandle,
     Device,
     Gpu,
     GpuInstanceHandle,
@@ -42,6 +57,7 @@ from .machine import (
     Instance,
     Machine,
     build,
+    compute_profile_index,
     error,
     profile_index,
 )
@@ -61,10 +77,14 @@ class SimulatedNVML:
         driver_version: str = "550.127.05",
         privileged: bool = True,
         activity_file: str | Path | None = None,
+        state_file: str | Path | None = None,
     ) -> None:
         specs = parse_spec(spec) if isinstance(spec, str) else tuple(spec)
         self.activity_file = Path(activity_file) if activity_file else None
+        self.state_file = Path(state_file) if state_file else None
         self._machines = {s.name: build(s) for s in specs}
+        if self.state_file is not None:
+            self._load_state(self.state_file)
         self._names: dict[str, str] = {}  # profile name -> name the "driver" shows
         self.driver_version = driver_version
         self.privileged = privileged
@@ -122,6 +142,49 @@ class SimulatedNVML:
                 return m
         raise KeyError(f"no simulated GPU or MIG device {uuid!r}")
 
+    # -- the "driver" state across hub restarts (no NVML counterpart) --------------------------
+
+    def _load_state(self, path: Path) -> None:
+        """The MIG instances of a state file this simulation wrote before (missing: the spec's)."""
+        try:
+            state = json.loads(path.read_text())
+        except FileNotFoundError:
+            return
+        for name, saved in state.items():
+            m = self._machines.get(name)
+            if m is None:
+                continue
+            m.created = int(saved.get("created", 0))
+            for gpu in m.gpus:
+                rows = saved.get("gpus", {}).get(gpu.uuid)
+                if rows is None or gpu.geometry is None or not gpu.mig:
+                    continue
+                gpu.instances = {
+                    int(gi): Instance(int(gi), gpu.geometry.by_name[prof], int(start), uuid, ci)
+                    for gi, prof, start, ci, uuid in rows
+                }
+
+    def _save_state(self) -> None:
+        if self.state_file is None:
+            return
+        state = {
+            name: {
+                "created": m.created,
+                "gpus": {
+                    g.uuid: [
+                        [i.gi, i.profile.name, i.start, i.ci, i.uuid]
+                        for i in sorted(g.instances.values(), key=lambda i: i.gi)
+                    ]
+                    for g in m.gpus
+                    if g.mig
+                },
+            }
+            for name, m in self._machines.items()
+        }
+        tmp = self.state_file.with_name(self.state_file.name + ".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        tmp.replace(self.state_file)
+
     # -- lookups shared by the NVML calls ------------------------------------------------------
 
     def _machine(self) -> Machine:
@@ -139,9 +202,10 @@ class SimulatedNVML:
         gpu = m.gpus[handle.index]
         if handle.gi is None:
             return gpu, None
-        if handle.gi not in gpu.instances:
+        inst = gpu.instances.get(handle.gi)
+        if inst is None or not inst.mig_device:
             raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # a destroyed instance's handle
-        return gpu, gpu.instances[handle.gi]
+        return gpu, inst
 
     def _gpu(self, handle: object) -> Gpu:
         """A whole-GPU handle's GPU; MIG device handles do not support the call."""
@@ -187,7 +251,7 @@ class SimulatedNVML:
             if gpu.uuid == uuid:
                 return Device(self.node_name, gpu.index)
             for inst in gpu.instances.values():
-                if inst.uuid == uuid:
+                if inst.mig_device and inst.uuid == uuid:
                     return Device(self.node_name, gpu.index, inst.gi)
         raise error(pynvml.NVML_ERROR_NOT_FOUND)
 
@@ -196,7 +260,7 @@ class SimulatedNVML:
 
     def nvmlDeviceGetUUID(self, handle: object) -> str:
         gpu, inst = self._resolve(handle)
-        return inst.uuid if inst else gpu.uuid
+        return (inst.uuid or "") if inst else gpu.uuid  # a resolved MIG device has its UUID
 
     def nvmlDeviceGetName(self, handle: object) -> str:
         gpu, inst = self._resolve(handle)
@@ -221,10 +285,10 @@ class SimulatedNVML:
     def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list[Any]:
         gpu, inst = self._resolve(handle)
         owners: list[tuple[str, int | None]] = (
-            [(inst.uuid, inst.gi)] if inst else [(gpu.uuid, None)]
+            [(inst.uuid or "", inst.gi)] if inst else [(gpu.uuid, None)]
         )
         if inst is None:
-            owners += [(i.uuid, i.gi) for i in gpu.instances.values()]
+            owners += [(i.uuid, i.gi) for i in gpu.instances.values() if i.uuid]
         na = pynvml.NVML_VALUE_NOT_AVAILABLE_uint.value
         procs = self._machine().processes
         return [
@@ -265,7 +329,7 @@ class SimulatedNVML:
         gpu, geometry = self._mig_on(device)
         if not 0 <= index < geometry.compute_slices:
             raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        gis = sorted(gpu.instances)
+        gis = sorted(gi for gi, inst in gpu.instances.items() if inst.mig_device)
         if index >= len(gis):
             raise error(pynvml.NVML_ERROR_NOT_FOUND)
         return Device(self.node_name, gpu.index, gis[index])
@@ -284,6 +348,12 @@ class SimulatedNVML:
         if inst is None:
             raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return inst.gi
+
+    def nvmlDeviceGetComputeInstanceId(self, device: object) -> int:
+        inst = self._resolve(device)[1]
+        if inst is None or inst.ci is None:
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return inst.ci
 
     def nvmlDeviceGetGpuInstanceById(self, device: object, gpuInstanceId: int) -> GpuInstanceHandle:
         gpu, _ = self._mig_on(device)
@@ -327,6 +397,139 @@ class SimulatedNVML:
         if version == 2:
             info.name = f"MIG {self._shown(p)}".encode()
         return info
+
+    # -- MIG management (root only) ------------------------------------------------------------
+
+    def _root(self) -> None:
+        if not self.privileged:
+            raise error(pynvml.NVML_ERROR_NO_PERMISSION)
+
+    def _gi(self, gpuInstance: object) -> tuple[Gpu, Instance]:
+        """A GPU-instance handle's GPU and instance; ``InvalidArgument`` once it is destroyed."""
+        m = self._machine()
+        h = gpuInstance
+        if not isinstance(h, GpuInstanceHandle) or h.node != self.node_name:
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = m.gpus[h.index]
+        inst = gpu.instances.get(h.gi)
+        if inst is None:
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu, inst
+
+    @staticmethod
+    def _by_id(geometry: Geometry, profileId: int) -> Profile:
+        found = geometry.by_id.get(profileId)
+        if found is None:
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return found
+
+    def nvmlDeviceGetGpuInstanceRemainingCapacity(self, device: object, profileId: int) -> int:
+        gpu, geometry = self._mig_on(device)
+        self._root()
+        p = self._by_id(geometry, profileId)
+        mask = 0
+        for inst in gpu.instances.values():
+            mask |= inst.profile.mask_at(inst.start)
+        return self._fits(gpu, geometry, p, mask)
+
+    @staticmethod
+    def _fits(gpu: Gpu, geometry: Geometry, p: Profile, mask: int) -> int:
+        same = sum(i.profile == p for i in gpu.instances.values())
+        compute = sum(i.profile.compute_slices for i in gpu.instances.values())
+        by_slots = geometry.max_fit[p][mask]
+        by_compute = (geometry.compute_slices - compute) // p.compute_slices
+        return max(0, min(by_slots, p.max_count - same, by_compute))
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(
+        self, device: object, profileId: int, placement: Any
+    ) -> GpuInstanceHandle:
+        gpu, geometry = self._mig_on(device)
+        self._root()
+        p = self._by_id(geometry, profileId)
+        start, size = int(placement.start), int(placement.size)
+        if start not in p.starts or size != p.memory_slots:
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        mask = 0
+        for inst in gpu.instances.values():
+            mask |= inst.profile.mask_at(inst.start)
+        if mask & p.mask_at(start) or not self._fits(gpu, geometry, p, mask):
+            raise error(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        gi = next(i for i in range(1, len(gpu.instances) + 2) if i not in gpu.instances)
+        gpu.instances[gi] = Instance(gi, p, start, None, None)
+        self._save_state()
+        return GpuInstanceHandle(self.node_name, gpu.index, gi)
+
+    def nvmlGpuInstanceDestroy(self, gpuInstance: object) -> int:
+        gpu, inst = self._gi(gpuInstance)
+        self._root()
+        if inst.ci is not None:
+            raise error(pynvml.NVML_ERROR_IN_USE)  # its compute instances must go first
+        del gpu.instances[inst.gi]
+        self._save_state()
+        return int(pynvml.NVML_SUCCESS)
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, device: object, profile: int, engProfile: int, version: int = 2
+    ) -> Any:
+        _gpu, inst = self._gi(device)
+        if not 0 <= profile < pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if engProfile != pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if profile != compute_profile_index(inst.profile):
+            raise error(pynvml.NVML_ERROR_NOT_SUPPORTED)  # only the full-size one is simulated
+        if version not in (1, 2):
+            raise error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)  # as pynvml itself does
+        info = (
+            pynvml.c_nvmlComputeInstanceProfileInfo_v2_t()
+            if version == 2
+            else pynvml.c_nvmlComputeInstanceProfileInfo_t()
+        )
+        info.id, info.sliceCount, info.instanceCount = profile, inst.profile.compute_slices, 1
+        info.multiprocessorCount = 16 * inst.profile.compute_slices
+        if version == 2:
+            info.name = f"MIG {self._shown(inst.profile)}".encode()
+        return info
+
+    def nvmlGpuInstanceCreateComputeInstance(
+        self, gpuInstance: object, profileId: int
+    ) -> ComputeInstanceHandle:
+        gpu, inst = self._gi(gpuInstance)
+        self._root()
+        if profileId != compute_profile_index(inst.profile):
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if inst.ci is not None:
+            raise error(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)  # its slices are all in use
+        inst.ci = 0
+        inst.uuid = self._machine().new_mig_uuid(gpu.index, inst.gi)
+        self._save_state()
+        return ComputeInstanceHandle(self.node_name, gpu.index, inst.gi, 0)
+
+    def nvmlGpuInstanceGetComputeInstanceById(
+        self, gpuInstance: object, computeInstanceId: int
+    ) -> ComputeInstanceHandle:
+        gpu, inst = self._gi(gpuInstance)
+        self._root()
+        if inst.ci is None or inst.ci != computeInstanceId:
+            raise error(pynvml.NVML_ERROR_NOT_FOUND)
+        return ComputeInstanceHandle(self.node_name, gpu.index, inst.gi, inst.ci)
+
+    def nvmlComputeInstanceDestroy(self, computeInstance: object) -> int:
+        h = computeInstance
+        if not isinstance(h, ComputeInstanceHandle):
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        _gpu, inst = self._gi(GpuInstanceHandle(h.node, h.index, h.gi))
+        if inst.ci != h.ci:
+            raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # a destroyed one's handle
+        self._root()
+        machine = self._machine()
+        if inst.uuid and machine.processes.get(inst.uuid):
+            raise error(pynvml.NVML_ERROR_IN_USE)
+        machine.processes.pop(inst.uuid or "", None)
+        machine.utilisation.pop(inst.uuid or "", None)
+        inst.ci, inst.uuid = None, None
+        self._save_state()
+        return int(pynvml.NVML_SUCCESS)
 
 
 def simulated_inventory(spec: str | SimulatedNVML, log: Any = None) -> Inventory:

@@ -74,7 +74,13 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
         return hub
     hub.jobs.starting = loop.create_task(hub.jobs.start())
     hub.reclaimer.start()
+    if hub.shares is not None:
+        hub.shares.start()
     reconciler.start()
+    if pool.mig is not None:  # draining MIG instances: destroyed once their processes end
+        from tornado.ioloop import PeriodicCallback
+
+        PeriodicCallback(pool.retry_draining, 10_000).start()
     stops = [hub.jobs.shutting_down, reconciler.shutting_down]
     if kube is not None:
         kube.start()

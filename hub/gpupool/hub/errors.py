@@ -10,6 +10,7 @@ from __future__ import annotations
 from tornado import web
 
 from ..core import errors
+from ..discovery.mig_manager import DeviceUnavailable
 
 STATUS: dict[type[errors.PoolError], int] = {
     errors.UnknownAllocation: 404,
@@ -19,6 +20,7 @@ STATUS: dict[type[errors.PoolError], int] = {
     errors.OfferNotAllowed: 403,
     errors.QuotaExceeded: 403,
     errors.NoCapacity: 409,
+    DeviceUnavailable: 503,
 }
 
 

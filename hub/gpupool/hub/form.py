@@ -10,7 +10,7 @@ checked at start by :func:`check_profile_offers`.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from html import escape
 from typing import Any
 
@@ -67,7 +67,14 @@ def check_profile_offers(config: Any, offers: Collection[str]) -> None:
                 )
 
 
-def render(menus: list[TeamMenu], inventory_label: str, simulated: bool) -> str:
+def render(
+    menus: list[TeamMenu],
+    inventory_label: str,
+    simulated: bool,
+    notes: Mapping[str, str] | None = None,
+) -> str:
+    """The form; ``notes``: a sentence per offer name shown on its lines (how a share of a GPU
+    without MIG is enforced, :func:`gpupool.shares.offer_enforcement`)."""
     parts = ['<div class="gpupool-form">']
     if simulated:
         parts.append(
@@ -104,6 +111,7 @@ def render(menus: list[TeamMenu], inventory_label: str, simulated: bool) -> str:
             free = "" if c.offer == "cpu" or c.cost_milli == 0 else f" · {c.free} free now"
             cost = f" · {fmt(c.cost_milli)} GPU-eq" if c.cost_milli else ""
             why = f' <span class="gpupool-why">({escape(c.reason)})</span>' if c.reason else ""
+            why += _note((notes or {}).get(c.offer, ""))
             desc = (
                 f' <span class="text-muted">{escape(c.description)}</span>' if c.description else ""
             )
@@ -118,3 +126,8 @@ def render(menus: list[TeamMenu], inventory_label: str, simulated: bool) -> str:
         parts.append('<p class="gpupool-nothing">Nothing can be granted right now.</p>')
     parts.append("</div>")
     return "\n".join(parts)
+
+
+def _note(note: str) -> str:
+    """An offer's note (how a share is enforced) as the form prints it, escaped."""
+    return f' <span class="gpupool-enforcement">{escape(note)}</span>' if note else ""

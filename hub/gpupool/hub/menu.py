@@ -2,8 +2,9 @@
 
 Vocabulary
 - *choice*: one pickable line of the spawn page: a team, an offer and a count (whole-GPU offers
-  get one line per count), and its admission (:mod:`gpupool.core.admission`): granted now, or
-  why not (it would wait, or could never start).
+  get one line per count; a share offer one line, labelled like "6 GB share of RTX3090-24GB"
+  with its least cost on this pool), and its admission (:mod:`gpupool.core.admission`): granted
+  now, or why not (it would wait, or could never start).
 - *team menu*: a team's choices plus its quota figures (used, guarantee, borrow limit, left) and
   the user's own usage and cap.
 
@@ -68,7 +69,7 @@ def team_menu(ledger: Ledger, team: Team, user: str) -> TeamMenu:
         for count in counts:
             label = offer.label if offer.kind != "gpu" else f"{offer.label} ×{count}"
             admission = ledger.admit(team, user, offer, count)
-            cost = offer.cost_milli(count)
+            cost = ledger.unit_cost_milli(offer) * count
             choices.append(
                 Choice(team.name, name, count, label, offer.description, cost, free, admission)
             )
@@ -83,5 +84,5 @@ def menu(ledger: Ledger, user: str, groups: list[str]) -> list[TeamMenu]:
 
 
 def _order(offer: Offer) -> tuple[int, int, str]:
-    kind = {"cpu": 0, "mig": 1, "gpu": 2}[offer.kind]
+    kind = {"cpu": 0, "mig": 1, "share": 1, "gpu": 2}[offer.kind]
     return (kind, offer.unit_cost_milli(), offer.name)

@@ -1,8 +1,9 @@
 """The hub's objects, built once at start and handed to whoever needs them.
 
 Vocabulary
-- *hub objects* (:class:`HubObjects`): the pool, the job manager and the idle reclaimer of one
-  hub process, and on a Kubernetes inventory the reconciler that follows the cluster.
+- *hub objects* (:class:`HubObjects`): the pool, the job manager, the idle reclaimer and the
+  share watch of one hub process, and on a Kubernetes inventory the reconciler that follows the
+  cluster.
   ``setup(c)`` builds them and puts them into JupyterHub's tornado settings under
   :data:`SETTINGS_KEY`; REST handlers and pages read ``self.settings``, spawners
   ``self.user.settings`` (JupyterHub hands every ``User`` the same settings dict). Tests build
@@ -28,6 +29,7 @@ from traitlets.config import Config
 from ..jobs.manager import JobManager
 from ..pool import Pool
 from .reclaim import IdleReclaimer, hub_urls
+from .share_watch import ShareWatch, build_watch
 
 if TYPE_CHECKING:
     from .kube_reconcile import KubeReconciler
@@ -43,6 +45,8 @@ class HubObjects:
     reclaimer: IdleReclaimer
     kube: KubeReconciler | None = None
     """On a Kubernetes inventory: what keeps the pool in step with the cluster's nodes and pods."""
+    shares: ShareWatch | None = None
+    """What keeps shares of GPUs without MIG within their memory (:mod:`.share_watch`)."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> HubObjects:
         return self  # one pool per hub: configuration copies must share it
@@ -59,7 +63,8 @@ def build(
     reclaimer = IdleReclaimer(
         pool, secrets.token_hex(32), api_url, public_url, config=config, log=log
     )
-    return HubObjects(pool, jobs, reclaimer, kube)
+    shares = build_watch(pool, reclaimer, jobs, config, log)
+    return HubObjects(pool, jobs, reclaimer, kube, shares)
 
 
 def hub_objects(settings: Mapping[str, Any]) -> HubObjects:

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..core.inventory import GPU
-from ..core.ledger import Allocation, Device
+from ..core.ledger import Allocation, Blocked, Device
 from ..core.quota import Team
 from ..core.units import fmt
 from ..jobs.manager import JobManager
@@ -106,10 +106,16 @@ def _cell(
 
 
 def gpu_view(
-    gpu: GPU, held: Iterable[tuple[Device, Allocation]], colours: Mapping[str, int]
+    gpu: GPU,
+    held: Iterable[tuple[Device, Allocation]],
+    colours: Mapping[str, int],
+    blocked: Iterable[Blocked] = (),
 ) -> dict[str, Any]:
-    """One GPU: its facts, its memory slots as cells (sorted by start slot) and its holders."""
+    """One GPU: its facts, its memory slots as cells (sorted by start slot) and its holders;
+    ``blocked``: its slots held by no allocation (an admin's instance on a GPU whose instances
+    gpupool creates, a draining one), shown as taken, with why."""
     held = list(held)
+    blocks = {b.start: b for b in blocked}
     geometry = gpu.geometry
     slots = geometry.memory_slots if geometry else 1
     whole = [a for d, a in held if d.profile is None]
@@ -149,7 +155,11 @@ def gpu_view(
                 matched.add(i)
                 holder = _holder(migs[i][1], colours)
             n = span(inst.profile)
-            cells.append(_cell(inst.start, n, inst.profile, inst.uuid, holder, inst.profile))
+            cell = _cell(inst.start, n, inst.profile, inst.uuid, holder, inst.profile)
+            b = blocks.pop(inst.start, None)
+            if b is not None and holder is None:
+                cell = _blocked_cell(cell, b)
+            cells.append(cell)
             taken.update(range(inst.start, inst.start + n))
         for i, (d, a) in enumerate(migs):  # instances created for an allocation (dynamic)
             if i in matched or d.profile is None or d.start is None:
@@ -157,6 +167,12 @@ def gpu_view(
             n = span(d.profile)
             cells.append(_cell(d.start, n, d.profile, d.instance, _holder(a, colours), d.profile))
             taken.update(range(d.start, d.start + n))
+        for b in blocks.values():  # draining instances, slots MIG on demand may not use
+            n = span(b.profile)
+            cells.append(
+                _blocked_cell(_cell(b.start, n, b.profile, b.instance, None, b.profile), b)
+            )
+            taken.update(range(b.start, b.start + n))
         for s in range(slots):
             if s not in taken:
                 cells.append(_cell(s, 1, "free", None, None))
@@ -176,6 +192,23 @@ def gpu_view(
             for u, t, k, r in holders
         ],
     }
+
+
+BLOCKED_LABELS = {
+    "admin": "admin's instance",
+    "draining": "draining",
+    "off": "MIG on demand off",
+}
+
+
+def _blocked_cell(cell: dict[str, Any], blocked: Blocked) -> dict[str, Any]:
+    """A cell taken by no allocation: an admin's instance gpupool leaves alone, an instance
+    still draining (processes ran on it at release; destroyed once they end), or slots MIG on
+    demand cannot use."""
+    why = BLOCKED_LABELS.get(blocked.reason, blocked.reason)
+    label = why if blocked.reason == "off" else f"{cell['label']} ({why})"
+    title = " · ".join(x for x in (label, f"slots {cell['slots']}", cell["uuid"]) if x)
+    return {**cell, "label": label, "free": False, "state": blocked.reason, "title": title}
 
 
 # -- the views ----------------------------------------------------------------------------------
@@ -281,10 +314,16 @@ def admin_view(
     for a in allocations:
         for d in a.devices:
             on_gpu.setdefault(d.gpu, []).append((d, a))
+    blocked: dict[str, list[Blocked]] = {}
+    for b in ledger.blocked.values():
+        blocked.setdefault(b.gpu, []).append(b)
     nodes = [
         {
             "name": node.name,
-            "gpus": [gpu_view(g, on_gpu.get(g.uuid, []), colours) for g in node.gpus],
+            "gpus": [
+                gpu_view(g, on_gpu.get(g.uuid, []), colours, blocked.get(g.uuid, ()))
+                for g in node.gpus
+            ],
         }
         for node in pool.inventory.nodes
     ]
@@ -319,6 +358,7 @@ def admin_view(
         team_rows.append(row)
     return {
         "pool": _pool_header(pool),
+        "mig": pool.mig.view(ledger) if pool.mig is not None else None,
         "activity": reclaimer.activity(),
         "nodes": nodes,
         "allocations": [_allocation_row(a, jobs, reclaimer, now) for a in allocations],

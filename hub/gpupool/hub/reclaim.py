@@ -41,6 +41,7 @@ import contextlib
 import json
 import logging
 from collections import defaultdict
+from collections.abc import Callable as CallableType
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlparse
@@ -208,6 +209,10 @@ class IdleReclaimer(LoggingConfigurable):
             self.dcgm = DCGMSource(self.dcgm_prometheus_url, self.dcgm_timeout, self.log)
         self._dcgm_unlabelled = False
         """Whether "no DCGM series carries gpupool's allocation label" was said (once)."""
+        self.warnings: list[CallableType[[Allocation], dict[str, Any] | None]] = []
+        """Other warnings a notebook's ``warning`` carries to JupyterLab, in the same shape
+        (the share watch's: GPU memory over a share, :mod:`gpupool.hub.share_watch`); the
+        soonest ``reclaim_at`` is shown."""
 
     def policy(self, team: str) -> IdlePolicy:
         return self._policies.get(team, self._policies["*"])
@@ -268,8 +273,12 @@ class IdleReclaimer(LoggingConfigurable):
             out["warning"] = {
                 "reclaim_at": iso(reclaim_at),
                 "action": policy.action,
+                "reason": "idle",
                 "message": warning_message(allocation, policy, watch, reclaim_at),
             }
+        others = [w(allocation) for w in self.warnings]
+        found = [w for w in (out["warning"], *others) if w]
+        out["warning"] = min(found, key=lambda w: w["reclaim_at"]) if found else None
         return out
 
     # -- the loop ------------------------------------------------------------------------------

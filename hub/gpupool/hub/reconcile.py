@@ -337,6 +337,8 @@ def _adoptable(
         check_offer(team, trial.offers, offer.name, count)
     except PoolError as e:
         return None, e.message
+    if offer.kind == "share":  # its size is the ledger's alone, not in the process
+        return None, f"its share of {','.join(server.visible)} is not in the pool's database"
     kinds = {"cpu": 0, "gpu": count, "mig": 1}
     wrong_kind = any((d.profile is None) != (offer.kind == "gpu") for d in devices)
     if len(devices) != kinds[offer.kind] or wrong_kind or not _fits(trial, offer, devices):
@@ -387,6 +389,8 @@ def _fits(ledger: Ledger, offer: Any, devices: Sequence[Device]) -> bool:
 
 
 def _cost(inventory: Inventory, device: Device) -> int:
+    if device.share_milli is not None:
+        return device.share_milli
     if device.profile is None:
         return 1000
     gpu = next(g for g in inventory.gpus if g.uuid == device.gpu)

@@ -22,6 +22,11 @@ code account, makes the job directory, writes the script it reads from its stdin
 own log (:data:`PREPARE_AND_RUN`); the hub reads logs and exit codes only as files owned by the
 code account, never through a link, at most ``max_log_chunk`` bytes at a time. Jobs get the
 hub's environment only through ``env_keep``.
+
+A share of a GPU without MIG (:mod:`gpupool.shares`) adds ``GPUPOOL_SHARE_MILLI``,
+``GPUPOOL_SHARE_MIB``, ``GPUPOOL_SHARE_ENFORCEMENT`` and, on a GPU under MPS, the MPS client
+limits. MPS with per-user jobs (``run_as_hub_user = False``) stops the hub at start
+(MPS serves one unix user at a time).
 """
 
 from __future__ import annotations
@@ -39,10 +44,12 @@ from typing import Any
 from traitlets import Bool, Float, Int, List, Unicode, default
 
 from ..core.errors import InvalidRequest
+from ..core.inventory import GPU
 from ..core.jobs import Job, JobSpec
 from ..core.ledger import Allocation
 from ..procfs import process_start, with_item
 from ..settings import ConfigError
+from ..shares import ShareEnforcement, check_mps_accounts, share_env
 from ..usercode import (
     Account,
     UnsafeFile,
@@ -165,6 +172,9 @@ class LocalJobBackend(JobBackend):
         super().__init__(**kwargs)
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._killers: set[asyncio.Task[None]] = set()  # SIGKILLs due after kill_grace
+        self.shares = ShareEnforcement(config=self.config)
+        """How shares are enforced (MPS or watched): checked here, at the hub's start."""
+        check_mps_accounts(self.shares, self.config)
         if self.run_as_hub_user:  # a shared mode that would run jobs as root stops the hub
             check_shared_mode(self.shared_account, self._key("shared_account"))
         elif os.geteuid() != 0:
@@ -278,7 +288,14 @@ class LocalJobBackend(JobBackend):
             OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
             PYTHONUNBUFFERED="1",
         )
+        for a in allocations:  # a share: its cap, how it is enforced, MPS's client limits
+            env.update(share_env(a, self._gpus(), self.shares))
         return env
+
+    def _gpus(self) -> tuple[GPU, ...]:
+        """The pool's GPUs (the job manager that owns this backend holds the pool)."""
+        pool = getattr(self.parent, "pool", None)
+        return pool.inventory.gpus if pool is not None else ()
 
     @staticmethod
     def _become(account: Account) -> dict[str, Any]:

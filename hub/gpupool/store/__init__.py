@@ -24,7 +24,7 @@ import json
 import os
 import pwd
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,7 +38,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from ..core.jobs import Job, JobSpec
 from ..core.ledger import Allocation, Device
-from .schema import allocations, devices, jobs, metadata
+from .schema import allocations, devices, jobs, metadata, mig_instances
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "gpupool_alembic_version"
@@ -199,6 +199,11 @@ class Store:
                 conn.execute(
                     insert(jobs).values(id=PROBE, owner="", team="", state="", spec="", created=0)
                 )
+                conn.execute(
+                    insert(mig_instances).values(
+                        node=PROBE, gpu="", start=0, profile="", state="", created=0
+                    )
+                )
             finally:
                 trans.rollback()
 
@@ -277,7 +282,7 @@ class Store:
             held: dict[str, list[Device]] = {}
             for row in conn.execute(select(devices).order_by(devices.c.position)):
                 held.setdefault(row.allocation_id, []).append(
-                    Device(row.gpu, row.profile, row.start, row.instance)
+                    Device(row.gpu, row.profile, row.start, row.instance, row.share_milli)
                 )
             rows = conn.execute(select(allocations).order_by(allocations.c.created))
             return [
@@ -345,10 +350,29 @@ class Store:
                         "profile": d.profile,
                         "start": d.start,
                         "instance": d.instance,
+                        "share_milli": d.share_milli,
                     }
                     for i, d in enumerate(a.devices)
                 ],
             )
+
+    # -- MIG instances the pool created (:mod:`gpupool.discovery.mig_manager`) ---------------
+    def mig_records(self) -> list[MigRecord]:
+        """Every MIG instance the pool created and has not destroyed yet, oldest first."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(mig_instances).order_by(mig_instances.c.created))
+            return [MigRecord(**dict(r._mapping)) for r in rows]
+
+    def save_mig(self, record: MigRecord) -> None:
+        """Insert or replace the record of the instance at ``record``'s node, GPU and start."""
+        key = _mig_key(record.node, record.gpu, record.start)
+        with self.engine.begin() as conn:
+            conn.execute(delete(mig_instances).where(*key))
+            conn.execute(insert(mig_instances).values(**asdict(record)))
+
+    def delete_mig(self, node: str, gpu: str, start: int) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(delete(mig_instances).where(*_mig_key(node, gpu, start)))
 
     # -- jobs --------------------------------------------------------------------------------
     def save_job(self, job: Job) -> None:
@@ -361,6 +385,31 @@ class Store:
     def load_jobs(self) -> list[Job]:
         with self.engine.connect() as conn:
             return [_row_job(r) for r in conn.execute(select(jobs).order_by(jobs.c.created))]
+
+
+@dataclass(frozen=True)
+class MigRecord:
+    """One MIG instance the pool created on a managed GPU (table ``gpupool_mig_instances``).
+
+    ``state``: ``creating`` (recorded before NVML is asked, so a crash in between leaves a trace),
+    ``live`` (made; ``uuid`` is its ``MIG-…`` UUID, ``allocation_id`` its holder) or ``draining``
+    (released, but NVML refused to destroy it while processes run on it; retried)."""
+
+    node: str
+    gpu: str
+    start: int
+    profile: str
+    state: str
+    created: float
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    uuid: str | None = None
+    allocation_id: str | None = None
+
+
+def _mig_key(node: str, gpu: str, start: int) -> tuple[Any, ...]:
+    c = mig_instances.c
+    return (c.node == node, c.gpu == gpu, c.start == start)
 
 
 def _job_row(job: Job) -> dict[str, Any]:

@@ -37,6 +37,22 @@ devices = Table(
     Column("profile", String(64), nullable=True),
     Column("start", Integer, nullable=True),
     Column("instance", String(128), nullable=True),
+    Column("share_milli", Integer, nullable=True),
+)
+
+mig_instances = Table(
+    "gpupool_mig_instances",
+    metadata,
+    Column("node", String(255), primary_key=True),
+    Column("gpu", String(128), primary_key=True),
+    Column("start", Integer, primary_key=True),
+    Column("profile", String(64), nullable=False),
+    Column("gpu_instance_id", Integer, nullable=True),
+    Column("compute_instance_id", Integer, nullable=True),
+    Column("uuid", String(128), nullable=True),
+    Column("state", String(16), nullable=False),
+    Column("allocation_id", String(64), nullable=True),
+    Column("created", Float, nullable=False),
 )
 
 jobs = Table(

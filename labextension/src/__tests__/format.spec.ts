@@ -65,14 +65,17 @@ describe('format', () => {
     // 14:05 local time, whatever the time zone the tests run in
     const reclaimAt = new Date(2025, 0, 1, 14, 5, 30).toISOString();
     const message = 'This server’s GPU (h100) has been idle; at 13:05 UTC it is reclaimed.';
-    expect(reclaimLabel({ reclaim_at: reclaimAt, action: 'stop', message })).toBe(
+    expect(reclaimLabel({ reclaim_at: reclaimAt, action: 'stop', reason: 'idle', message })).toBe(
       'GPU idle · stops 14:05'
     );
-    expect(reclaimLabel({ reclaim_at: reclaimAt, action: 'cpu', message })).toBe(
+    expect(reclaimLabel({ reclaim_at: reclaimAt, action: 'cpu', reason: 'idle', message })).toBe(
       'GPU idle · to CPU 14:05'
     );
-    expect(reclaimLabel({ reclaim_at: 'not a time', action: 'stop', message })).toBe(
-      'GPU idle · stops soon'
+    expect(
+      reclaimLabel({ reclaim_at: 'not a time', action: 'stop', reason: 'idle', message })
+    ).toBe('GPU idle · stops soon');
+    expect(reclaimLabel({ reclaim_at: reclaimAt, action: 'stop', reason: 'memory', message })).toBe(
+      'GPU memory over share · stops 14:05'
     );
     expect(formatClock(new Date(2025, 0, 1, 9, 0).toISOString())).toBe('09:00');
     expect(formatClock(null)).toBe('');

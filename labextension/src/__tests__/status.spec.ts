@@ -40,6 +40,7 @@ function warned(action: api.ReclaimAction, hour: number, minute: number): Partia
     warning: {
       reclaim_at: new Date(2025, 0, 1, hour, minute).toISOString(),
       action,
+      reason: 'idle',
       message: `This server's GPU (h100) has been idle; at ${hour}:${minute} it will be ${
         action === 'cpu' ? 'restarted without a GPU' : 'stopped'
       }.`

@@ -1,0 +1,719 @@
+"""MIG instances on demand: the pool creates them where the policy places them, through NVML.
+
+Vocabulary
+- *managed GPU*: a MIG-capable GPU the admin hands to the pool (``c.GPUPool.managed_mig``, by GPU
+  UUID or model key). In MIG mode it is ``dynamic`` in the inventory: the policy picks a start
+  slot, and this manager creates the GPU instance there
+  (``nvmlDeviceCreateGpuInstanceWithPlacement``) and its full-size compute instance
+  (``nvmlGpuInstanceCreateComputeInstance``), and destroys both on release.
+- *record*: a row of ``gpupool_mig_instances`` (:class:`gpupool.store.MigRecord`): an instance
+  the pool created. Only recorded instances are ever destroyed.
+- *admin instance*: an instance on a managed GPU that is not recorded (an admin made it, by hand
+  or while the hub was down). It is never touched: the ledger holds its slots as *blocked*
+  (:meth:`gpupool.core.ledger.Ledger.block`, reason ``admin``), so nothing is placed over it.
+- *draining*: a released instance NVML refused to destroy because processes still run on it
+  (``NVML_ERROR_IN_USE``); its slots stay blocked (reason ``draining``) and the destroy is
+  retried (:meth:`MigManager.retry_draining`) until the processes are gone.
+- *off*: the hub may not create MIG instances (NVML answers ``NVML_ERROR_NO_PERMISSION``: not
+  root, or no MIG capability). Found by a probe at start; managed GPUs are then ``fixed`` (their
+  existing instances handed out as they are) and :attr:`MigManager.off` says why.
+
+Contract: every NVML call goes through the ``nvml`` of the GPU's node (``pynvml`` or the
+simulated NVML), each use between ``nvmlInit`` and ``nvmlShutdown``. An instance is recorded
+(``creating``) before NVML is asked and marked ``live`` with its ``MIG-…`` UUID before the
+allocation that holds it is handed out; a failed creation leaves no instance and no record.
+gpupool never switches MIG mode. The manager is called by :class:`gpupool.pool.Pool` under its
+lock; it never raises out of a release.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pynvml
+
+from ..core.errors import NoCapacity
+from ..core.inventory import GPU, Inventory, MigInstance
+from ..core.ledger import Allocation, Blocked, Ledger
+from ..core.mig import GEOMETRIES, Geometry, Profile
+from ..settings import ConfigError
+from .machine import compute_profile_index, profile_index
+
+KEY = "GPUPool.managed_mig"
+EXAMPLE = (
+    'e.g. c.GPUPool.managed_mig = ["H100-80GB"] or '
+    '{"GPU-5a1f…": True, "A100-80GB": True, "GPU-0c2e…": False}'
+)
+_UUID = re.compile(r"^GPU-[0-9A-Fa-f-]{8,}$")
+
+log = logging.getLogger("gpupool")
+
+
+class DeviceUnavailable(NoCapacity):
+    """A placement the ledger made could not be created on the GPU (NVML refused); the
+    allocation was released. HTTP 503: the pool itself is fine, the device was not."""
+
+    code = "device_unavailable"
+
+
+class MigCreateFailed(Exception):
+    """NVML refused to create an instance; ``reason`` is the sentence, ``code`` NVML's error."""
+
+    def __init__(self, reason: str, code: int | None = None, gpu: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+        self.gpu = gpu
+
+
+# -- the setting -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ManagedMig:
+    """Which GPUs the pool manages MIG instances on: by UUID first, then by model, else ``all``."""
+
+    uuids: Mapping[str, bool] = field(default_factory=dict)
+    models: Mapping[str, bool] = field(default_factory=dict)
+    all: bool = False
+
+    def covers(self, gpu: GPU) -> bool:
+        if gpu.uuid in self.uuids:
+            return self.uuids[gpu.uuid]
+        if gpu.model in self.models:
+            return self.models[gpu.model]
+        return self.all
+
+    @property
+    def anything(self) -> bool:
+        return self.all or any(self.uuids.values()) or any(self.models.values())
+
+
+def parse_managed(value: Any) -> ManagedMig:
+    """``c.GPUPool.managed_mig``: ``True``/``False`` (every MIG GPU, or none), a list of GPU
+    UUIDs and model keys, or a dict of them to booleans (a UUID's entry wins over its model's).
+    Raises :class:`ConfigError` naming the key and the bad entry."""
+    if isinstance(value, bool):
+        return ManagedMig(all=value)
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, list | tuple | set | frozenset):
+        items = [(k, True) for k in value]
+    else:
+        raise ConfigError(KEY, f"must be a list, a dict or True/False, got {value!r}; {EXAMPLE}")
+    uuids: dict[str, bool] = {}
+    models: dict[str, bool] = {}
+    for key, on in items:
+        if not isinstance(key, str) or not isinstance(on, bool):
+            raise ConfigError(
+                KEY, f"entries are GPU UUIDs or model keys (to True/False), got {key!r}; {EXAMPLE}"
+            )
+        name = key.strip()
+        if _UUID.match(name):
+            uuids[name] = on
+        elif name.upper() in GEOMETRIES:
+            models[name.upper()] = on
+        else:
+            known = ", ".join(GEOMETRIES)
+            raise ConfigError(
+                KEY,
+                f"{key!r} is neither a GPU UUID (GPU-…, see nvidia-smi -L) nor a MIG-capable "
+                f"model key ({known}); {EXAMPLE}",
+            )
+    return ManagedMig(uuids, models)
+
+
+# -- the manager -------------------------------------------------------------------------------
+
+
+def _nvml_error(e: Exception) -> int | None:
+    return getattr(e, "value", None) if isinstance(e, pynvml.NVMLError) else None
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass
+class _Gpu:
+    node: str
+    uuid: str
+    index: int
+    model: str
+    geometry: Geometry
+
+
+class MigManager:
+    """Creates and destroys the MIG instances of managed GPUs (see the module docstring)."""
+
+    def __init__(
+        self,
+        managed: ManagedMig,
+        nvml_by_node: Mapping[str, Any],
+        store: Any,
+        logger: logging.Logger = log,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.managed = managed
+        self.nvml_by_node = dict(nvml_by_node)
+        self.store = store
+        self.log = logger
+        self.clock = clock
+        self.off = ""
+        """Why MIG on demand is off ("": it is on, or no GPU is managed)."""
+        self.gpus: dict[str, _Gpu] = {}
+        """The managed GPUs the pool creates instances on, by UUID."""
+        self.records: dict[tuple[str, str, int], Any] = {}
+        self._admin: list[Blocked] = []
+        self._live: set[str] = set()  # MIG UUIDs of recorded instances NVML showed at start
+
+    # -- start: which GPUs, may we, and what is there already ----------------------------
+    def prepare(self, inventory: Inventory) -> Inventory:
+        """The inventory as the pool should see it: managed MIG GPUs ``dynamic`` without the
+        instances the pool made (re-adopted through restored allocations); admin instances
+        are remembered for :meth:`attach`. Without permission they are ``fixed``."""
+        self.records = {(r.node, r.gpu, r.start): r for r in self.store.mig_records()}
+        candidates = [
+            (node.name, gpu)
+            for node in inventory.nodes
+            for gpu in node.gpus
+            if gpu.mig_capable
+            and gpu.mig_mode in ("dynamic", "fixed")
+            and gpu.geometry is not None
+            and self.managed.covers(gpu)
+            and node.name in self.nvml_by_node
+        ]
+        if not candidates:
+            if self.managed.anything:
+                self.log.warning(
+                    "gpupool: %s: no managed GPU in MIG mode found (gpupool never switches MIG "
+                    "mode: an admin does, with nvidia-smi -i <GPU> -mig 1)",
+                    KEY,
+                )
+            return inventory
+        self.off = self._probe(candidates)
+        if self.off:
+            self.log.warning(
+                "gpupool: MIG on demand is off: %s; managed GPUs hand out only the instances "
+                "they have",
+                self.off,
+            )
+        changed: dict[str, GPU] = {}
+        for node, gpu in candidates:
+            assert gpu.geometry is not None
+            if self.off:
+                changed[gpu.uuid] = replace(gpu, mig_mode="fixed")
+                continue
+            ours = {r.uuid for r in self.records.values() if r.gpu == gpu.uuid and r.uuid}
+            crashed = {  # recorded as being created when the hub stopped: the pool's too
+                (r.start, r.profile): r
+                for r in self.records.values()
+                if r.gpu == gpu.uuid and r.state == "creating" and not r.uuid
+            }
+            kept: list[MigInstance] = []
+            for inst in gpu.instances:
+                half = crashed.get((inst.start, inst.profile))
+                if half is not None and inst.uuid:
+                    self.records[node, gpu.uuid, inst.start] = replace(half, uuid=inst.uuid)
+                    ours.add(inst.uuid)
+                if inst.uuid in ours:
+                    self._live.add(inst.uuid or "")
+                    continue
+                kept.append(inst)
+                self._admin.append(Blocked(gpu.uuid, inst.profile, inst.start, "admin", inst.uuid))
+            self.gpus[gpu.uuid] = _Gpu(node, gpu.uuid, gpu.index, gpu.model, gpu.geometry)
+            changed[gpu.uuid] = replace(gpu, mig_mode="dynamic", instances=tuple(kept))
+        nodes = tuple(
+            replace(n, gpus=tuple(changed.get(g.uuid, g) for g in n.gpus)) for n in inventory.nodes
+        )
+        if self.gpus:
+            self.log.info(
+                "gpupool: MIG on demand on %d GPU(s); %d admin instance(s) left as they are",
+                len(self.gpus),
+                len(self._admin),
+            )
+        return replace(inventory, nodes=nodes)
+
+    def _probe(self, candidates: Iterable[tuple[str, GPU]]) -> str:
+        """ "" when NVML lets this process manage MIG instances, else why not. Asks for the
+        remaining capacity of one profile: NVML reserves that, like creation, for root."""
+        for node, gpu in candidates:
+            geometry = gpu.geometry
+            assert geometry is not None
+            try:
+                with self._nvml(node) as nvml:
+                    handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+                    p = geometry.profiles[0]
+                    info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_index(p))
+                    nvml.nvmlDeviceGetGpuInstanceRemainingCapacity(handle, info.id)
+            except pynvml.NVMLError as e:
+                if _nvml_error(e) == pynvml.NVML_ERROR_NO_PERMISSION:
+                    return (
+                        "NVML refuses to manage MIG instances (no permission: the hub runs "
+                        "neither as root nor with the MIG config capability)"
+                    )
+                return f"NVML cannot manage MIG instances on GPU {gpu.index} ({e})"
+        return ""
+
+    def attach(self, ledger: Ledger) -> None:
+        """Block the admin instances of managed GPUs in a new ledger (before its restore)."""
+        for blocked in self._admin:
+            try:
+                ledger.block(blocked)
+            except ValueError as e:
+                self.log.warning("gpupool: admin MIG instance %s not modelled: %s", blocked, e)
+
+    def check_persisted(
+        self, persisted: list[Allocation]
+    ) -> tuple[list[Allocation], list[Allocation]]:
+        """Split persisted allocations into those to restore and those whose managed instance
+        is gone (``lost``): a managed device must name a recorded instance NVML still shows."""
+        keep: list[Allocation] = []
+        gone: list[Allocation] = []
+        for a in persisted:
+            ok = all(
+                d.instance in self._live
+                for d in a.devices
+                if d.profile is not None and d.gpu in self.gpus
+            )
+            (keep if ok else gone).append(a)
+        return keep, gone
+
+    def after_restore(self, ledger: Ledger) -> None:
+        """Re-adopt recorded instances held by restored allocations, destroy the orphans
+        (held by none: a draining one if processes still run on it), forget records of
+        instances NVML no longer shows. Records of GPUs not managed now are kept as they are."""
+        held = {
+            (a.node, d.gpu, d.start): (a.id, d.instance)
+            for a in ledger.allocations.values()
+            for d in a.devices
+            if d.profile is not None and d.gpu in self.gpus
+        }
+        adopted = destroyed = draining = forgotten = 0
+        for key, record in sorted(self.records.items(), key=lambda kv: kv[1].created):
+            if record.gpu not in self.gpus:
+                continue
+            holder = held.get(key)
+            if record.uuid in self._live and holder and holder[1] == record.uuid:
+                if record.allocation_id != holder[0] or record.state != "live":
+                    self._save(replace(record, allocation_id=holder[0], state="live"))
+                adopted += 1
+            elif record.uuid in self._live:
+                self.log.warning(
+                    "gpupool: MIG instance %s (%s at slot %d of %s) was made by the pool and is "
+                    "held by nothing: destroying it",
+                    record.uuid,
+                    record.profile,
+                    record.start,
+                    record.gpu,
+                )
+                if self._release_record(record, ledger):
+                    destroyed += 1
+                else:
+                    draining += 1
+            else:
+                self._forget_gone(record)
+                forgotten += 1
+        if self.records or adopted or destroyed or forgotten:
+            self.log.info(
+                "gpupool: MIG on demand at start: %d instance(s) re-adopted, %d orphan(s) "
+                "destroyed, %d draining, %d record(s) of vanished instances dropped",
+                adopted,
+                destroyed,
+                draining,
+                forgotten,
+            )
+
+    def _forget_gone(self, record: Any) -> None:
+        """A record whose MIG device NVML does not show: a crash between creating the GPU
+        instance and its compute instance may have left the bare GPU instance, destroyed here
+        (only if its ID, profile and start are the recorded ones)."""
+        gpu = self.gpus[record.gpu]
+        if record.gpu_instance_id is not None:
+            with contextlib.suppress(pynvml.NVMLError), self._nvml(gpu.node) as nvml:
+                gi = self._own_gpu_instance(nvml, gpu, record)
+                if gi is not None:
+                    nvml.nvmlGpuInstanceDestroy(gi)
+        self._drop(record)
+
+    # -- allocate and release -------------------------------------------------------------
+    def manages(self, allocation: Allocation) -> bool:
+        return any(d.profile is not None and d.gpu in self.gpus for d in allocation.devices)
+
+    def carve(self, allocation: Allocation, ledger: Ledger) -> Allocation:
+        """Create the instances of ``allocation``'s placements on managed GPUs, record them, and
+        return (and put into the ledger) the allocation with their ``MIG-…`` UUIDs. On failure
+        everything made here is destroyed again and :class:`MigCreateFailed` is raised (the
+        caller releases the allocation)."""
+        devices = list(allocation.devices)
+        made: list[Any] = []
+        for i, d in enumerate(devices):
+            if d.profile is None or d.gpu not in self.gpus or d.instance or d.start is None:
+                continue
+            gpu = self.gpus[d.gpu]
+            if self.off:
+                self._undo(made)
+                raise MigCreateFailed(f"MIG on demand is off: {self.off}.", None, d.gpu)
+            from ..store import MigRecord
+
+            record = MigRecord(
+                gpu.node, d.gpu, d.start, d.profile, "creating", self.clock(),
+                allocation_id=allocation.id,
+            )  # fmt: skip
+            try:
+                self._save(record)
+                gi_id, ci_id, uuid = self._create(gpu, d.profile, d.start)
+            except pynvml.NVMLError as e:
+                self._drop(record)
+                self._undo(made)
+                raise self._create_failed(gpu, d.profile, d.start, e) from None
+            except Exception:
+                self._drop(record)
+                self._undo(made)
+                raise
+            record = replace(
+                record, state="live", gpu_instance_id=gi_id, compute_instance_id=ci_id, uuid=uuid
+            )
+            made.append(record)
+            try:
+                self._save(record)
+            except Exception:
+                self._undo(made)
+                raise
+            devices[i] = replace(d, instance=uuid)
+            self.log.info(
+                "gpupool: created MIG %s at slot %d of GPU %d (%s) for %s: %s",
+                d.profile,
+                d.start,
+                gpu.index,
+                gpu.uuid,
+                allocation.id,
+                uuid,
+            )
+        if not made:
+            return allocation
+        carved = replace(allocation, devices=tuple(devices))
+        ledger.allocations[carved.id] = carved
+        return carved
+
+    def _create_failed(self, gpu: _Gpu, profile: str, start: int, e: Exception) -> MigCreateFailed:
+        code = _nvml_error(e)
+        where = f"MIG {profile} at slot {start} of GPU {gpu.index}"
+        if code == pynvml.NVML_ERROR_NO_PERMISSION:
+            self.off = (
+                "NVML refused to create a MIG instance (no permission: the hub runs neither as "
+                "root nor with the MIG config capability)"
+            )
+            self.log.warning("gpupool: MIG on demand is off: %s", self.off)
+            return MigCreateFailed(f"Could not create {where}: {self.off}.", code, gpu.uuid)
+        if code == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES:
+            why = "its slots are taken (an instance made outside gpupool may be there)"
+        else:
+            why = f"NVML says: {e}"
+        self.log.warning("gpupool: could not create %s (%s): %s", where, gpu.uuid, e)
+        return MigCreateFailed(f"Could not create {where}: {why}.", code, gpu.uuid)
+
+    def after_failure(self, failure: MigCreateFailed, ledger: Ledger) -> None:
+        """After a failed creation (the allocation already released): learn what NVML now
+        shows on that GPU, so the ledger does not place there again: unrecorded instances are
+        blocked as an admin's; with no permission, every managed GPU's free slots are."""
+        if failure.code == pynvml.NVML_ERROR_NO_PERMISSION or self.off:
+            for uuid in self.gpus:
+                self._block_rest(uuid, ledger)
+            return
+        gpu = self.gpus.get(failure.gpu)
+        if gpu is None:
+            return
+        from .nvml import discover
+
+        with contextlib.suppress(pynvml.NVMLError):
+            found = discover(self.nvml_by_node[gpu.node], gpu.node, self.log)
+            ours = {r.uuid for r in self.records.values() if r.uuid}
+            for g in found.gpus:
+                if g.uuid != gpu.uuid:
+                    continue
+                for inst in g.instances:
+                    if inst.uuid in ours or (g.uuid, inst.start) in ledger.blocked:
+                        continue
+                    blocked = Blocked(g.uuid, inst.profile, inst.start, "admin", inst.uuid)
+                    try:
+                        ledger.block(blocked)
+                    except ValueError:
+                        continue
+                    self._admin.append(blocked)
+                    self.log.warning(
+                        "gpupool: an instance gpupool did not make appeared on GPU %d: %s %s at "
+                        "slot %d; left as it is, not placed over",
+                        gpu.index,
+                        inst.uuid,
+                        inst.profile,
+                        inst.start,
+                    )
+
+    def _block_rest(self, uuid: str, ledger: Ledger) -> None:
+        """Block every placement still free on a managed GPU (MIG on demand went off)."""
+        g = ledger.occ.ordinal.get(uuid)
+        geometry = self.gpus[uuid].geometry
+        if g is None:
+            return
+        while True:
+            free = [
+                (p, s)
+                for p in geometry.profiles
+                for s in geometry.starts_free(ledger.occ.mask[g], p)
+            ]
+            if not free:
+                return
+            p, s = max(free, key=lambda ps: (ps[0].memory_slots, -ps[1]))
+            ledger.block(Blocked(uuid, p.name, s, "off"))
+
+    def released(self, allocation: Allocation, ledger: Ledger) -> None:
+        """Destroy the recorded instances of a released allocation; one with processes still
+        on it is kept as *draining* (blocked) for :meth:`retry_draining`. Never raises."""
+        for d in allocation.devices:
+            if d.profile is None or d.gpu not in self.gpus or d.start is None:
+                continue
+            record = self.records.get((self.gpus[d.gpu].node, d.gpu, d.start))
+            if record is None or record.uuid != d.instance:
+                continue  # not made by the pool (or already gone): never touched
+            try:
+                self._release_record(record, ledger)
+            except Exception:  # a database error: the record stays, the next start retries
+                self.log.exception("gpupool: could not release MIG instance %s", record.uuid)
+
+    def _release_record(self, record: Any, ledger: Ledger) -> bool:
+        """Destroy a recorded instance held by nothing; ``False`` when it is now draining."""
+        outcome = self._destroy(record)
+        if outcome in ("destroyed", "gone"):
+            self._drop(record)
+            if outcome == "destroyed":
+                self.log.info(
+                    "gpupool: destroyed MIG %s at slot %d of %s (%s)",
+                    record.profile,
+                    record.start,
+                    record.gpu,
+                    record.uuid,
+                )
+            return True
+        self._save(replace(record, state="draining", allocation_id=None))
+        if (record.gpu, record.start) not in ledger.blocked:
+            try:
+                ledger.block(
+                    Blocked(record.gpu, record.profile, record.start, "draining", record.uuid)
+                )
+            except ValueError as e:  # a bug, never a user's error: say so, keep going
+                self.log.error("gpupool: draining MIG instance %s not blocked: %s", record.uuid, e)
+        self.log.warning(
+            "gpupool: MIG instance %s (%s at slot %d of %s) is draining: %s; retried until it "
+            "can be destroyed",
+            record.uuid,
+            record.profile,
+            record.start,
+            record.gpu,
+            outcome,
+        )
+        return False
+
+    def retry_draining(self, ledger: Ledger) -> int:
+        """Try again to destroy draining instances; returns how many were destroyed."""
+        done = 0
+        for record in [r for r in self.records.values() if r.state == "draining"]:
+            if record.gpu not in self.gpus:
+                continue
+            try:
+                outcome = self._destroy(record)
+                if outcome not in ("destroyed", "gone"):
+                    continue
+                self._drop(record)
+            except Exception:
+                self.log.exception("gpupool: could not retry MIG instance %s", record.uuid)
+                continue
+            with contextlib.suppress(KeyError):
+                ledger.unblock(record.gpu, record.start)
+            self.log.info("gpupool: draining MIG instance %s destroyed", record.uuid)
+            done += 1
+        return done
+
+    @property
+    def draining(self) -> list[Any]:
+        return [r for r in self.records.values() if r.state == "draining"]
+
+    def undo(self, allocation: Allocation) -> None:
+        """Destroy what :meth:`carve` made for ``allocation`` (its persisting failed)."""
+        self._undo(
+            [r for r in self.records.values() if r.allocation_id == allocation.id and r.uuid]
+        )
+
+    # -- NVML -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _nvml(self, node: str) -> Any:
+        nvml = self.nvml_by_node[node]
+        nvml.nvmlInit()
+        try:
+            yield nvml
+        finally:
+            with contextlib.suppress(pynvml.NVMLError):
+                nvml.nvmlShutdown()
+
+    def _create(self, gpu: _Gpu, profile: str, start: int) -> tuple[int, int, str]:
+        """Create a GPU instance of ``profile`` at ``start`` and its full compute instance;
+        returns the GPU- and compute-instance IDs and the MIG device's UUID."""
+        p = gpu.geometry.resolve(profile)
+        assert p is not None
+        with self._nvml(gpu.node) as nvml:
+            handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_index(p))
+            placement = pynvml.c_nvmlGpuInstancePlacement_t()
+            placement.start, placement.size = start, p.memory_slots
+            gi = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, info.id, placement)
+            try:
+                gi_id = int(nvml.nvmlGpuInstanceGetInfo(gi).id)
+                ci_info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                    gi,
+                    compute_profile_index(p),
+                    pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                )
+                nvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_info.id)
+                ci_id, uuid = self._mig_device(nvml, handle, gi_id)
+            except BaseException:
+                with contextlib.suppress(pynvml.NVMLError):
+                    self._destroy_gpu_instance(nvml, gi)
+                raise
+        return gi_id, ci_id, uuid
+
+    @staticmethod
+    def _mig_device(nvml: Any, handle: Any, gi_id: int) -> tuple[int, str]:
+        """The compute-instance ID and UUID of the MIG device of GPU instance ``gi_id``."""
+        for i in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+            except pynvml.NVMLError_NotFound:
+                continue
+            if nvml.nvmlDeviceGetGpuInstanceId(mig) == gi_id:
+                return int(nvml.nvmlDeviceGetComputeInstanceId(mig)), _text(
+                    nvml.nvmlDeviceGetUUID(mig)
+                )
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    @staticmethod
+    def _destroy_gpu_instance(nvml: Any, gi: Any) -> None:
+        """Destroy a GPU instance just made here (with its compute instance, if any)."""
+        with contextlib.suppress(pynvml.NVMLError):
+            ci = nvml.nvmlGpuInstanceGetComputeInstanceById(gi, 0)
+            nvml.nvmlComputeInstanceDestroy(ci)
+        nvml.nvmlGpuInstanceDestroy(gi)
+
+    def _own_gpu_instance(self, nvml: Any, gpu: _Gpu, record: Any) -> Any:
+        """The GPU instance of ``record`` if NVML still has it as recorded (same ID, profile
+        and start), else ``None``: an instance that is not the pool's is never touched."""
+        handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+        try:
+            gi = nvml.nvmlDeviceGetGpuInstanceById(handle, record.gpu_instance_id)
+        except pynvml.NVMLError as e:
+            if _nvml_error(e) in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT):
+                return None
+            raise
+        info = nvml.nvmlGpuInstanceGetInfo(gi)
+        p: Profile | None = gpu.geometry.resolve(
+            profile_id=int(info.profileId), memory_slots=int(info.placement.size)
+        )
+        if p is None or p.name != record.profile or int(info.placement.start) != record.start:
+            return None
+        return gi
+
+    def _destroy(self, record: Any) -> str:
+        """Destroy a recorded instance: ``destroyed``, ``gone`` (not there, or no longer the
+        pool's), or why it could not be (processes still run on it, another NVML error)."""
+        gpu = self.gpus[record.gpu]
+        if record.gpu_instance_id is None and record.uuid is None:
+            return "gone"
+        try:
+            with self._nvml(gpu.node) as nvml:
+                if record.gpu_instance_id is None:  # a crash before the IDs were recorded
+                    try:
+                        mig = nvml.nvmlDeviceGetHandleByUUID(record.uuid)
+                    except pynvml.NVMLError_NotFound:
+                        return "gone"
+                    record = replace(record, gpu_instance_id=nvml.nvmlDeviceGetGpuInstanceId(mig))
+                gi = self._own_gpu_instance(nvml, gpu, record)
+                if gi is None:
+                    return "gone"
+                if record.uuid is not None:
+                    handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+                    try:
+                        ci_id, uuid = self._mig_device(nvml, handle, record.gpu_instance_id)
+                    except pynvml.NVMLError_NotFound:
+                        ci_id, uuid = None, None
+                    if uuid is not None and uuid != record.uuid:
+                        return "gone"  # the ID was reused by an instance that is not ours
+                    if ci_id is not None:
+                        ci = nvml.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id)
+                        nvml.nvmlComputeInstanceDestroy(ci)
+                nvml.nvmlGpuInstanceDestroy(gi)
+        except pynvml.NVMLError as e:
+            if _nvml_error(e) == pynvml.NVML_ERROR_IN_USE:
+                return "processes still run on it (NVML: in use)"
+            return f"NVML says: {e}"
+        return "destroyed"
+
+    def _undo(self, made: list[Any]) -> None:
+        for record in made:
+            try:
+                outcome = self._destroy(record)
+            except Exception as e:  # never hide the first failure
+                outcome = str(e)
+            if outcome in ("destroyed", "gone"):
+                self._drop(record)
+            else:
+                self.log.error(
+                    "gpupool: could not undo MIG instance %s: %s (its record is kept; the next "
+                    "start destroys it)",
+                    record.uuid,
+                    outcome,
+                )
+
+    # -- records --------------------------------------------------------------------------
+    def _save(self, record: Any) -> None:
+        self.store.save_mig(record)
+        self.records[record.node, record.gpu, record.start] = record
+
+    def _drop(self, record: Any) -> None:
+        self.store.delete_mig(record.node, record.gpu, record.start)
+        self.records.pop((record.node, record.gpu, record.start), None)
+
+    # -- what the admin page shows --------------------------------------------------------
+    def view(self, ledger: Ledger) -> dict[str, Any]:
+        """MIG on demand for the admin page: on or off (and why), the managed GPUs, the
+        instances the pool made and who holds them, and the draining ones."""
+        rows = []
+        for r in sorted(self.records.values(), key=lambda r: (r.gpu, r.start)):
+            gpu = self.gpus.get(r.gpu)
+            holder = ledger.allocations.get(r.allocation_id or "")
+            rows.append(
+                {
+                    "gpu": r.gpu,
+                    "index": gpu.index if gpu else None,
+                    "profile": r.profile,
+                    "start": r.start,
+                    "uuid": r.uuid or "",
+                    "state": r.state,
+                    "holder": holder.user if holder else "",
+                }
+            )
+        return {
+            "on": bool(self.gpus) and not self.off,
+            "off": self.off,
+            "managed": sorted(g.index for g in self.gpus.values()),
+            "instances": rows,
+            "admin": [
+                {"gpu": b.gpu, "profile": b.profile, "start": b.start, "uuid": b.instance or ""}
+                for b in ledger.blocked.values()
+                if b.reason == "admin"
+            ],
+        }

@@ -1,0 +1,512 @@
+"""MIG instances on demand: the simulated NVML's creation and destruction calls (NVIDIA's errors
+and placement rules), and the pool creating, recording, re-adopting and destroying instances on
+managed GPUs through :class:`gpupool.discovery.mig_manager.MigManager`, with every failure mode.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+from traitlets.config import Config
+
+import gpupool.pool as pool_module
+from gpupool.config import GPUPool
+from gpupool.core.errors import NoCapacity
+from gpupool.core.mig import GEOMETRIES
+from gpupool.discovery import SimulatedNVML, discover, simulated_inventory
+from gpupool.discovery.activity import DeviceMonitor
+from gpupool.discovery.machine import compute_profile_index, profile_index
+from gpupool.discovery.mig_manager import DeviceUnavailable, parse_managed
+from gpupool.hub.errors import status_of
+from gpupool.pool import Pool
+from gpupool.settings import ConfigError
+
+H100 = GEOMETRIES["H100-80GB"]
+# GPU 0 whole; GPU 1: MIG on, no instances (managed); GPU 2 on node "b": MIG on, admin layout
+SPEC = "a: 2x H100-80GB, mig=1; b: 1x H100-80GB, mig=1:3g.40gb"
+OFFERS = {
+    "cpu": {},
+    "mig-3g.40gb": {"model": "H100-80GB"},
+    "mig-4g.40gb": {"model": "H100-80GB"},
+    "mig-7g.80gb": {"model": "H100-80GB"},
+    "mig-1g.10gb": {"model": "H100-80GB"},
+}
+
+
+def placement(start: int, size: int) -> Any:
+    p = pynvml.c_nvmlGpuInstancePlacement_t()
+    p.start, p.size = start, size
+    return p
+
+
+def make_gi(nvml: Any, handle: Any, name: str, start: int) -> Any:
+    p = H100.by_name[name]
+    info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_index(p))
+    return nvml.nvmlDeviceCreateGpuInstanceWithPlacement(
+        handle, info.id, placement(start, p.memory_slots)
+    )
+
+
+def make_instance(nvml: Any, handle: Any, name: str, start: int) -> str:
+    """What ``nvidia-smi mig -cgi <profile>:<start> -C`` does: GPU instance, compute instance."""
+    gi = make_gi(nvml, handle, name, start)
+    p = H100.by_name[name]
+    ci = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        gi, compute_profile_index(p), pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+    )
+    nvml.nvmlGpuInstanceCreateComputeInstance(gi, ci.id)
+    gi_id = nvml.nvmlGpuInstanceGetInfo(gi).id
+    for i in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+        except pynvml.NVMLError_NotFound:
+            continue
+        if nvml.nvmlDeviceGetGpuInstanceId(mig) == gi_id:
+            return str(nvml.nvmlDeviceGetUUID(mig))
+    raise AssertionError("no MIG device for the new instance")
+
+
+def code(e: pytest.ExceptionInfo[pynvml.NVMLError]) -> int:
+    return int(e.value.value)
+
+
+# -- the simulated NVML ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sim() -> SimulatedNVML:
+    nvml = SimulatedNVML("n: 1x H100-80GB, mig=1")
+    nvml.nvmlInit()
+    return nvml
+
+
+def test_an_instance_created_at_a_placement_becomes_a_mig_device(sim: SimulatedNVML) -> None:
+    gpu = sim.nvmlDeviceGetHandleByIndex(0)
+    assert (
+        sim.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, H100.by_name["3g.40gb"].profile_id) == 2
+    )
+    gi = make_gi(sim, gpu, "3g.40gb", 4)
+    info = sim.nvmlGpuInstanceGetInfo(gi)
+    assert (info.profileId, info.placement.start, info.placement.size) == (9, 4, 4)
+    # a GPU instance without a compute instance is no MIG device yet
+    assert discover(sim).gpus[0].instances == ()
+    ci_info = sim.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, 0
+    )
+    assert (ci_info.id, ci_info.sliceCount) == (pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, 3)
+    with pytest.raises(pynvml.NVMLError) as e:
+        sim.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+            gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE, 0
+        )
+    assert code(e) == pynvml.NVML_ERROR_NOT_SUPPORTED
+    sim.nvmlGpuInstanceCreateComputeInstance(gi, ci_info.id)
+    (found,) = discover(sim).gpus[0].instances
+    assert (found.profile, found.start) == ("3g.40gb", 4)
+    assert found.uuid and found.uuid.startswith("MIG-")
+    mig = sim.nvmlDeviceGetHandleByUUID(found.uuid)
+    assert sim.nvmlDeviceGetComputeInstanceId(mig) == 0
+    assert sim.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, 9) == 1
+
+
+def test_placements_follow_nvidias_rules(sim: SimulatedNVML) -> None:
+    gpu = sim.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError) as e:
+        make_gi(sim, gpu, "3g.40gb", 2)  # 3g starts at 0 or 4 only
+    assert code(e) == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    with pytest.raises(pynvml.NVMLError) as e:
+        sim.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 9, placement(0, 2))  # wrong size
+    assert code(e) == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    with pytest.raises(pynvml.NVMLError) as e:
+        sim.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 12345, placement(0, 4))
+    assert code(e) == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    make_instance(sim, gpu, "3g.40gb", 0)
+    for name, start in (("1g.10gb", 3), ("4g.40gb", 0), ("7g.80gb", 0), ("2g.20gb", 2)):
+        with pytest.raises(pynvml.NVMLError) as e:
+            make_gi(sim, gpu, name, start)  # overlaps the 3g.40gb at 0-3
+        assert code(e) == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES, name
+    make_instance(sim, gpu, "3g.40gb", 4)
+    assert sim.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, 19) == 0
+
+
+def test_compute_slices_run_out_before_memory_slots(sim: SimulatedNVML) -> None:
+    gpu = sim.nvmlDeviceGetHandleByIndex(0)
+    make_instance(sim, gpu, "4g.40gb", 0)  # 4 of 7 compute slices, 4 of 8 memory slots
+    make_instance(sim, gpu, "2g.20gb", 4)  # 6 of 7
+    make_instance(sim, gpu, "1g.10gb", 6)  # 7 of 7; memory slot 7 stays free
+    with pytest.raises(pynvml.NVMLError) as e:
+        make_gi(sim, gpu, "1g.10gb", 6)
+    assert code(e) == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+
+
+def test_destroy_is_refused_while_processes_run_or_a_compute_instance_is_left(
+    sim: SimulatedNVML,
+) -> None:
+    gpu = sim.nvmlDeviceGetHandleByIndex(0)
+    uuid = make_instance(sim, gpu, "2g.20gb", 2)
+    mig = sim.nvmlDeviceGetHandleByUUID(uuid)
+    gi = sim.nvmlDeviceGetGpuInstanceById(gpu, sim.nvmlDeviceGetGpuInstanceId(mig))
+    ci = sim.nvmlGpuInstanceGetComputeInstanceById(gi, sim.nvmlDeviceGetComputeInstanceId(mig))
+    with pytest.raises(pynvml.NVMLError) as e:
+        sim.nvmlGpuInstanceDestroy(gi)  # its compute instance first
+    assert code(e) == pynvml.NVML_ERROR_IN_USE
+    sim.set_processes(uuid, [4242])
+    with pytest.raises(pynvml.NVMLError) as e:
+        sim.nvmlComputeInstanceDestroy(ci)
+    assert code(e) == pynvml.NVML_ERROR_IN_USE
+    sim.set_processes(uuid, [])
+    sim.nvmlComputeInstanceDestroy(ci)
+    with pytest.raises(pynvml.NVMLError) as e:
+        sim.nvmlDeviceGetHandleByUUID(uuid)
+    assert code(e) == pynvml.NVML_ERROR_NOT_FOUND
+    sim.nvmlGpuInstanceDestroy(gi)
+    with pytest.raises(pynvml.NVMLError) as e:
+        sim.nvmlGpuInstanceGetInfo(gi)  # a destroyed instance's handle
+    assert code(e) == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    make_instance(sim, gpu, "7g.80gb", 0)  # the whole GPU is free again
+
+
+def test_without_root_mig_management_is_refused() -> None:
+    sim = SimulatedNVML("n: 1x H100-80GB, mig=1", privileged=False)
+    sim.nvmlInit()
+    gpu = sim.nvmlDeviceGetHandleByIndex(0)
+    for call in (
+        lambda: sim.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, 9),
+        lambda: make_gi(sim, gpu, "3g.40gb", 0),
+    ):
+        with pytest.raises(pynvml.NVMLError) as e:
+            call()
+        assert code(e) == pynvml.NVML_ERROR_NO_PERMISSION
+
+
+def test_the_state_file_keeps_created_instances_across_restarts(tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    first = SimulatedNVML("n: 1x H100-80GB, mig=1", state_file=state)
+    first.nvmlInit()
+    uuid = make_instance(first, first.nvmlDeviceGetHandleByIndex(0), "1g.10gb", 5)
+    again = SimulatedNVML("n: 1x H100-80GB, mig=1", state_file=state)
+    again.nvmlInit()
+    (found,) = discover(again).gpus[0].instances
+    assert (found.profile, found.start, found.uuid) == ("1g.10gb", 5, uuid)
+    other = make_instance(again, again.nvmlDeviceGetHandleByIndex(0), "1g.10gb", 0)
+    assert other != uuid  # a new instance gets a new UUID
+
+
+# -- the setting -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "quoted"),
+    [
+        ("H100-80GB", "must be a list, a dict or True/False"),
+        (["V100-32GB"], "'V100-32GB' is neither a GPU UUID"),
+        ({"H100-80GB": "yes"}, "entries are GPU UUIDs or model keys"),
+        ([3], "entries are GPU UUIDs or model keys"),
+    ],
+)
+def test_bad_managed_mig_stops_the_hub_naming_the_key(value: Any, quoted: str) -> None:
+    c = Config()
+    c.GPUPool.managed_mig = value
+    with pytest.raises(ConfigError) as e:
+        GPUPool(config=c)
+    assert str(e.value).startswith("GPUPool.managed_mig")
+    assert quoted in str(e.value)
+
+
+def test_managed_mig_by_uuid_wins_over_the_model() -> None:
+    sim = SimulatedNVML(SPEC)
+    a, b, c = simulated_inventory(sim).gpus
+    managed = parse_managed({"H100-80GB": True, c.uuid: False})
+    assert [managed.covers(g) for g in (a, b, c)] == [True, True, False]
+    assert parse_managed([b.uuid]).covers(b) and not parse_managed([b.uuid]).covers(c)
+
+
+# -- the pool on managed GPUs ------------------------------------------------------------------
+
+
+def build(
+    tmp_path: Path,
+    sim: SimulatedNVML,
+    monkeypatch: pytest.MonkeyPatch,
+    managed: Any = ("H100-80GB",),
+    logger: logging.Logger | None = None,
+) -> Pool:
+    """A pool over ``sim`` as ``Pool.from_config`` builds it (a restart is another call)."""
+
+    def load(*_args: Any, **_kwargs: Any) -> tuple[Any, DeviceMonitor]:
+        views = {n: sim.for_node(n) for n in sim.node_names}
+        return simulated_inventory(sim), DeviceMonitor(views)
+
+    monkeypatch.setattr(pool_module, "load_inventory", load)
+    c = Config()
+    c.GPUPool.inventory = f"simulated:{SPEC}"
+    c.GPUPool.db_url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
+    c.GPUPool.offers = OFFERS
+    c.GPUPool.teams = {"vision": {"guarantee": 3}}
+    c.GPUPool.managed_mig = list(managed) if not isinstance(managed, dict | bool) else managed
+    return Pool.from_config(GPUPool(config=c), logger or logging.getLogger("test"))
+
+
+def nvml_instances(sim: SimulatedNVML, node: str = "a") -> dict[str, tuple[str, int]]:
+    """The MIG devices NVML shows on ``node`` ("a" holds the managed GPU 1)."""
+    found = discover(sim.for_node(node))
+    return {i.uuid or "": (i.profile, i.start) for g in found.gpus for i in g.instances}
+
+
+def all_instances(sim: SimulatedNVML) -> set[str]:
+    return set(nvml_instances(sim, "a")) | set(nvml_instances(sim, "b"))
+
+
+def test_an_allocation_gets_an_instance_created_recorded_and_destroyed_on_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = SimulatedNVML(SPEC)
+    pool = build(tmp_path, sim, monkeypatch)
+    managed = simulated_inventory(sim).gpus[1]
+    assert pool.inventory.gpus[1].mig_mode == "dynamic"
+    assert pool.inventory.gpus[2].mig_mode == "dynamic"  # node b's admin 3g stays, blocked
+    a = pool.allocate("ada", ["vision"], "mig-4g.40gb")
+    (device,) = a.devices
+    assert device.gpu == managed.uuid and device.instance and device.instance.startswith("MIG-")
+    assert a.visible_devices == device.instance
+    assert nvml_instances(sim) == {device.instance: ("4g.40gb", device.start)}
+    (record,) = pool.store.mig_records()
+    assert (record.state, record.uuid, record.allocation_id) == ("live", device.instance, a.id)
+    (persisted,) = pool.store.load()
+    assert persisted.devices[0].instance == device.instance  # persisted with its UUID
+    assert pool.ledger.allocations[a.id] == a
+    pool.ledger.check_invariants()
+    pool.release(a.id)
+    assert nvml_instances(sim) == {}
+    assert pool.store.mig_records() == []
+    pool.ledger.check_invariants()
+
+
+def test_admin_instances_on_a_managed_gpu_are_never_placed_over_nor_destroyed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = SimulatedNVML(SPEC)
+    view = sim.for_node("a")
+    view.nvmlInit()
+    admin = make_instance(view, view.nvmlDeviceGetHandleByIndex(1), "3g.40gb", 4)
+    pool = build(tmp_path, sim, monkeypatch)
+    assert pool.ledger.blocked[pool.inventory.gpus[1].uuid, 4].reason == "admin"
+    a = pool.allocate("ada", ["vision"], "mig-3g.40gb")
+    b = pool.allocate("ada", ["vision"], "mig-3g.40gb")  # node b: slot 4 beside its admin 3g
+    with pytest.raises(NoCapacity):
+        pool.allocate("ada", ["vision"], "mig-3g.40gb")
+    for held in (a, b):
+        pool.release(held.id)
+    assert admin in nvml_instances(sim)
+    assert len(nvml_instances(sim, "b")) == 1  # the admin's 3g.40gb of node b
+    assert pool.store.mig_records() == []
+
+
+def test_a_restart_re_adopts_held_instances_and_destroys_orphans_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = SimulatedNVML(SPEC)
+    pool = build(tmp_path, sim, monkeypatch)
+    kept = pool.allocate("ada", ["vision"], "mig-3g.40gb")
+    orphan = pool.allocate("ada", ["vision"], "mig-1g.10gb")
+    # the hub dies after the orphan's instance was made and recorded, but its allocation is lost
+    pool.store.delete([orphan.id])
+    view = sim.for_node("a")
+    view.nvmlInit()
+    admin = make_instance(view, view.nvmlDeviceGetHandleByIndex(1), "1g.10gb", 6)  # meanwhile
+    again = build(tmp_path, sim, monkeypatch)
+    assert again.ledger.allocations[kept.id].devices == kept.devices
+    b_admin = set(nvml_instances(sim, "b"))  # node b's admin 3g.40gb (and perhaps ours)
+    assert all_instances(sim) == {kept.devices[0].instance, admin} | b_admin
+    (record,) = again.store.mig_records()
+    assert (record.uuid, record.allocation_id, record.state) == (
+        kept.devices[0].instance,
+        kept.id,
+        "live",
+    )
+    again.ledger.check_invariants()
+    again.release(kept.id)
+    assert all_instances(sim) == {admin} | (b_admin - {kept.devices[0].instance})
+
+
+def test_an_allocation_whose_instance_vanished_is_lost_at_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = SimulatedNVML(SPEC)
+    pool = build(tmp_path, sim, monkeypatch)
+    a = pool.allocate("ada", ["vision"], "mig-4g.40gb")  # fits only the managed GPU 1
+    view = sim.for_node("a")
+    view.nvmlInit()
+    gpu = view.nvmlDeviceGetHandleByIndex(1)
+    mig = view.nvmlDeviceGetHandleByUUID(a.devices[0].instance)
+    gi = view.nvmlDeviceGetGpuInstanceById(gpu, view.nvmlDeviceGetGpuInstanceId(mig))
+    view.nvmlComputeInstanceDestroy(view.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
+    view.nvmlGpuInstanceDestroy(gi)  # an admin destroyed it while the hub was down
+    again = build(tmp_path, sim, monkeypatch)
+    assert a.id not in again.ledger.allocations
+    assert again.store.load() == [] and again.store.mig_records() == []
+
+
+def test_without_permission_the_hub_starts_and_managed_gpus_are_fixed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    sim = SimulatedNVML(SPEC, privileged=False)
+    with caplog.at_level(logging.WARNING):
+        pool = build(tmp_path, sim, monkeypatch, logger=logging.getLogger("gpupool-test"))
+    assert pool.mig is not None and "no permission" in pool.mig.off
+    assert "MIG on demand is off" in caplog.text
+    assert pool.inventory.gpus[1].mig_mode == "fixed"
+    with pytest.raises(NoCapacity):  # nothing to hand out on the empty managed GPU
+        pool.allocate("ada", ["vision"], "mig-4g.40gb")
+    a = pool.allocate("ada", ["vision"], "mig-3g.40gb")  # node b's admin instance, as it is
+    assert a.devices[0].instance in nvml_instances(sim, "b")
+    assert pool.mig.view(pool.ledger)["off"] == pool.mig.off
+
+
+def test_no_permission_at_creation_releases_and_turns_mig_on_demand_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = SimulatedNVML(SPEC)
+    pool = build(tmp_path, sim, monkeypatch)
+    assert pool.mig is not None
+    pool.mig.nvml_by_node["a"].privileged = False  # the hub lost its MIG capability meanwhile
+    with pytest.raises(DeviceUnavailable) as e:
+        pool.allocate("ada", ["vision"], "mig-7g.80gb")
+    assert status_of(e.value) == 503
+    assert "no permission" in e.value.message and "Free now:" in e.value.message
+    assert pool.ledger.allocations == {} and pool.store.load() == []
+    assert pool.store.mig_records() == [] and nvml_instances(sim) == {}
+    assert pool.mig is not None and pool.mig.off
+    with pytest.raises(NoCapacity):  # the managed GPU's slots are no longer offered
+        pool.allocate("ada", ["vision"], "mig-7g.80gb")
+    pool.ledger.check_invariants()
+
+
+def test_a_racing_admin_instance_fails_the_creation_with_503_and_no_leak(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = SimulatedNVML(SPEC)
+    pool = build(tmp_path, sim, monkeypatch)
+    view = sim.for_node("a")
+    view.nvmlInit()
+    racer = make_instance(view, view.nvmlDeviceGetHandleByIndex(1), "1g.10gb", 0)
+    with pytest.raises(DeviceUnavailable) as e:
+        pool.allocate("ada", ["vision"], "mig-7g.80gb")
+    assert status_of(e.value) == 503
+    message = e.value.message
+    assert "Could not create MIG 7g.80gb at slot 0 of GPU 1" in message
+    assert "Free now: " in message and "1g.10gb" in message
+    assert pool.ledger.allocations == {} and pool.store.load() == []
+    assert pool.store.mig_records() == []
+    assert set(nvml_instances(sim)) == {racer}  # the admin's is untouched, nothing leaked
+    assert pool.ledger.blocked[pool.inventory.gpus[1].uuid, 0].reason == "admin"
+    a = pool.allocate("ada", ["vision"], "mig-3g.40gb")  # placed beside the racer now
+    assert a.devices[0].start == 4 or a.devices[0].gpu != pool.inventory.gpus[1].uuid
+    pool.ledger.check_invariants()
+
+
+def test_a_busy_instance_drains_then_is_destroyed_and_its_slots_come_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = SimulatedNVML(SPEC)
+    pool = build(tmp_path, sim, monkeypatch)
+    a = pool.allocate("ada", ["vision"], "mig-7g.80gb")
+    uuid = a.devices[0].instance
+    assert uuid is not None
+    sim.set_processes(uuid, [4242])  # a process outlives the server
+    pool.release(a.id)
+    assert uuid in nvml_instances(sim)
+    (record,) = pool.store.mig_records()
+    assert (record.state, record.allocation_id) == ("draining", None)
+    gpu = pool.inventory.gpus[1].uuid
+    assert pool.ledger.blocked[gpu, 0].reason == "draining"
+    assert pool.mig is not None
+    assert [r["state"] for r in pool.mig.view(pool.ledger)["instances"]] == ["draining"]
+    with pytest.raises(NoCapacity):  # the draining slots are not handed out
+        pool.allocate("ada", ["vision"], "mig-7g.80gb")
+    assert pool.retry_draining() == 0
+    sim.set_processes(uuid, [])
+    assert pool.retry_draining() == 1
+    assert nvml_instances(sim) == {} and pool.store.mig_records() == []
+    assert (gpu, 0) not in pool.ledger.blocked
+    b = pool.allocate("ada", ["vision"], "mig-7g.80gb")
+    assert b.devices[0].gpu == gpu and b.devices[0].instance not in (None, uuid)
+    pool.ledger.check_invariants()
+
+
+def test_a_draining_orphan_at_restart_is_blocked_until_it_can_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = SimulatedNVML(SPEC)
+    pool = build(tmp_path, sim, monkeypatch)
+    a = pool.allocate("ada", ["vision"], "mig-7g.80gb")
+    uuid = a.devices[0].instance
+    assert uuid is not None
+    pool.store.delete([a.id])  # lost with the hub; its process still runs
+    sim.set_processes(uuid, [4242])
+    again = build(tmp_path, sim, monkeypatch)
+    assert again.ledger.blocked[a.devices[0].gpu, 0].reason == "draining"
+    sim.set_processes(uuid, [])
+    assert again.retry_draining() == 1
+    assert nvml_instances(sim) == {}
+
+
+# -- the admin page ----------------------------------------------------------------------------
+
+
+def render_admin(pool: Pool) -> str:
+    import jinja2
+
+    from gpupool.hub.pages_view import admin_view
+    from gpupool.hub.reclaim import IdleReclaimer
+    from gpupool.jobs.manager import JobManager
+    from tests.accounts import shared_mode
+    from tests.adapters.test_pages_view import TEMPLATES
+
+    c = Config()
+    shared_mode(c)
+    jobs, reclaimer = JobManager(pool, config=c), IdleReclaimer(pool, config=c)
+    env = jinja2.Environment(
+        loader=jinja2.ChoiceLoader(
+            [
+                jinja2.FileSystemLoader(str(TEMPLATES)),
+                jinja2.DictLoader({"page.html": "{% block main %}{% endblock %}"}),
+            ]
+        ),
+        autoescape=True,
+    )
+    view = admin_view(pool, jobs, reclaimer, pool.clock().timestamp())
+    return env.get_template("gpupool-admin.html").render(
+        view=view, flash="", base_url="/hub/", xsrf="T", pool_admin=True
+    )
+
+
+def test_the_admin_page_says_why_mig_on_demand_is_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = build(tmp_path, SimulatedNVML(SPEC, privileged=False), monkeypatch)
+    html = render_admin(pool)
+    assert 'id="gp-mig-off"' in html
+    assert "MIG on demand is off: NVML refuses to manage MIG instances (no permission" in html
+
+
+def test_the_admin_page_shows_made_admin_and_draining_instances(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = SimulatedNVML(SPEC)
+    view = sim.for_node("a")
+    view.nvmlInit()
+    make_instance(view, view.nvmlDeviceGetHandleByIndex(1), "1g.10gb", 6)  # an admin's
+    pool = build(tmp_path, sim, monkeypatch)
+    a = pool.allocate("ada", ["vision"], "mig-4g.40gb")
+    b = pool.allocate("ada", ["vision"], "mig-1g.10gb")
+    sim.set_processes(b.devices[0].instance or "", [4242])
+    pool.release(b.id)
+    html = render_admin(pool)
+    assert 'id="gp-mig-off"' not in html
+    assert f'<tr data-uuid="{a.devices[0].instance}" data-state="live">' in html
+    assert f'<tr data-uuid="{b.devices[0].instance}" data-state="draining">' in html
+    assert "1g.10gb (admin&#39;s instance)" in html and "1g.10gb (draining)" in html

@@ -1,0 +1,95 @@
+"""MIG on demand in a real JupyterHub: the demo's simulated A100 (MIG on, no instances, managed by
+``c.GPUPool.managed_mig``) gets a MIG instance created for each server, which sees exactly its
+``MIG-…`` UUID; stopping the server destroys it; a hub restart keeps an instance in use, and an
+instance whose processes outlive its server drains and is destroyed once they end.
+
+What the simulated driver holds is read from its state file beside the activity file (the hub's
+simulated NVML keeps its MIG instances there, as a real driver keeps them across hub restarts).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gpupool.store import Store
+from tests.hub.conftest import Hub, environ, spawn, stop_all
+from tests.hub.test_admin_page import admin, page
+
+OFFER = "nlp|a100-mig-3g.40gb|1"
+A100 = "GPU-43a3e6ab-e43a-5ca0-8511-1ed279d24e69"  # the demo's managed GPU (managed_mig)
+
+
+def records(hub: Hub) -> list[tuple[str | None, str, str | None]]:
+    """The MIG instances the pool has recorded as its own: (UUID, state, holder)."""
+    store = Store(f"sqlite:///{hub.state / 'gpupool.sqlite'}", upgrade=False)
+    try:
+        return [(r.uuid, r.state, r.allocation_id) for r in store.mig_records()]
+    finally:
+        store.close()
+
+
+def driver_instances(hub: Hub) -> dict[str, Any]:
+    """The MIG devices the simulated driver holds on the managed A100 now: (profile, start)."""
+    path = hub.state / "activity.mig-state.json"
+    state = json.loads(path.read_text()) if path.exists() else {}
+    return {
+        uuid: (profile, start)
+        for node in state.values()
+        for _gi, profile, start, _ci, uuid in node["gpus"].get(A100, [])
+        if uuid
+    }
+
+
+def test_a_server_on_a_managed_gpu_sees_its_new_instance_which_its_stop_destroys(
+    hub: Hub,
+) -> None:
+    assert records(hub) == [] and driver_instances(hub) == {}
+    spawn(hub, "dee", OFFER)
+    held = hub.allocations()["dee/"]
+    (device,) = held.devices
+    uuid = device.instance
+    assert uuid and uuid.startswith("MIG-") and device.profile == "3g.40gb"
+    assert device.gpu == A100
+    assert environ(hub.pid("dee"))["CUDA_VISIBLE_DEVICES"] == uuid
+    assert records(hub) == [(uuid, "live", held.id)]
+    assert driver_instances(hub) == {uuid: ("3g.40gb", device.start)}
+    soup = page(admin(hub), hub)
+    row = soup.select_one(f'#mig-instances tr[data-uuid="{uuid}"]')
+    assert row is not None and row["data-state"] == "live" and "dee" in row.get_text()
+    hub.stop_server("dee")
+    assert records(hub) == [] and driver_instances(hub) == {}
+    assert hub.allocations() == {}
+
+
+def test_a_restart_keeps_an_instance_in_use_which_drains_after_its_stop(hub: Hub) -> None:
+    spawn(hub, "dee", OFFER)
+    before = hub.allocations()["dee/"]
+    uuid = before.devices[0].instance
+    assert uuid is not None
+    pid = hub.pid("dee")
+    activity = hub.state / "activity.json"
+    activity.write_text(json.dumps({uuid: {"pids": [pid]}}))  # NVML sees it on the instance
+
+    hub.stop_hub()
+    hub.start()
+    assert hub.wait_ready("dee") and hub.pid("dee") == pid
+    assert hub.allocations()["dee/"] == before
+    assert records(hub) == [(uuid, "live", before.id)]
+    assert uuid in driver_instances(hub)
+
+    hub.stop_server("dee")  # NVML still lists a process on it: destroying it is refused
+    assert records(hub) == [(uuid, "draining", None)]
+    assert uuid in driver_instances(hub)
+    soup = page(admin(hub), hub)
+    cell = soup.select_one('.gp-cell[data-state="draining"]')
+    assert cell is not None and "draining" in cell.get_text()
+
+    activity.write_text(json.dumps({uuid: {"pids": []}}))  # the process ended
+    # the next allocation (or the hub's periodic retry) destroys it first
+    spawn(hub, "eli", OFFER)
+    eli = hub.allocations()["eli/"]
+    assert records(hub) == [(eli.devices[0].instance, "live", eli.id)]
+    assert set(driver_instances(hub)) == {eli.devices[0].instance}
+    stop_all(hub, "eli")
+    assert records(hub) == [] and driver_instances(hub) == {}
