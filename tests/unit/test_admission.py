@@ -101,3 +101,26 @@ def test_the_verdict_agrees_with_the_allocator(
         empty = Ledger(mixed_inventory(), OFFERS, TEAMS, policy="first-fit")
         with pytest.raises(PoolError):
             empty.allocate(Request("ana", team, offer, n), "probe")
+
+
+def test_an_admins_instance_on_a_managed_gpu_makes_what_cannot_fit_never() -> None:
+    """A managed GPU (dynamic MIG) with an admin's 4g.40gb at slot 0: a 7g.80gb can never be
+    placed there while it stays (never, not wait); a draining instance comes back (wait)."""
+    from gpupool.core.inventory import Inventory, Node
+    from gpupool.core.ledger import Blocked
+    from tests.factories import gpu
+
+    offers = {"mig-7g.80gb": Offer("mig-7g.80gb", "mig", profile="7g.80gb")}
+    team = Team("vision", 8000)
+    managed = Inventory((Node("n", (gpu("n", 0, mode="dynamic"),)),), source="test")
+    ledger = Ledger(managed, offers, {"vision": team})
+    assert ledger.admit(team, "ada", offers["mig-7g.80gb"], 1).verdict == "now"
+    uuid = managed.gpus[0].uuid
+    ledger.block(Blocked(uuid, "4g.40gb", 0, "draining"))
+    assert ledger.admit(team, "ada", offers["mig-7g.80gb"], 1).verdict == "wait"
+    ledger.unblock(uuid, 0)
+    ledger.block(Blocked(uuid, "4g.40gb", 0, "admin"))
+    refused = ledger.admit(team, "ada", offers["mig-7g.80gb"], 1)
+    assert (refused.verdict, refused.cause) == ("never", "capacity")
+    ledger.unblock(uuid, 0)
+    assert ledger.admit(team, "ada", offers["mig-7g.80gb"], 1).verdict == "now"

@@ -58,6 +58,11 @@ class Device:
         return self.instance or self.gpu
 
 
+LASTING_BLOCKS = frozenset({"admin", "off"})
+"""Blocked slots that stay taken (an admin's instances; free slots while MIG on demand is off),
+which :meth:`Ledger.capacity` counts; ``draining`` slots come back."""
+
+
 @dataclass(frozen=True)
 class Blocked:
     """A MIG placement taken without an allocation, and why (``admin``, ``draining``, ``off``)."""
@@ -185,10 +190,15 @@ class Ledger:
         return total
 
     def capacity(self, offer: Offer) -> int:
-        """What :meth:`placeable` answers for ``offer`` on this inventory with nothing held: the
-        most one request could ever get (cached; the inventory of a ledger does not change)."""
+        """What :meth:`placeable` answers for ``offer`` on this inventory with nothing held but
+        the lasting blocked slots (an admin's instances, MIG on demand off): the most one request
+        could ever get (cached until a lasting block comes or goes)."""
         if offer not in self._capacity:
-            self._capacity[offer] = Ledger(self.inventory, self.offers, self.teams).placeable(offer)
+            empty = Ledger(self.inventory, self.offers, self.teams)
+            for b in self.blocked.values():
+                if b.reason in LASTING_BLOCKS:  # what stays taken; draining slots come back
+                    empty.block(b)
+            self._capacity[offer] = empty.placeable(offer)
         return self._capacity[offer]
 
     def node_capacities(self, offer: Offer) -> tuple[int, ...]:
@@ -367,10 +377,14 @@ class Ledger:
             raise ValueError(f"no {blocked.profile} at slot {blocked.start} on {blocked.gpu}")
         occ.take_slots(g, p, blocked.start)
         self.blocked[blocked.gpu, blocked.start] = blocked
+        if blocked.reason in LASTING_BLOCKS:
+            self._capacity.clear()
 
     def unblock(self, gpu: str, start: int) -> Blocked:
         """Give blocked slots back; ``KeyError`` when none are blocked there."""
         blocked = self.blocked.pop((gpu, start))
+        if blocked.reason in LASTING_BLOCKS:
+            self._capacity.clear()
         g = self.occ.ordinal[gpu]
         geo = self.occ.geometry[g]
         p = geo.resolve(blocked.profile) if geo else None
