@@ -27,7 +27,6 @@ import copy
 import logging
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +53,7 @@ from tests.conftest import a100_mixed_node, h100_node, kubeconfig, node
 from tests.deploy.kube_api import Served, served
 from tests.deploy.test_chart import CHART
 from tests.deploy.test_chart_full import render_all, z2jh_archive
+from tests.deploy.test_kube_manifests import Group, User
 
 NS = "jhub"
 CPU_IMAGE = "quay.io/jupyter/datascience-notebook:2025-06-02"
@@ -106,22 +106,6 @@ PROFILES: list[dict[str, Any]] = [
         "kubespawner_override": {"image": TORCH_IMAGE},
     },
 ]
-
-
-@dataclass
-class Group:
-    name: str
-
-
-@dataclass
-class User:
-    """The parts of JupyterHub's ``User`` the spawners read."""
-
-    name: str
-    groups: list[Group] = field(default_factory=list)
-    id: int = 1
-    url: str = "/user/alice/"
-    settings: dict[str, Any] = field(default_factory=dict)
 
 
 @pytest.fixture
