@@ -114,6 +114,27 @@ def test_a_job_whose_processes_vanished_while_the_hub_was_down_is_lost(tmp_path:
     asyncio.run(scenario())
 
 
+def test_jobs_queued_before_a_restart_start_at_once_when_the_hub_is_back(tmp_path: Path) -> None:
+    """The first pass runs when the manager starts, not a ``schedule_interval`` later (nothing
+    else kicks the queue of a hub that just came back with free GPUs)."""
+    before = manager(tmp_path)
+    job = before.submit("ann", ["a"], {"script": SLEEPER, "offer": "gpu", "gpus": 1})
+    assert before.jobs[job.id].state == "queued"  # the hub went down before any pass
+    before.pool.store.close()
+
+    async def scenario() -> None:
+        again = manager(tmp_path)
+        again.schedule_interval = 3600.0
+        await again.start()
+        try:
+            await until(again, job.id, "running")
+        finally:
+            await again.cancel(job.id, "admin", True)
+            await again.stop()
+
+    asyncio.run(scenario())
+
+
 def queue_only(tmp_path: Path, teams: dict[str, Any]) -> JobManager:
     """A manager that is never started: jobs stay queued; its clock ticks a second a call."""
     c = Config()

@@ -23,7 +23,7 @@ from gpupool.core.queue import ScaleUp
 from gpupool.discovery.kubernetes import ClusterAPI, inventory_from_nodes
 from gpupool.discovery.node_pools import parse_node_pools
 from gpupool.hub.kube_reconcile import KubeReconciler
-from gpupool.jobs.kube_scale_up import plan_scale_up_pods
+from gpupool.jobs.kube_scale_up import make_scale_up_pod, plan_scale_up_pods
 from gpupool.jobs.manager import JobManager
 from gpupool.pool import Pool
 from gpupool.store import Store
@@ -156,3 +156,41 @@ def test_requests_follow_what_the_queue_waits_for() -> None:
     create, delete = plan_scale_up_pods([two], have)
     assert create == [] and delete == ["gpupool-scale-up-a100-1"]
     assert plan_scale_up_pods([], have) == ([], sorted(p["metadata"]["name"] for p in have))
+
+
+def test_a_hub_started_without_a_node_pool_withdraws_its_old_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node pool removed from the config (or a hub restarted with none): the request pods an
+    earlier run left would keep a node in the cluster for nothing; the first pass deletes them."""
+    h100 = copy.deepcopy(h100_node("h1"))
+    with served() as server:
+        api = server.api
+        api.add_node(h100)
+        old = make_scale_up_pod(ScaleUp("a100", "a100", 8, 1), 0, NS, OFFERS["a100"], POOLS[0])
+        assert api.create("pods", NS, old)[0] == 201
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "kubeconfig", server.url)))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        c = Config()
+        c.JobManager.schedule_interval = 3600
+        c.JobManager.backend_class = "gpupool.jobs.kube.KubeJobBackend"
+        c.KubeJobBackend.namespace = NS
+        c.KubeJobBackend.image = "quay.io/jupyter/pytorch-notebook:cuda12-2025-06-02"
+        no_pools = inventory_from_nodes([h100])
+        assert no_pools.node_pools == ()
+        pool = Pool(Ledger(no_pools, OFFERS, TEAMS), Store(f"sqlite:///{tmp_path}/p.db"))
+        m = JobManager(pool, config=c)
+
+        def pods() -> dict[str, dict[str, Any]]:
+            with api.lock:
+                return copy.deepcopy(request_pods(api))
+
+        async def scenario() -> None:
+            assert list(pods()) == ["gpupool-scale-up-a100-0"]
+            await m.start()
+            try:
+                await until(lambda: not pods())  # no job at all: the start's own pass
+            finally:
+                await m.stop()
+
+        asyncio.run(scenario())

@@ -142,7 +142,8 @@ class JobManager(LoggingConfigurable):
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        """Re-attach active jobs, release job allocations nobody holds, start the loop."""
+        """Re-attach active jobs, release job allocations nobody holds, start the loop (its
+        first pass runs at once)."""
         held = {a for j in self.jobs.values() if j.active for a in j.allocations}
         for a in list(self.pool.ledger.allocations.values()):
             if a.kind == "job" and a.id not in held:
@@ -155,6 +156,7 @@ class JobManager(LoggingConfigurable):
         self.pool.on_release.append(lambda _a: self.kick())
         self.pool.on_inventory.append(self.kick)
         self._kick = asyncio.Event()
+        self._kick.set()  # a first pass at once: jobs queued before a restart, old requests
         self._loop_task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
@@ -349,10 +351,12 @@ class JobManager(LoggingConfigurable):
 
     async def _request_nodes(self, queued: list[Queued]) -> None:
         """Ask the backend for the node pools' nodes the queue waits for, when that changed
-        (an error is logged and the next pass asks again)."""
+        (an error is logged and the next pass asks again). The first pass always asks, even for
+        nothing: requests an earlier run left (for a node pool since removed from the config, or
+        for jobs since ended) are withdrawn."""
         node_pools = self.pool.inventory.node_pools
         wanted = scale_ups(self.pool.ledger, queued)
-        if wanted == self._nodes_requested or not (node_pools or self._nodes_requested):
+        if wanted == self._nodes_requested:
             return
         try:
             await self.backend.request_nodes(wanted, node_pools)
