@@ -1,7 +1,8 @@
 """JupyterHub as gpupool's services see it, for tests without a hub process: a JupyterHub
 database made by JupyterHub's own ORM (:class:`HubDB`), and its REST API with the proxy's routes
 to servers' kernels (:class:`FakeHub`), answering in JupyterHub's model shapes from that database.
-The real hub is ``tests/hub/conftest.py``'s ``Hub``.
+:class:`HubStandIns` is the two together, for a test's setting to build on. The real hub is
+``tests/hub/conftest.py``'s ``Hub``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 from urllib.parse import parse_qs, unquote, urlparse
 
 from jupyterhub import orm
@@ -218,3 +219,22 @@ class FakeHub:
                 self.answer("POST")
 
         return Handler
+
+
+class HubStandIns:
+    """JupyterHub's database and REST API for one test (under ``tmp``); a context manager that
+    closes both. A test's setting subclasses it and adds the pool and what it tests."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.hubdb = HubDB(tmp / "jupyterhub.sqlite")
+        self.api = FakeHub(self.hubdb.url)
+
+    def close(self) -> None:
+        self.api.close()
+        self.hubdb.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()

@@ -33,7 +33,7 @@ from gpupool.settings import ConfigError
 from gpupool.store import Store
 from tests.accounts import shared_mode
 from tests.conftest import a100_mixed_node, h100_node
-from tests.hubapi import TOKEN, FakeHub, HubDB, free_port
+from tests.hubapi import TOKEN, HubStandIns, free_port
 from tests.prometheus import Prometheus, Silent, dcgm_series
 
 LOG = logging.getLogger("gpupool.tests.dcgm")
@@ -50,15 +50,14 @@ UUIDS = {
 TEMPLATES = Path(hub_module.__file__).parent / "templates"
 
 
-class Cluster:
+class Cluster(HubStandIns):
     """The pool, the hub's API and Prometheus; ``dcgm_*`` put a notebook's series in."""
 
     def __init__(self, tmp: Path) -> None:
         nodes = [h100_node("dgx-h100-1"), a100_mixed_node("dgx-a100-1")]
         ledger = Ledger(inventory_from_nodes(nodes), OFFERS, {"vision": Team("vision", 16_000)})
         self.pool = Pool(ledger, Store(f"sqlite:///{tmp / 'gpupool.sqlite'}"))
-        self.hubdb = HubDB(tmp / "jupyterhub.sqlite")
-        self.api = FakeHub(self.hubdb.url)
+        super().__init__(tmp)
         self.prometheus = Prometheus()
         self.next_gpu = {"dgx-h100-1": 0, "dgx-a100-1": 1}
 
@@ -102,15 +101,13 @@ class Cluster:
 
     def close(self) -> None:
         self.prometheus.close()
-        self.api.close()
-        self.hubdb.close()
+        super().close()
 
 
 @pytest.fixture
 def k8s(tmp_path: Path) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path)
-    yield cluster
-    cluster.close()
+    with Cluster(tmp_path) as cluster:
+        yield cluster
 
 
 def devices(r: IdleReclaimer, a: Allocation) -> dict[str, int | None]:

@@ -22,17 +22,16 @@ from traitlets.config import Config
 from gpupool.core.ledger import Allocation
 from gpupool.hub.reclaim import IdleReclaimer, hub_urls
 from tests.conftest import small_pool
-from tests.hubapi import TOKEN, FakeHub, HubDB, free_port
+from tests.hubapi import TOKEN, HubStandIns, free_port
 
 LOG = logging.getLogger("gpupool.tests.reclaim")
 ACTIVITY = "2026-03-01T10:00:00.000000Z"
 
 
-class Setting:
+class Setting(HubStandIns):
     def __init__(self, tmp: Path) -> None:
+        super().__init__(tmp)
         self.pool = small_pool(tmp)
-        self.hubdb = HubDB(tmp / "jupyterhub.sqlite")
-        self.api = FakeHub(self.hubdb.url)
 
     def reclaimer(self, token: str = TOKEN, **policies: Any) -> IdleReclaimer:
         c = Config()
@@ -45,16 +44,11 @@ class Setting:
         self.hubdb.server(user, ("vision",), {"gpupool_allocation": allocation.id}, name=name)
         return allocation
 
-    def close(self) -> None:
-        self.api.close()
-        self.hubdb.close()
-
 
 @pytest.fixture
 def s(tmp_path: Path) -> Iterator[Setting]:
-    setting = Setting(tmp_path)
-    yield setting
-    setting.close()
+    with Setting(tmp_path) as setting:
+        yield setting
 
 
 def kernels(reclaimer: IdleReclaimer, allocation: Allocation) -> tuple[bool | None, float | None]:

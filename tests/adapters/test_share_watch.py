@@ -40,7 +40,7 @@ from gpupool.shares import ShareEnforcement
 from gpupool_lab.allocation import idle_state
 from tests.accounts import shared_mode
 from tests.conftest import holder, holders
-from tests.hubapi import TOKEN, FakeHub, HubDB
+from tests.hubapi import TOKEN, HubStandIns
 
 LOG = logging.getLogger("gpupool.tests.shares")
 SPEC = "simulated:n: 2x L40S-48GB"
@@ -48,7 +48,7 @@ T0 = 1_780_000_000.0
 CAP = 12288
 
 
-class Setting:
+class Setting(HubStandIns):
     def __init__(self, tmp: Path, **enforcement: Any) -> None:
         c = Config()
         c.GPUPool.inventory = SPEC
@@ -65,8 +65,7 @@ class Setting:
         self.pool.clock = lambda: datetime.fromtimestamp(self.now, UTC)
         self.gpus = [g.uuid for g in self.pool.inventory.gpus]
         self.sim = self.pool.monitor.nvml_by_node["n"]
-        self.hubdb = HubDB(tmp / "jupyterhub.sqlite")
-        self.api = FakeHub(self.hubdb.url)
+        super().__init__(tmp)
         self.reclaimer = IdleReclaimer(self.pool, TOKEN, self.api.api_url, self.api.url, config=c)
         self.jobs = JobManager(self.pool, config=c)
         self.watch = build_watch(self.pool, self.reclaimer, self.jobs, c, LOG)
@@ -86,16 +85,11 @@ class Setting:
     def look(self) -> list[tuple[str, str]]:
         return [(a.ref, what) for a, what in asyncio.run(self.watch.look())]
 
-    def close(self) -> None:
-        self.api.close()
-        self.hubdb.close()
-
 
 @pytest.fixture
 def s(tmp_path: Path) -> Iterator[Setting]:
-    setting = Setting(tmp_path)
-    yield setting
-    setting.close()
+    with Setting(tmp_path) as setting:
+        yield setting
 
 
 def overuse(kind: str, action: str) -> float:
