@@ -72,7 +72,7 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -308,8 +308,11 @@ class ReplayResult:
         return out
 
 
-class _Replay:
-    """The mutable state of one run: the ledger, the placed pods and the cycle position."""
+class Replay:
+    """The mutable state of one run: the ledger, the placed pods and the cycle position.
+
+    :func:`run_policy` drives it (``offer_next`` for every offer, ``release`` for every churn
+    release); an analysis may pass a subclass that watches those calls (``make_run``)."""
 
     def __init__(self, policy: str, shapes: Sequence[Shape], inventory: Inventory) -> None:
         self.ledger = build_ledger(inventory, policy, shapes)
@@ -352,13 +355,14 @@ def run_policy(
     churn_steps: int = 0,
     seed: int = 0,
     model: str = "mig",
+    make_run: Callable[[str, Sequence[Shape], Inventory], Replay] = Replay,
 ) -> ReplayResult:
     """Fill the pool of ``model`` with ``shapes`` under ``policy``, then churn ``churn_steps``
-    times."""
+    times. ``make_run`` builds the run's :class:`Replay` (a subclass may watch it)."""
     inventory = build_inventory(nodes, model)
     gpus = len(inventory.gpus)
     capacity = gpus * GPU_MILLI
-    run = _Replay(policy, shapes, inventory)
+    run = make_run(policy, shapes, inventory)
     gc.collect()
     fill_ns: list[int] = []
     placed = refused = 0

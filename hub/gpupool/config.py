@@ -29,14 +29,16 @@ class GPUPool(LoggingConfigurable):
         },
         config=True,
         help="""What users may pick, by name. Kinds: ``cpu``, ``gpu`` (whole GPUs; ``max_count``,
-        optional ``model`` and ``nvlink``), ``mig`` (one instance of ``profile``; the kind and the
-        profile follow from a name like ``mig-3g.40gb``). Example::
+        optional ``model`` and ``nvlink``), ``mig`` (instances of ``profile``, one per request
+        unless ``max_count`` allows more, all on one node; a process sees only the first, a job
+        runs a rank on each; the kind and the profile follow from a name like ``mig-3g.40gb``).
+        Example::
 
             c.GPUPool.offers = {
                 "cpu": {"description": "CPU only"},
                 "h100": {"kind": "gpu", "model": "H100-80GB", "max_count": 4, "nvlink": True},
                 "mig-3g.40gb": {},
-                "mig-1g.10gb": {"model": "H100-80GB"},
+                "mig-1g.10gb": {"model": "H100-80GB", "max_count": 2},
             }
         """,
     )

@@ -4,6 +4,16 @@ Vocabulary
 - *GPU resource*: the extended resource the NVIDIA device plugin offers: ``nvidia.com/gpu``
   (whole GPUs) or, under the ``mixed`` MIG strategy, ``nvidia.com/mig-<profile>`` (one MIG
   instance; a ``+me`` profile is spelt ``.me``, as resource names allow no ``+``).
+- *share request*: what a pod asks for one share of a GPU the platform shares out (its
+  inventory *share resource*, see :mod:`gpupool.discovery.kubernetes`): one replica of the device
+  plugin's time-slicing or MPS (``nvidia.com/gpu.shared: 1``, or ``nvidia.com/gpu: 1`` where the
+  plugin does not rename the resource), or under HAMi one virtual GPU with the share's memory
+  (``nvidia.com/gpu: 1``, ``nvidia.com/gpumem: <MiB>``: the share's thousandths of the GPU's
+  memory, rounded down; with a ``cores`` resource configured also ``nvidia.com/gpucores: <%>``,
+  the share's thousandths in percent, rounded up). :class:`ShareRequests` holds the shared GPUs
+  by UUID and the HAMi resource names (:data:`DEFAULT_HAMI_RESOURCES`, HAMi's own defaults). A
+  share of a GPU it does not know (an inventory that is not the cluster's) asks for one
+  ``nvidia.com/gpu``, as before shares existed.
 - *product label*: the node label ``nvidia.com/gpu.product`` that GPU feature discovery sets
   from NVML's product name with dashes (``NVIDIA-H100-80GB-HBM3``). An offer's model key
   (``H100-80GB``) becomes a required node affinity ``nvidia.com/gpu.product In [values]``
@@ -46,6 +56,7 @@ import copy
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes_asyncio.client import (
@@ -63,13 +74,23 @@ from kubernetes_asyncio.client import (
 from kubespawner.slugs import is_valid_label, safe_slug
 from kubespawner.utils import get_k8s_model
 
-from gpupool.core.ledger import Allocation
+from gpupool.core.inventory import GPU, Inventory
+from gpupool.core.ledger import Allocation, Device
 from gpupool.core.mig import GEOMETRIES
 from gpupool.core.offers import Offer
 from gpupool.core.units import GPU_MILLI
 
 NVIDIA_PREFIX = "nvidia.com/"
 GPU_RESOURCE = "nvidia.com/gpu"
+SHARED_RESOURCE = "nvidia.com/gpu.shared"
+HAMI = "hami"
+HAMI_KEYS = ("count", "memory", "cores")
+DEFAULT_HAMI_RESOURCES: dict[str, str] = {
+    "count": "nvidia.com/gpu",
+    "memory": "nvidia.com/gpumem",
+}
+"""HAMi's resource names (its ``resourceCountName``, ``resourceMemoryName``; ``cores``, its
+``resourceCoreName`` ``nvidia.com/gpucores``, only when configured)."""
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -84,6 +105,7 @@ NOTEBOOK_CONTAINER = "notebook"
 VISIBILITY_ENV = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 QUEUE_FIELDS = ("team", "offer", "user")
 DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+EXTENDED_RESOURCE = DNS_SUBDOMAIN + r"/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 
 DEFAULT_GPU_TOLERATIONS: tuple[dict[str, str], ...] = (
     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
@@ -128,17 +150,74 @@ def mig_resource(profile: str) -> str:
     return MIG_RESOURCE_PREFIX + name.replace("+", ".")
 
 
-def gpu_equivalents(model: str) -> dict[str, int]:
+def gpu_equivalents(model: str, replicas: int = 0) -> dict[str, int]:
     """What one unit of each device-plugin resource costs on ``model``, in thousandths of a
-    GPU-equivalent: ``nvidia.com/gpu`` is 1000, ``nvidia.com/mig-3g.40gb`` 500 on an H100-80GB.
-    The Helm chart's Kueue resource transformations are generated from this (one source of truth
-    with the hub's own quota arithmetic)."""
+    GPU-equivalent: ``nvidia.com/gpu`` is 1000, ``nvidia.com/mig-3g.40gb`` 500 on an H100-80GB;
+    with ``replicas`` (GPUs shared by time-slicing or MPS into that many) ``nvidia.com/gpu.shared``
+    is one replica, ``1000 // replicas``, what the ledger charges for a share there. The Helm
+    chart's Kueue resource transformations are generated from this without replicas (one source
+    of truth with the hub's own quota arithmetic; a replica count is a node's, not a model's)."""
     out = {GPU_RESOURCE: GPU_MILLI}
     geometry = GEOMETRIES.get(model)
     if geometry is not None:
         for profile in geometry.profiles:
             out[mig_resource(profile.name)] = geometry.cost_milli(profile)
+    if replicas > 1:
+        out[SHARED_RESOURCE] = GPU_MILLI // replicas
     return out
+
+
+@dataclass(frozen=True)
+class ShareRequests:
+    """What a pod asks for one share of each GPU the platform shares out (see *share request*)."""
+
+    gpus: Mapping[str, GPU] = field(default_factory=dict)
+    """The shared GPUs by UUID."""
+    hami: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_HAMI_RESOURCES))
+
+    @classmethod
+    def of(
+        cls, inventory: Inventory | None, hami: Mapping[str, str] | None = None
+    ) -> ShareRequests:
+        gpus = {g.uuid: g for g in inventory.gpus if g.share_resource} if inventory else {}
+        return cls(gpus, dict(hami or DEFAULT_HAMI_RESOURCES))
+
+    def resources(self, device: Device) -> dict[str, int]:
+        """The extended resources of one share ``device``."""
+        gpu = self.gpus.get(device.gpu)
+        milli = device.share_milli or 0
+        if gpu is None or not gpu.share_resource:
+            return {GPU_RESOURCE: 1}
+        if gpu.share_resource != HAMI:
+            return {gpu.share_resource: 1}
+        out = {self.hami["count"]: 1, self.hami["memory"]: milli * gpu.memory_mib // GPU_MILLI}
+        if self.hami.get("cores"):
+            out[self.hami["cores"]] = min(100, max(1, -(-milli // 10)))
+        return out
+
+
+NO_SHARES = ShareRequests()
+
+
+def check_hami_resources(value: Any, key: str) -> dict[str, str]:
+    """``value`` if it maps ``count`` and ``memory`` (and optionally ``cores``) to extended
+    resource names, else a :class:`gpupool.settings.ConfigError` naming ``key``."""
+    from .settings import ConfigError
+
+    example = '{"count": "nvidia.com/gpu", "memory": "nvidia.com/gpumem"}'
+    if not isinstance(value, Mapping):
+        raise ConfigError(key, f"must be a dict like {example}, got {value!r}")
+    unknown = sorted(set(map(str, value)) - set(HAMI_KEYS))
+    missing = [k for k in ("count", "memory") if k not in value]
+    if unknown or missing:
+        what = f"unknown keys {unknown}" if unknown else f"missing {missing}"
+        raise ConfigError(key, f"{what}: use {', '.join(HAMI_KEYS)}, e.g. {example}")
+    for k, name in value.items():
+        if not isinstance(name, str) or not re.fullmatch(EXTENDED_RESOURCE, name):
+            raise ConfigError(
+                f"{key}[{k!r}]", f"{name!r} is not a resource name like 'nvidia.com/gpumem'"
+            )
+    return {str(k): str(v) for k, v in value.items()}
 
 
 def gpu_resources(offer: Offer | None, count: int = 1) -> dict[str, str]:
@@ -153,11 +232,25 @@ def gpu_resources(offer: Offer | None, count: int = 1) -> dict[str, str]:
     return {mig_resource(offer.profile): str(count)}
 
 
-def allocation_resources(allocation: Allocation | None) -> dict[str, str]:
-    """The extended resources that an allocation's devices are: what the pod must request."""
+def check_share_settings(config: Any) -> None:
+    """Check ``hami_resources`` wherever it is set (``KubeGPUSpawner``, ``KubeJobBackend``), so
+    that a bad value stops the hub at start, naming the key (:func:`check_hami_resources`)."""
+    for section in ("KubeGPUSpawner", "KubeJobBackend"):
+        if section in config and "hami_resources" in config[section]:
+            check_hami_resources(config[section]["hami_resources"], f"{section}.hami_resources")
+
+
+def allocation_resources(
+    allocation: Allocation | None, shares: ShareRequests = NO_SHARES
+) -> dict[str, str]:
+    """The extended resources that an allocation's devices are: what the pod must request (a
+    share: its *share request*)."""
     counts: Counter[str] = Counter()
     for device in allocation.devices if allocation else ():
-        counts[GPU_RESOURCE if device.profile is None else mig_resource(device.profile)] += 1
+        if device.share_milli is not None:
+            counts.update(shares.resources(device))
+        else:
+            counts[GPU_RESOURCE if device.profile is None else mig_resource(device.profile)] += 1
     return {name: str(n) for name, n in sorted(counts.items())}
 
 
@@ -351,6 +444,7 @@ def apply_allocation(
     kueue_priority_class: str = "",
     bind_to_node: bool = True,
     nodes: Sequence[str] | None = None,
+    shares: ShareRequests = NO_SHARES,
 ) -> V1Pod:
     """A copy of ``pod`` made to carry ``allocation`` (see the module's contract).
 
@@ -358,10 +452,10 @@ def apply_allocation(
     constraint from the offer's ``model``, the node binding from ``allocation.node`` (or
     ``nodes``, for a job whose pods share one template; ``bind_to_node=False`` leaves it out);
     priority class and scheduler name are set on GPU pods when given, and otherwise left as
-    KubeSpawner made them.
+    KubeSpawner made them. ``shares`` says what a share asks for (see *share request*).
     """
     out = copy.deepcopy(pod)
-    resources = allocation_resources(allocation)
+    resources = allocation_resources(allocation, shares)
     gpu = bool(resources)
     container = notebook_container(out)
     container.resources = with_resources(container.resources, resources)

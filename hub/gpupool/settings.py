@@ -163,8 +163,10 @@ def parse_offer(name: str, spec: Any) -> Offer:
             f"{path}.model", f"must be a model key like 'H100-80GB' or 'A100-40GB', got {model!r}"
         )
     max_count = spec.get("max_count", 1)
-    if kind != "gpu" and "max_count" in spec:
-        raise ConfigError(f"{path}.max_count", "only 'gpu' offers take a count")
+    if kind not in ("gpu", "mig") and "max_count" in spec:
+        raise ConfigError(
+            f"{path}.max_count", "only 'gpu' and 'mig' offers take a count (GPUs, instances)"
+        )
     if not isinstance(max_count, int) or isinstance(max_count, bool) or max_count < 1:
         raise ConfigError(f"{path}.max_count", f"must be an integer >= 1, got {max_count!r}")
     nvlink = spec.get("nvlink", False)
@@ -286,8 +288,14 @@ def config_warnings(settings: Settings, inventory: Inventory) -> list[str]:
         if most == 0:
             key, reason = _never(path, offer, gpus, have)
             out.append(f"{key}: {reason}; the offer can never be granted")
-        elif offer.kind == "gpu" and offer.max_count > most:
-            what = f"whole {offer.model} GPUs" if offer.model else "whole GPUs of one model"
+            continue
+        if offer.kind == "mig" and offer.max_count > 1:  # all of a request's on one node
+            most = max(empty.node_capacities(offer), default=0)
+        if offer.kind in ("gpu", "mig") and offer.max_count > most:
+            if offer.kind == "mig":
+                what = f"{offer.profile} instances"
+            else:
+                what = f"whole {offer.model} GPUs" if offer.model else "whole GPUs of one model"
             out.append(
                 f"{path}.max_count: {offer.max_count} is more than one request can get: at most "
                 f"{most} {what} on one node; larger requests can never be granted"
@@ -337,6 +345,11 @@ def _never(path: str, offer: Offer, gpus: tuple[GPU, ...], have: str) -> tuple[s
     if offer.model is not None and not any(g.model == offer.model for g in gpus):
         return f"{path}.model", f"the pool has no {offer.model} (it has {have})"
     if offer.kind == "gpu":
+        if any(g.share_resource and offer.model in (None, g.model) for g in gpus):
+            return path, (
+                f"every {offer.model or 'GPU'} in the pool has MIG on or is shared out by the "
+                "device plugin (time-slicing, MPS or HAMi), so none can be granted whole"
+            )
         return path, (
             f"every {offer.model or 'GPU'} in the pool has MIG on, and gpupool never switches "
             "MIG mode, so none can be granted whole"
@@ -348,7 +361,17 @@ def _never(path: str, offer: Offer, gpus: tuple[GPU, ...], have: str) -> tuple[s
                 f"every {offer.model or 'GPU'} in the pool has MIG on (shares need MIG off), and "
                 "gpupool never switches MIG mode"
             )
+        if not any(g.share_resource != "" for g in off):
+            return path, (
+                f"the device plugin hands every {offer.model or 'GPU'} with MIG off out whole "
+                "(no time-slicing, MPS or HAMi on its nodes), so no share can be placed"
+            )
         key = f"{path}.memory" if offer.share_mib is not None else path
+        if any(g.share_replicas for g in off):
+            return key, (
+                f"{offer.label} is larger than every GPU with MIG off it could land on, or than "
+                "one replica where the device plugin shares a GPU"
+            )
         return key, f"{offer.label} is larger than every GPU with MIG off it could land on"
     profile = offer.profile or ""
     models = set(mig_costs(profile, offer.model))

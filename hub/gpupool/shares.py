@@ -247,7 +247,15 @@ def offer_enforcement(offer: Offer, gpus: Iterable[GPU], enforcement: ShareEnfor
     (``""`` for other offers): MPS's hard limit, the watched cap, or both where GPUs differ."""
     if offer.kind != "share":
         return ""
-    able = [g for g in gpus if not g.mig_enabled and (offer.model in (None, g.model))]
+    able = [
+        g
+        for g in gpus
+        if not g.mig_enabled and g.share_resource != "" and offer.model in (None, g.model)
+    ]
+    if able and all(g.share_resource for g in able):  # shared out by Kubernetes, not the hub
+        hami = {g.share_resource == "hami" for g in able}
+        plugin = "one replica of a GPU the device plugin shares (MPS: its memory limit)"
+        return "; ".join(["HAMi: hard memory limit"] * (True in hami) + [plugin] * (False in hami))
     kinds = {enforcement.enforcement(g) for g in able}
     watched = (
         "shared; capped in PyTorch and watched; over the cap you are warned, then stopped "

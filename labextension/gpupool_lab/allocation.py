@@ -87,7 +87,7 @@ def _hub_choices(offers: Mapping[str, Any] | None, offer: str, team: str) -> lis
 
 
 def _strip_count(label: str) -> str:
-    """``"H100-80GB ×2"`` → ``"H100-80GB"`` (the hub's whole-GPU labels end in ``×N``)."""
+    """``"H100-80GB ×2"`` → ``"H100-80GB"`` (the hub's labels of counted offers end in ``×N``)."""
     base, sep, count = label.rpartition(" ×")
     return base if sep and count.isdigit() else label
 
@@ -97,7 +97,7 @@ def offer_label(offer: str, devices: int, choices: Sequence[OfferLine]) -> tuple
     the offer name's conventions (``cpu``, ``mig-<profile>``)."""
     if choices:
         kind = str(choices[0].get("kind", "gpu"))
-        if kind != "gpu":
+        if kind not in ("gpu", "mig"):  # counted offers have a line per count
             return str(choices[0].get("label") or offer), kind
         same = [c for c in choices if c.get("count") == devices]
         if same:

@@ -54,13 +54,17 @@ A script is sent as it is. Arguments after "--" go to the script (sys.argv[1:]).
 --cells counts cells from 1 in notebook order, markdown cells included (the numbers that
 conversion errors use): "all" (default), "upto:N" (cells 1..N), or "1,2,5" / "1-3,7".
 
+--gpus is GPUs per node for a whole-GPU offer, MIG instances per node for a MIG offer (one rank
+on each, over gloo when there are several), processes per node for a CPU offer, and 1 for a share
+offer (a share job runs one process per node).
+
 Default offer (no --offer): among the offers the hub lists (for --team, or across your teams in
-the hub's order) of kind "gpu" whose count equals --gpus (only when the pool has no GPU offers at
-all, the "cpu" offers, with --gpus processes per node): the first that would start now, else the
-first that would queue (busy, or your team's quota in use), never one that could never start
-(over your team's limit or your cap, or larger than any node). Use --offer to choose; "gpupool
-offers" lists them with their availability. An offer that would queue is submitted with a note
-"will queue: <reason>"; one that could never start is refused with the reason.
+the hub's order) of the first kind you have of "gpu", "mig", "share" and "cpu", those that take
+--gpus per node: the first that would start now, else the first that would queue (busy, or your
+team's quota in use), never one that could never start (over your team's limit or your cap, or
+larger than any node). Use --offer to choose; "gpupool offers" lists them with their
+availability. An offer that would queue is submitted with a note "will queue: <reason>"; one that
+could never start is refused with the reason.
 """
 
 
@@ -251,7 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
         usage="gpupool submit PATH [options] [-- ARGS...]",
     )
     s.add_argument("path", metavar="PATH", help="NOTEBOOK.ipynb or SCRIPT.py")
-    s.add_argument("--gpus", type=positive, default=1, help="processes (GPUs) per node (default 1)")
+    s.add_argument(
+        "--gpus",
+        type=positive,
+        default=1,
+        help="GPUs, MIG instances or processes per node (default 1)",
+    )
     s.add_argument("--nodes", type=positive, help="nodes (default: the hub's, 1)")
     s.add_argument("--offer", help="offer name (default: see above)")
     s.add_argument("--team", help="team to charge (default: the hub's choice)")

@@ -11,8 +11,11 @@ Contract:
 
 - Importing this module imports nothing from torch and never touches CUDA; torch is imported
   inside the functions that need it.
-- :func:`init` is idempotent; backend ``nccl`` when CUDA is available, ``gloo`` otherwise. On CUDA
-  it first selects ``cuda:<local rank>``. It returns :func:`device`.
+- :func:`init` is idempotent; backend ``GPUPOOL_DDP_BACKEND`` when the hub set it (``gloo`` for
+  a job on several MIG instances: NCCL does not span them), else ``nccl`` when CUDA is available,
+  ``gloo`` otherwise. On CUDA it first selects :func:`device`: ``cuda:<local rank>``, or
+  ``cuda:0`` for a rank that has a device of its own (``GPUPOOL_RANK_DEVICE``, set by
+  ``gpupool_lab.rank_log``: it sees that one alone). It returns :func:`device`.
 - :func:`sampler` always returns a ``DistributedSampler`` (for a world of one it yields every
   index), so ``DataLoader(ds, sampler=ddp.sampler(ds))`` and ``sampler.set_epoch(epoch)`` work
   the same everywhere. Do not also pass ``shuffle=`` to the DataLoader.
@@ -72,11 +75,12 @@ def is_main() -> bool:
 
 
 def device() -> torch.device:
-    """``cuda:<local rank>`` when CUDA is available, else ``cpu``."""
+    """``cuda:<local rank>`` (``cuda:0`` for a rank with a device of its own) when CUDA is
+    available, else ``cpu``."""
     import torch
 
     if torch.cuda.is_available():
-        return torch.device("cuda", local_rank())
+        return torch.device("cuda", 0 if os.environ.get("GPUPOOL_RANK_DEVICE") else local_rank())
     return torch.device("cpu")
 
 
@@ -89,9 +93,9 @@ def init(backend: str | None = None) -> torch.device:
         return device()
     cuda = torch.cuda.is_available()
     if backend is None:
-        backend = "nccl" if cuda else "gloo"
+        backend = os.environ.get("GPUPOOL_DDP_BACKEND") or ("nccl" if cuda else "gloo")
     if cuda:
-        torch.cuda.set_device(local_rank())
+        torch.cuda.set_device(device())
     if under_torchrun():
         dist.init_process_group(backend=backend, init_method="env://")
     else:
@@ -119,7 +123,7 @@ def barrier() -> None:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return
     if dist.get_backend() == "nccl":
-        dist.barrier(device_ids=[local_rank()])
+        dist.barrier(device_ids=[device().index or 0])
     else:
         dist.barrier()
 

@@ -11,14 +11,22 @@ Vocabulary and contract:
   queues, with the ``reason``) or ``never`` (it could never start, with the ``reason``).
   :func:`choices` lists them in the hub's order; :func:`verdict` reads one line's admission
   (a line from an older hub, without it, reads ``now`` when ``enabled``, else ``wait``).
+- **per node**: how many of an offer a request takes on each node, by its kind (the lab
+  dialog's rules, ``validate.ts``; one table tests both, ``src/__tests__/offer_kinds.json``):
+  ``gpu`` and ``mig`` are *counted* (:func:`is_counted`: whole GPUs, MIG instances; the hub
+  lists a line per count, and a job runs one rank on each); ``share`` is *one per node*
+  (:func:`is_one_per_node`: a share job runs one process per node); ``cpu`` runs any number of
+  processes per node. :meth:`Choice.fits` says which line a number per node is judged by, and
+  :func:`per_node_label` what the number counts.
 - **ranking**: :func:`ranked`: ``now`` lines, then ``wait``, then ``never``, each in the hub's
   order. For a job, ``wait`` is a valid choice (the hub queues it); only ``never`` is refused.
 - **default offer**: :func:`default_choice` (its name: :func:`choose_offer`), the one rule for a
   job that names no offer: among the lines (of ``team``, or of all the user's teams in the hub's
-  order) of kind ``gpu`` whose count equals ``gpus`` (only when the pool has no GPU offers at
-  all: the ``cpu`` lines, with ``gpus`` processes per node), the first in :func:`ranked` order,
-  never a ``never`` line; when every such line is ``never``, :class:`OptionError` with their
-  reasons.
+  order) of the first kind of :data:`KIND_PREFERENCE` that they include (whole GPUs, else MIG
+  instances, else a share, else CPU: the dialog's order) those that fit ``gpus`` per node
+  (:meth:`Choice.fits`), the first in :func:`ranked` order, never a ``never`` line; when none
+  fits, :class:`OptionError` with the counts offered; when every such line is ``never``,
+  :class:`OptionError` with their reasons.
 - **named offer**: :func:`check_offer`: the line a job of ``gpus`` per node of a named offer is
   judged by (``None`` when the document has none: the hub decides); a ``wait`` line is accepted
   (the job will queue), a ``never`` line refused with its reason, as the hub would.
@@ -48,6 +56,7 @@ if TYPE_CHECKING:  # convert imports IPython; the command line needs it only for
     from gpupool_lab.convert import Cells
 
 __all__ = [
+    "KIND_PREFERENCE",
     "Choice",
     "OptionError",
     "cells_from_json",
@@ -56,9 +65,12 @@ __all__ = [
     "choices",
     "choose_offer",
     "default_choice",
+    "is_counted",
+    "is_one_per_node",
     "non_negative",
     "parse_cells",
     "parse_duration",
+    "per_node_label",
     "positive",
     "ranked",
     "time_limit",
@@ -183,6 +195,32 @@ def cells_to_text(cells: Cells) -> tuple[str, str]:
     raise OptionError(f'cells must be "all", an index or a list of indexes, not {cells!r}')
 
 
+# -- offer kinds: how many per node ---------------------------------------------------------------
+
+KIND_PREFERENCE = ("gpu", "mig", "share", "cpu")
+"""The kinds a default offer is looked for in, first to last (the dialog's ``KIND_PREFERENCE``)."""
+COUNTED_KINDS = ("gpu", "mig")
+PER_NODE = {"gpu": "GPUs per node", "mig": "MIG instances per node"}
+
+
+def is_counted(kind: str) -> bool:
+    """Whether a request of ``kind`` names how many per node (whole GPUs, MIG instances): the
+    hub lists a line per count, and a job runs one rank on each."""
+    return kind in COUNTED_KINDS
+
+
+def is_one_per_node(kind: str) -> bool:
+    """Whether a request of ``kind`` takes exactly one per node: a share (a share job runs one
+    process per node), and any kind this version does not know (the hub takes a count of 1).
+    A CPU offer runs any number of processes per node."""
+    return not is_counted(kind) and kind != "cpu"
+
+
+def per_node_label(kind: str) -> str:
+    """What the number per node counts for an offer of ``kind`` ("GPUs per node", ...)."""
+    return PER_NODE.get(kind, "Processes per node")
+
+
 # -- choices and the default offer ----------------------------------------------------------------
 
 
@@ -230,8 +268,8 @@ class Choice:
         return f"{self.title}{free}" + (queue if self.admission == "wait" else "")
 
     def fits(self, gpus: int) -> bool:
-        """A job of ``gpus`` processes per node is judged by this line (a ``cpu`` line takes any
-        number of processes; a GPU or MIG line, its own count)."""
+        """A job of ``gpus`` per node is judged by this line (a ``cpu`` line takes any number of
+        processes; any other line its own count: GPUs, MIG instances, or 1 for a share)."""
         return self.kind == "cpu" or self.count == gpus
 
 
@@ -279,25 +317,36 @@ def _never(lines: Sequence[Choice], what: str) -> OptionError:
     return OptionError(f"{what} could never start for you:{why}")
 
 
+#: A counted kind's offers and what they count, as the default offer's refusals name them.
+COUNTED_WORDS = {"gpu": ("GPU", "GPU(s)"), "mig": ("MIG", "instance(s)")}
+
+
 def default_choice(offers: Mapping[str, Any], gpus: int, team: str | None = None) -> Choice:
-    """The default line for a job of ``gpus`` processes per node (the rule is in the module
-    docstring); :class:`OptionError` when no line fits, only ``never`` lines do, or the user
-    is not in ``team``."""
+    """The default line for a job of ``gpus`` per node (the rule is in the module docstring);
+    :class:`OptionError` when no line fits, only ``never`` lines do, or the user is not in
+    ``team``."""
     lines = _lines_of(offers, team)
-    gpu = [c for c in lines if c.kind == "gpu"]
-    candidates = (
-        [c for c in gpu if c.count == gpus] if gpu else [c for c in lines if c.kind == "cpu"]
-    )
+    kind = next((k for k in KIND_PREFERENCE if any(c.kind == k for c in lines)), "gpu")
+    of_kind = [c for c in lines if c.kind == kind]
+    candidates = [c for c in of_kind if c.fits(gpus)]
+    hint = "; pass --offer (see: gpupool offers)"
+    if not candidates and is_one_per_node(kind):
+        raise OptionError(f"{of_kind[0].label} runs 1 process per node, not {gpus}{hint}")
     if not candidates:
-        counts = sorted({c.count for c in gpu})
+        offered, unit = COUNTED_WORDS[kind]
+        counts = sorted({c.count for c in of_kind})
         raise OptionError(
-            f"no GPU offer comes with {gpus} GPU(s) per node"
+            f"no {offered} offer comes with {gpus} {unit} per node"
             + (f" (counts offered: {', '.join(map(str, counts))})" if counts else "")
-            + "; pass --offer (see: gpupool offers)"
+            + hint
         )
     best = ranked(candidates)[0]
     if best.admission == "never":
-        what = f"every offer with {gpus} GPU(s) per node" if gpu else "every CPU offer"
+        what = {
+            "gpu": f"every offer with {gpus} GPU(s) per node",
+            "mig": f"every MIG offer with {gpus} instance(s) per node",
+            "cpu": "every CPU offer",
+        }.get(kind, f"every {kind} offer")
         raise _never(candidates, what)
     return best
 

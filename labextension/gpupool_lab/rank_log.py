@@ -8,6 +8,13 @@ line-buffered, and child processes inherit the redirection. Then it runs SCRIPT 
 (``runpy.run_path``) with ``sys.argv = [SCRIPT, *ARGS]`` and SCRIPT's folder first on
 ``sys.path``, as ``python SCRIPT ARGS`` would.
 
+A rank of a job on several MIG instances gets its own one: ``GPUPOOL_RANK_DEVICES`` lists the
+instances' UUIDs in local-rank order (or names the variable that lists them, in a pod
+``NVIDIA_VISIBLE_DEVICES``, which the NVIDIA device plugin sets), and this launcher sets
+``CUDA_VISIBLE_DEVICES`` to the one of ``LOCAL_RANK`` (and ``GPUPOOL_RANK_DEVICE``, so that
+``gpupool_lab.ddp`` uses CUDA device 0) before the script runs, saying so in the rank's log; a
+list it cannot read (no UUIDs, too few) leaves ``CUDA_VISIBLE_DEVICES`` as it is, saying why.
+
 Exit status: the script's own (``sys.exit(n)`` → n, normal end → 0); an uncaught exception prints
 its traceback into the rank's log and exits 1. The status is also written to
 ``LOG_DIR/rank-<RANK>.exit`` (replaced atomically), where the hub's local job backend reads
@@ -32,11 +39,35 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 
 from gpupool_lab import share_cap
 
 USAGE = "usage: python -m gpupool_lab.rank_log LOG_DIR SCRIPT [ARGS...]"
+RANK_DEVICES = "GPUPOOL_RANK_DEVICES"
+RANK_DEVICE = "GPUPOOL_RANK_DEVICE"
+_UUIDS = ("MIG-", "GPU-")
+
+
+def rank_device(environ: Mapping[str, str]) -> tuple[str | None, str]:
+    """This rank's own device from ``GPUPOOL_RANK_DEVICES`` (``None``: none) and a line saying
+    what was chosen, or why nothing was (empty when the variable is not set)."""
+    listed = environ.get(RANK_DEVICES, "").strip()
+    if not listed:
+        return None, ""
+    where = RANK_DEVICES
+    if not listed.startswith(_UUIDS):  # the name of the variable that lists them
+        where, listed = listed, environ.get(listed, "")
+    devices = [d.strip() for d in listed.split(",") if d.strip()]
+    local = environ.get("LOCAL_RANK", "0").strip() or "0"
+    n = int(local) if local.isdigit() else -1
+    if not 0 <= n < len(devices) or not all(d.startswith(_UUIDS) for d in devices):
+        return None, (
+            f"gpupool: local rank {local} has no device of its own in {where}={listed[:200]!r}; "
+            "CUDA_VISIBLE_DEVICES is left as it is (a process sees only the first MIG instance)"
+        )
+    return devices[n], f"gpupool: local rank {n} runs on {devices[n]} (CUDA_VISIBLE_DEVICES)"
 
 
 def log_path(log_dir: str | Path, rank: int | str) -> Path:
@@ -108,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     print(f"==== gpupool: rank {rank} starting {script} (restart {restart}) at {stamp} ====")
+    device, said = rank_device(os.environ)
+    if device:  # before the script imports torch: CUDA reads it once
+        os.environ["CUDA_VISIBLE_DEVICES"] = os.environ[RANK_DEVICE] = device
+    if said:
+        print(said)
     status = run_script(script, script_args)
     for stream in (sys.stdout, sys.stderr):
         if stream is not None:

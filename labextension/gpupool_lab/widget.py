@@ -7,7 +7,10 @@ Vocabulary and contract:
   that would start now, and those that would wait, marked "(will queue: <reason>)"; the lines
   that could never start are listed below as unavailable, with their reason; each team's quota
   used and left), GPUs per node, nodes, time limit, which cells (all, up to cell #n, selected
-  cells #a,#b), a job name, and Submit. Choices, their admission, the default selection
+  cells #a,#b), a job name, and Submit. The number per node follows the chosen line, as in the
+  lab dialog (:func:`~gpupool_lab.options.per_node_label`): a GPU or MIG line's count (GPUs, MIG
+  instances: one rank each), 1 for a share (fixed: a share job runs one process per node), and
+  for CPU the processes, as typed. Choices, their admission, the default selection
   (:func:`~gpupool_lab.options.default_choice`'s ranking: now, then wait) and the parsing of
   durations and cell numbers are :mod:`gpupool_lab.options`'.
 - Submit converts the notebook's *saved* file and submits it with :func:`gpupool_lab.job.submit`,
@@ -42,7 +45,10 @@ from gpupool_lab.options import (
     cells_to_text,
     choices,
     default_choice,
+    is_counted,
+    is_one_per_node,
     parse_cells,
+    per_node_label,
     ranked,
 )
 
@@ -119,8 +125,8 @@ class Launcher(widgets.VBox):
     # -- building ---------------------------------------------------------------------------------
 
     def _build(self, defaults: Defaults) -> None:
-        style = {"description_width": "8em"}
-        wide = widgets.Layout(width="32em")
+        style = {"description_width": "12em"}
+        wide = widgets.Layout(width="36em")
         selectable = [c for c in self.choices if c.admission != "never"]
         self.choice = widgets.Dropdown(
             options=[(c.text, c) for c in selectable],
@@ -130,12 +136,9 @@ class Launcher(widgets.VBox):
             layout=wide,
         )
         self.gpus = widgets.BoundedIntText(
-            value=int(defaults.get("gpus") or self._choice_gpus(self.choice.value, 1)),
-            min=1,
-            max=64,
-            description="GPUs per node",
-            style=style,
+            value=int(defaults.get("gpus") or 1), min=1, max=64, style=style
         )
+        self._fit_gpus(self.choice.value, keep=bool(defaults.get("gpus")))
         self.nodes = widgets.BoundedIntText(
             value=int(defaults.get("nodes") or 1), min=1, max=64, description="Nodes", style=style
         )
@@ -196,11 +199,16 @@ class Launcher(widgets.VBox):
         found = found or ranked(mine) or ranked(selectable)
         return found[0] if found else None
 
-    @staticmethod
-    def _choice_gpus(choice: Choice | None, current: int) -> int:
-        if choice is None or choice.kind == "cpu":
-            return current
-        return choice.count if choice.kind == "gpu" else 1
+    def _fit_gpus(self, choice: Choice | None, *, keep: bool = False) -> None:
+        """Fit the number per node to ``choice``: its label; a counted line's count (``keep``:
+        the number given instead); 1, fixed, for a share; as it is for CPU."""
+        kind = choice.kind if choice is not None else "gpu"
+        self.gpus.description = per_node_label(kind)
+        self.gpus.disabled = is_one_per_node(kind)
+        if is_one_per_node(kind):
+            self.gpus.value = 1
+        elif choice is not None and is_counted(kind) and not keep:
+            self.gpus.value = choice.count
 
     def _layout(self) -> list[widgets.Widget]:
         where = html.escape(self.path.name) if self.path else "(no notebook: pass path=...)"
@@ -238,7 +246,7 @@ class Launcher(widgets.VBox):
     # -- events -----------------------------------------------------------------------------------
 
     def _on_choice(self, change: dict[str, Any]) -> None:
-        self.gpus.value = self._choice_gpus(change["new"], self.gpus.value)
+        self._fit_gpus(change["new"])
 
     def _on_cells(self, change: dict[str, Any]) -> None:
         self.cell_numbers.disabled = change["new"] == "all"

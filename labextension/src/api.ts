@@ -3,7 +3,12 @@
  */
 import { requestAPI } from './request';
 
-export type OfferKind = 'cpu' | 'gpu' | 'mig';
+/**
+ * What an offer gives per node: `gpu` (whole GPUs) and `mig` (MIG instances) are counted, one
+ * line per count; `share` (a share of one GPU's memory) is always one per node; `cpu` runs any
+ * number of processes per node (see `isCounted` and `isOnePerNode` in validate.ts).
+ */
+export type OfferKind = 'cpu' | 'gpu' | 'mig' | 'share';
 
 /**
  * The hub's verdict on a request (`gpupool.core.admission`): `now` (it can start now), `wait`
@@ -22,7 +27,7 @@ export interface IOffer {
   label: string;
   description: string;
   /**
-   * GPUs per allocation (always 1 for MIG and CPU offers).
+   * GPUs or MIG instances per node (always 1 for share and CPU offers).
    */
   count: number;
   /**

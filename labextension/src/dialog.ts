@@ -1,5 +1,6 @@
 /**
- * The "Run distributed" dialog: GPUs per node, nodes, offer, team, time limit and cells.
+ * The "Run distributed" dialog: GPUs (or MIG instances, or processes) per node, nodes, offer,
+ * team, time limit and cells.
  */
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 import type { TranslationBundle } from '@jupyterlab/translation';
@@ -8,7 +9,7 @@ import { Widget } from '@lumino/widgets';
 
 import { element } from './dom';
 
-import type { IOffersReply, ITeamOffers } from './api';
+import type { IOffersReply, ITeamOffers, OfferKind } from './api';
 import { formatLimit, quotaLine, teamChoiceLabel } from './format';
 import {
   baseLabel,
@@ -17,6 +18,8 @@ import {
   INotebookCells,
   IRunChoice,
   IRunForm,
+  isCounted,
+  isOnePerNode,
   lineAdmission,
   MAX_NODES,
   maxPerNode,
@@ -48,6 +51,20 @@ export interface IRunDialogOptions {
 }
 
 let counter = 0;
+
+/**
+ * `perNodeLabel` (validate.ts), translated: what the number per node counts.
+ */
+function perNodeText(kind: OfferKind, trans: TranslationBundle): string {
+  switch (kind) {
+    case 'gpu':
+      return trans.__('GPUs per node');
+    case 'mig':
+      return trans.__('MIG instances per node');
+    default:
+      return trans.__('Processes per node');
+  }
+}
 
 /**
  * The dialog's body. Inputs are named `name`, `team`, `offer`, `gpus`, `nodes`, `time_limit`
@@ -309,7 +326,9 @@ export class RunDistributedBody extends Widget implements Dialog.IBodyWidget<IRu
   }
 
   /**
-   * Fit the GPU input and the hint to the chosen offer.
+   * Fit the number per node and the hint to the chosen offer: a counted offer (whole GPUs, MIG
+   * instances) takes up to its largest count, a share exactly one (the input is fixed at 1),
+   * CPU any number of processes.
    */
   private _syncOffer(): void {
     const trans = this._options.trans;
@@ -317,18 +336,22 @@ export class RunDistributedBody extends Widget implements Dialog.IBodyWidget<IRu
     const entries = team ? offerEntries(team, this._offer.value) : [];
     if (entries.length === 0) {
       this._offerHint.textContent = '';
+      this._gpus.disabled = false;
       return;
     }
     const first = entries[0];
     const top = maxPerNode(entries);
     this._gpus.max = String(top);
-    this._gpusLabel.textContent =
-      first.kind === 'cpu' ? trans.__('Processes per node') : trans.__('GPUs per node');
-    if (first.kind === 'mig') {
+    this._gpusLabel.textContent = perNodeText(first.kind, trans);
+    const onePerNode = isOnePerNode(first.kind);
+    this._gpus.disabled = onePerNode;
+    if (onePerNode) {
       this._gpus.value = '1';
     }
     const parts = [first.description];
-    if (first.kind === 'gpu') {
+    if (isCounted(first.kind)) {
+      const mig = first.kind === 'mig';
+      const unit = mig ? trans.__('instances') : trans.__('GPUs');
       const counts = (verdict: string) =>
         entries.filter(e => lineAdmission(e).verdict === verdict).map(e => e.count);
       const now = counts('now');
@@ -336,20 +359,35 @@ export class RunDistributedBody extends Widget implements Dialog.IBodyWidget<IRu
       if (now.length > 0) {
         parts.push(
           trans.__(
-            '%1 free now; up to %2 GPUs per node can start now',
+            '%1 free now; up to %2 %3 per node can start now',
             first.free,
-            Math.max(...now)
+            Math.max(...now),
+            unit
           )
         );
       } else if (wait.length > 0) {
         parts.push(
-          trans.__('%1 free now; up to %2 GPUs per node can queue', first.free, Math.max(...wait))
+          trans.__(
+            '%1 free now; up to %2 %3 per node can queue',
+            first.free,
+            Math.max(...wait),
+            unit
+          )
         );
       } else {
         parts.push(trans.__('%1 free now', first.free));
       }
-    } else if (first.kind === 'mig') {
-      parts.push(trans.__('%1 free now; one instance per node', first.free));
+      if (mig && top > 1) {
+        parts.push(
+          trans.__(
+            'one rank per instance; several per node talk over gloo (NCCL does not span MIG instances)'
+          )
+        );
+      }
+    } else if (onePerNode) {
+      parts.push(
+        trans.__('%1 free now; one process per node, on its share of one GPU', first.free)
+      );
     }
     this._offerHint.textContent = parts.filter(Boolean).join(' · ');
   }

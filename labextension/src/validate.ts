@@ -11,7 +11,8 @@ import type {
   IOffer,
   IOffersReply,
   ISubmitRequest,
-  ITeamOffers
+  ITeamOffers,
+  OfferKind
 } from './api';
 import { formatGpuEq } from './format';
 
@@ -26,7 +27,7 @@ export interface IRunChoice {
   team: string;
   offer: string;
   /**
-   * GPUs per node (processes per node for a CPU offer).
+   * GPUs or MIG instances per node (processes per node for a CPU offer; always 1 for a share).
    */
   gpus: number;
   nodes: number;
@@ -95,43 +96,75 @@ export function offerNames(team: ITeamOffers): string[] {
 }
 
 /**
- * An offer's label without its count ("H100-80GB ×2" or "2× H100-80GB" → "H100-80GB").
+ * Whether a request of this kind names how many per node (whole GPUs, MIG instances): the hub
+ * lists one line per count and a job runs one rank on each. Shared with the notebook side's
+ * Python (`gpupool_lab.options.is_counted`; the table in `__tests__/offer_kinds.json`).
+ */
+export function isCounted(kind: string): boolean {
+  return kind === 'gpu' || kind === 'mig';
+}
+
+/**
+ * Whether a request of this kind takes exactly one per node: a share of a GPU (a share job runs
+ * one process per node), and any kind this version does not know (the hub takes a count of 1
+ * for it). A CPU offer runs any number of processes per node.
+ */
+export function isOnePerNode(kind: string): boolean {
+  return !isCounted(kind) && kind !== 'cpu';
+}
+
+/**
+ * What the number per node counts, for an offer of this kind.
+ */
+export function perNodeLabel(kind: string): string {
+  switch (kind) {
+    case 'gpu':
+      return 'GPUs per node';
+    case 'mig':
+      return 'MIG instances per node';
+    default:
+      return 'Processes per node';
+  }
+}
+
+/**
+ * Whether a job of `gpus` per node is judged by this line: a CPU line takes any number of
+ * processes, any other line its own count (a share's is 1).
+ */
+export function lineFits(entry: IOffer, gpus: number): boolean {
+  return entry.kind === 'cpu' || entry.count === gpus;
+}
+
+/**
+ * An offer's label without its count ("H100-80GB ×2", "MIG 1g.10gb ×2" or "2× H100-80GB" →
+ * "H100-80GB", "MIG 1g.10gb").
  */
 export function baseLabel(entry: IOffer): string {
-  if (entry.kind !== 'gpu') {
+  if (!isCounted(entry.kind)) {
     return entry.label;
   }
   return entry.label.replace(/\s*×\s*\d+$/, '').replace(/^\d+\s*×\s*/, '');
 }
 
 /**
- * The line that a number of GPUs per node of this offer maps to.
+ * The line that a number per node of this offer maps to.
  */
 export function entryFor(entries: IOffer[], gpus: number): IOffer | undefined {
-  if (entries.length === 0) {
-    return undefined;
-  }
-  if (entries[0].kind === 'gpu') {
-    return entries.find(e => e.count === gpus);
-  }
-  return entries[0];
+  return entries.find(e => lineFits(e, gpus));
 }
 
 /**
- * The most GPUs per node an offer takes.
+ * The most per node an offer takes: its largest count, 1 for a share, any for CPU.
  */
 export function maxPerNode(entries: IOffer[]): number {
   if (entries.length === 0) {
     return 1;
   }
-  switch (entries[0].kind) {
-    case 'gpu':
-      return Math.max(...entries.map(e => e.count));
-    case 'mig':
-      return 1;
-    default:
-      return MAX_GPUS_PER_NODE;
+  const kind = entries[0].kind;
+  if (isCounted(kind)) {
+    return Math.max(...entries.map(e => e.count));
   }
+  return kind === 'cpu' ? MAX_GPUS_PER_NODE : 1;
 }
 
 function isWhole(value: number, low: number, high: number): boolean {
@@ -262,7 +295,7 @@ export function validateChoice(
   const kind = entries[0].kind;
   const label = baseLabel(entries[0]);
 
-  const what = kind === 'cpu' ? 'Processes per node' : 'GPUs per node';
+  const what = perNodeLabel(kind);
   if (!isWhole(form.gpus, 1, MAX_GPUS_PER_NODE)) {
     return `${what} must be a whole number from 1 to ${MAX_GPUS_PER_NODE}.`;
   }
@@ -271,12 +304,11 @@ export function validateChoice(
   }
 
   const entry = entryFor(entries, form.gpus);
-  if (kind === 'mig' && form.gpus !== 1) {
-    return `${label} is one MIG instance per node: use 1 GPU per node.`;
+  if (entry === undefined && isOnePerNode(kind)) {
+    return `${label} runs 1 process per node, not ${form.gpus}.`;
   }
   if (entry === undefined) {
-    const top = maxPerNode(entries);
-    return `${label} takes 1 to ${top} GPUs per node, not ${form.gpus}.`;
+    return `${label} takes 1 to ${maxPerNode(entries)} ${what}, not ${form.gpus}.`;
   }
   const admission = admitChoice(team, entry, form.nodes);
   if (admission.verdict === 'never') {
@@ -331,11 +363,17 @@ export function parseChoice(value: unknown): Partial<IRunChoice> | null {
   return out;
 }
 
-const KIND_PREFERENCE = ['gpu', 'mig', 'cpu'];
+/**
+ * The kinds a default offer is looked for in, first to last (the notebook side's
+ * `gpupool_lab.options.KIND_PREFERENCE`).
+ */
+export const KIND_PREFERENCE: ReadonlyArray<OfferKind> = ['gpu', 'mig', 'share', 'cpu'];
 
 /**
  * The dialog's first values: the last choice where it is still available, otherwise the first
- * thing that can start now (whole GPUs first, then MIG, then CPU).
+ * thing that can start now (whole GPUs first, then MIG, then a share, then CPU). A counted
+ * offer keeps the number per node where a line of it is available, else the most below it
+ * (else the least); a share takes 1.
  */
 export function initialChoice(offers: IOffersReply, last?: Partial<IRunChoice> | null): IRunChoice {
   const prev = last ?? {};
@@ -376,10 +414,11 @@ export function initialChoice(offers: IOffersReply, last?: Partial<IRunChoice> |
   offer = offer ?? '';
 
   const entries = offerEntries(team, offer);
+  const kind = entries.length > 0 ? entries[0].kind : 'cpu';
   let gpus = wantGpus;
-  if (entries.length > 0 && entries[0].kind === 'mig') {
+  if (isOnePerNode(kind)) {
     gpus = 1;
-  } else if (entries.length > 0 && entries[0].kind === 'gpu') {
+  } else if (isCounted(kind)) {
     const counts = entries.filter(e => rank(e) <= level).map(e => e.count);
     if (!counts.includes(wantGpus)) {
       const below = counts.filter(c => c <= wantGpus);

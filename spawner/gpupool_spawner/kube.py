@@ -11,6 +11,10 @@ Vocabulary
   (a required node affinity on ``metadata.name``: the node the ledger counted the devices on),
   GPU tolerations, priority class, scheduler name, and gpupool and Kueue labels (queue name and
   Kueue priority class).
+- *shares*: a share of a GPU the device plugin shares (time-slicing or MPS) asks for one replica
+  (``nvidia.com/gpu.shared`` or ``nvidia.com/gpu``, as the node publishes it), one of a GPU
+  HAMi shares out for a virtual GPU with the share's memory (``hami_resources``):
+  :class:`gpupool.podspec.ShareRequests` over the pool's inventory.
 - *product labels*: model key to ``nvidia.com/gpu.product`` values: the built-in table, plus the
   products the Kubernetes inventory saw on the nodes, with ``gpu_product_labels`` overriding both.
 - *profiles*: KubeSpawner's ``profile_list`` (z2jh's ``singleuser.profileList``, which z2jh's
@@ -55,9 +59,12 @@ from gpupool.hub.errors import refuse
 from gpupool.hub.form import PROFILE_OFFERS_KEY
 from gpupool.podspec import (
     DEFAULT_GPU_TOLERATIONS,
+    DEFAULT_HAMI_RESOURCES,
     DEFAULT_PRODUCT_LABELS,
     HOSTNAME_LABEL,
+    ShareRequests,
     apply_allocation,
+    check_hami_resources,
     check_priority_class,
     check_queue_template,
     product_values,
@@ -144,6 +151,27 @@ class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner):
         ``c.KubeGPUSpawner.kueue_priority_class = "gpupool-notebook"``""",
     )
 
+    hami_resources = Dict(
+        dict(DEFAULT_HAMI_RESOURCES),
+        config=True,
+        help="""HAMi's resource names (its ``resourceCountName``, ``resourceMemoryName`` and,
+        optionally, ``resourceCoreName``), for shares of GPUs on nodes HAMi shares out (the
+        annotation ``hami.io/node-nvidia-register``): a share there asks for one ``count`` and
+        its memory in MiB as ``memory``, and with ``cores`` its percentage of the GPU's compute.
+        Example::
+
+            c.KubeGPUSpawner.hami_resources = {
+                "count": "nvidia.com/gpu",
+                "memory": "nvidia.com/gpumem",
+                "cores": "nvidia.com/gpucores",
+            }
+        """,
+    )
+
+    @validate("hami_resources")
+    def _valid_hami_resources(self, proposal: dict[str, Any]) -> dict[str, str]:
+        return check_hami_resources(proposal["value"], "KubeGPUSpawner.hami_resources")
+
     @validate("gpu_product_labels")
     def _valid_product_labels(self, proposal: dict[str, Any]) -> dict[str, list[str]]:
         value = proposal["value"]
@@ -209,6 +237,7 @@ class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner):
             kueue_queue_template=self.kueue_queue_template,
             kueue_priority_class=self.kueue_priority_class,
             bind_to_node=self.bind_to_node,
+            shares=ShareRequests.of(self.gpupool.inventory, self.hami_resources),
         )
 
     def _gpupool_check_pins(self, pod: V1Pod, allocation: Allocation | None) -> None:

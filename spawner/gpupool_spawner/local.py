@@ -9,7 +9,10 @@ Vocabulary
   same name, in its unix home (``LocalProcessSpawner``; the hub must run as root). A hub user
   without a unix account, or one whose account is root, is refused.
 - *visible devices*: ``CUDA_VISIBLE_DEVICES`` holds the allocated GPU or MIG UUIDs, never indexes
-  (indexes change with MIG and between processes); empty for CPU-only servers.
+  (indexes change with MIG and between processes), in the allocation's order; empty for CPU-only
+  servers. A server given several MIG instances gets them all there, but a CUDA process sees only
+  the first MIG instance it lists: the spawn page says so, and the user gives each process its
+  own UUID (or runs a job, one rank per instance).
 
 Contract: the environment also carries ``GPUPOOL_ALLOCATION``, ``GPUPOOL_OFFER``, ``GPUPOOL_TEAM``,
 ``GPUPOOL_SIMULATED`` and ``GPUPOOL_HUB``. On a GPU gpupool manages (``GPUPool.managed_mig``) the
@@ -138,7 +141,7 @@ class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
             name: offer_enforcement(offer, gpus, enforcement)
             for name, offer in self.gpupool.ledger.offers.items()
         }
-        return {name: note for name, note in notes.items() if note}
+        return {**super().gpupool_offer_notes(), **{n: note for n, note in notes.items() if note}}
 
     def code_account(self) -> Account:
         """The account this server runs as; a 403 naming what to do if it would be root or

@@ -33,7 +33,7 @@ from traitlets import Int, TraitError, Unicode, default, validate
 
 from gpupool.core.errors import InvalidRequest, PoolError, TooLarge, UnknownAllocation
 from gpupool.core.ledger import Allocation
-from gpupool.core.offers import Offer
+from gpupool.core.offers import MIG_NOTEBOOK_NOTE, Offer
 from gpupool.core.parse import check_size, json_size
 from gpupool.core.quota import EVERYONE
 from gpupool.hub.compat import query_options
@@ -164,8 +164,13 @@ class GPUSpawnerMixin(Spawner):
         return render(menus, pool.inventory.label, pool.inventory.simulated, notes)
 
     def gpupool_offer_notes(self) -> dict[str, str]:
-        """Hook: a sentence per offer name for the spawn page (how a share is enforced)."""
-        return {}
+        """Hook: a sentence per offer name for the spawn page (how a share is enforced; for a
+        MIG offer of several instances, that a process sees only the first of them)."""
+        return {
+            name: MIG_NOTEBOOK_NOTE
+            for name, offer in self.gpupool.ledger.offers.items()
+            if offer.kind == "mig" and offer.max_count > 1
+        }
 
     @default("options_from_form")
     def _gpupool_default_options_from_form(self) -> Any:

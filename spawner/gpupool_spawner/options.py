@@ -2,7 +2,8 @@
 a spawn link becomes them.
 
 Vocabulary
-- *gpupool's keys*: ``offer`` (an offer name), ``count`` (whole GPUs of a ``gpu`` offer, else 1)
+- *gpupool's keys*: ``offer`` (an offer name), ``count`` (whole GPUs of a ``gpu`` offer, MIG
+  instances of a ``mig`` offer with a ``max_count``, else 1)
   and ``team`` (needed only by a user in several teams) of ``user_options``. Every other key
   belongs to someone else (an admin's ``apply_user_options``, another form's fields, a spawn
   link's ``opt-`` arguments) and is left as it came: JupyterHub treats ``user_options`` as opaque.

@@ -175,29 +175,6 @@ def test_single_strategy_nodes_are_left_out_with_a_note() -> None:
     assert inv.nodes == () and "'single' strategy" in inv.notes[0]
 
 
-@pytest.mark.parametrize(
-    ("labels", "why"),
-    [
-        ({"nvidia.com/gpu.replicas": "4"}, "nvidia.com/gpu.replicas=4"),
-        (
-            {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-SHARED"},
-            "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3-SHARED",
-        ),
-        ({"nvidia.com/gpu.sharing-strategy": "mps"}, "nvidia.com/gpu.sharing-strategy=mps"),
-    ],
-)
-def test_time_sliced_and_mps_nodes_are_left_out_with_one_note(
-    labels: dict[str, str], why: str
-) -> None:
-    shared = h100_node("dgx-h100-shared")
-    shared["metadata"]["labels"] |= labels
-    shared["status"]["allocatable"]["nvidia.com/gpu"] = "32"  # 8 GPUs × 4 replicas
-    inv = inventory_from_nodes([shared, h100_node()])
-    assert [n.name for n in inv.nodes] == ["dgx-h100-1"] and len(inv.gpus) == 8
-    (note,) = [n for n in inv.notes if "dgx-h100-shared" in n]
-    assert "time-slicing or MPS" in note and why in note and note.endswith("left out")
-
-
 def test_one_replica_is_not_sharing() -> None:
     obj = h100_node()
     obj["metadata"]["labels"] |= {

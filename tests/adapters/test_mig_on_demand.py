@@ -285,24 +285,126 @@ def test_an_allocation_gets_an_instance_created_recorded_and_destroyed_on_releas
     pool.ledger.check_invariants()
 
 
-def test_admin_instances_on_a_managed_gpu_are_never_placed_over_nor_destroyed(
+def test_admin_instances_on_a_managed_gpu_are_handed_out_never_placed_over_nor_destroyed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sim = SimulatedNVML(SPEC)
     view = sim.for_node("a")
     view.nvmlInit()
     admin = make_instance(view, view.nvmlDeviceGetHandleByIndex(1), "3g.40gb", 4)
+    (b_admin,) = nvml_instances(sim, "b")  # node b's 3g.40gb at slot 0, made by an admin too
     pool = build(tmp_path, sim, monkeypatch)
-    assert pool.ledger.blocked[pool.inventory.gpus[1].uuid, 4].reason == "admin"
-    a = pool.allocate("ada", ["vision"], "mig-3g.40gb")
-    b = pool.allocate("ada", ["vision"], "mig-3g.40gb")  # node b: slot 4 beside its admin 3g
+    assert pool.ledger.blocked == {}  # fixed instances now, not blocked slots
+    first = [pool.allocate("ada", ["vision"], "mig-3g.40gb") for _ in range(2)]
+    assert {a.devices[0].instance for a in first} == {admin, b_admin}  # before carving any
+    assert all_instances(sim) == {admin, b_admin}  # nothing was created for them
+    assert pool.store.mig_records() == []
+    ours = [pool.allocate("ada", ["vision"], "mig-3g.40gb") for _ in range(2)]
+    assert sorted((a.devices[0].gpu, a.devices[0].start) for a in ours) == sorted(
+        [(pool.inventory.gpus[1].uuid, 0), (pool.inventory.gpus[2].uuid, 4)]
+    )  # the pool's own, on the free halves beside the admin's
+    assert len(pool.store.mig_records()) == 2
     with pytest.raises(NoCapacity):
         pool.allocate("ada", ["vision"], "mig-3g.40gb")
-    for held in (a, b):
+    pool.ledger.check_invariants()
+    for held in (*first, *ours):
         pool.release(held.id)
-    assert admin in nvml_instances(sim)
-    assert len(nvml_instances(sim, "b")) == 1  # the admin's 3g.40gb of node b
+    assert all_instances(sim) == {admin, b_admin}  # the admin's stay, the pool's are gone
     assert pool.store.mig_records() == []
+    again = pool.allocate("ada", ["vision"], "mig-3g.40gb")  # the next user gets one as it is
+    assert again.devices[0].instance in {admin, b_admin}
+    assert all_instances(sim) == {admin, b_admin}
+    pool.ledger.check_invariants()
+
+
+def test_a_holder_of_an_admins_instance_keeps_it_across_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = SimulatedNVML(SPEC)
+    view = sim.for_node("a")
+    view.nvmlInit()
+    admin = make_instance(view, view.nvmlDeviceGetHandleByIndex(1), "1g.10gb", 6)
+    pool = build(tmp_path, sim, monkeypatch)
+    held = pool.allocate("ada", ["vision"], "mig-1g.10gb")
+    assert held.devices[0].instance == admin
+    ours = pool.allocate("ada", ["vision"], "mig-4g.40gb")  # made by the pool, at slot 0
+    again = build(tmp_path, sim, monkeypatch)
+    assert again.ledger.allocations == {held.id: held, ours.id: ours}
+    (record,) = again.store.mig_records()  # the pool's own only: the admin's is not recorded
+    assert (record.uuid, record.allocation_id) == (ours.devices[0].instance, ours.id)
+    assert again.mig is not None
+    gpu = again.inventory.gpus[1].uuid
+    assert [r for r in again.mig.view(again.ledger)["admin"] if r["gpu"] == gpu] == [
+        {"gpu": gpu, "profile": "1g.10gb", "start": 6, "uuid": admin, "holder": "ada"}
+    ]  # (node b's GPU has its own)
+    with pytest.raises(NoCapacity):  # nothing goes over it while it is held, nor after
+        again.allocate("ada", ["vision"], "mig-7g.80gb")
+    again.release(held.id)
+    assert admin in nvml_instances(sim)  # released, not destroyed
+    assert again.allocate("bob", ["vision"], "mig-1g.10gb").devices[0].instance == admin
+    again.ledger.check_invariants()
+
+
+def test_an_admins_instance_destroyed_while_the_hub_was_down_loses_its_holder_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = SimulatedNVML(SPEC)
+    view = sim.for_node("a")
+    view.nvmlInit()
+    gpu = view.nvmlDeviceGetHandleByIndex(1)
+    admin = make_instance(view, gpu, "1g.10gb", 6)
+    pool = build(tmp_path, sim, monkeypatch)
+    held = pool.allocate("ada", ["vision"], "mig-1g.10gb")
+    assert held.devices[0].instance == admin
+    ours = pool.allocate("ada", ["vision"], "mig-4g.40gb")
+    destroy_instance(view, gpu, admin)  # the admin destroyed it while the hub was down
+    again = build(tmp_path, sim, monkeypatch)
+    assert again.ledger.allocations == {ours.id: ours}
+    assert [a.id for a in again.store.load()] == [ours.id]
+    assert again.mig is not None
+    assert admin not in {r["uuid"] for r in again.mig.view(again.ledger)["admin"]}
+    assert set(nvml_instances(sim)) == {ours.devices[0].instance}
+    made = again.allocate("ada", ["vision"], "mig-1g.10gb")
+    assert made.devices[0].instance not in (None, admin)  # slot 6 is the pool's to use now
+    again.ledger.check_invariants()
+
+
+def destroy_instance(view: Any, gpu: Any, uuid: str) -> None:
+    """What ``nvidia-smi mig -dci`` then ``-dgi`` do to the instance of MIG device ``uuid``."""
+    mig = view.nvmlDeviceGetHandleByUUID(uuid)
+    gi = view.nvmlDeviceGetGpuInstanceById(gpu, view.nvmlDeviceGetGpuInstanceId(mig))
+    view.nvmlComputeInstanceDestroy(view.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
+    view.nvmlGpuInstanceDestroy(gi)
+
+
+def test_an_admins_instance_destroyed_while_the_hub_runs_is_not_handed_out_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = SimulatedNVML(SPEC)
+    view = sim.for_node("a")
+    view.nvmlInit()
+    gpu = view.nvmlDeviceGetHandleByIndex(1)
+    admin = make_instance(view, gpu, "1g.10gb", 6)
+    pool = build(tmp_path, sim, monkeypatch)
+    destroy_instance(view, gpu, admin)  # the admin takes it back while the hub runs
+    with pytest.raises(DeviceUnavailable) as e:
+        pool.allocate("ada", ["vision"], "mig-1g.10gb")
+    assert status_of(e.value) == 503
+    assert "slot 6 of GPU 1 (an admin's) is gone" in e.value.message
+    assert "Free now: " in e.value.message
+    assert pool.ledger.allocations == {} and pool.store.load() == []
+    managed = pool.inventory.gpus[1].uuid
+    assert pool.ledger.blocked[managed, 6].reason == "gone"
+    assert pool.mig is not None
+    assert admin not in {r["uuid"] for r in pool.mig.view(pool.ledger)["admin"]}
+    made = pool.allocate("ada", ["vision"], "mig-1g.10gb")  # one the pool makes, elsewhere
+    (device,) = made.devices
+    assert device.instance not in (None, admin) and (device.gpu, device.start) != (managed, 6)
+    assert device.instance in all_instances(sim) and admin not in all_instances(sim)
+    pool.ledger.check_invariants()
+    again = build(tmp_path, sim, monkeypatch)  # the next start: slot 6 is free to use
+    assert (managed, 6) not in again.ledger.blocked
+    assert again.ledger.allocations == {made.id: made}
 
 
 def test_a_restart_re_adopts_held_instances_and_destroys_orphans_only(
@@ -310,13 +412,15 @@ def test_a_restart_re_adopts_held_instances_and_destroys_orphans_only(
 ) -> None:
     sim = SimulatedNVML(SPEC)
     pool = build(tmp_path, sim, monkeypatch)
-    kept = pool.allocate("ada", ["vision"], "mig-3g.40gb")
+    kept = pool.allocate("ada", ["vision"], "mig-4g.40gb")  # made by the pool on GPU 1
     orphan = pool.allocate("ada", ["vision"], "mig-1g.10gb")
     # the hub dies after the orphan's instance was made and recorded, but its allocation is lost
     pool.store.delete([orphan.id])
     view = sim.for_node("a")
     view.nvmlInit()
-    admin = make_instance(view, view.nvmlDeviceGetHandleByIndex(1), "1g.10gb", 6)  # meanwhile
+    taken = {d.start for d in orphan.devices if d.gpu == pool.inventory.gpus[1].uuid}
+    free = next(s for s in (6, 5, 4) if s not in taken)
+    admin = make_instance(view, view.nvmlDeviceGetHandleByIndex(1), "1g.10gb", free)  # meanwhile
     again = build(tmp_path, sim, monkeypatch)
     assert again.ledger.allocations[kept.id].devices == kept.devices
     b_admin = set(nvml_instances(sim, "b"))  # node b's admin 3g.40gb (and perhaps ours)
@@ -405,6 +509,31 @@ def test_a_racing_admin_instance_fails_the_creation_with_503_and_no_leak(
     assert pool.ledger.blocked[pool.inventory.gpus[1].uuid, 0].reason == "admin"
     a = pool.allocate("ada", ["vision"], "mig-3g.40gb")  # placed beside the racer now
     assert a.devices[0].start == 4 or a.devices[0].gpu != pool.inventory.gpus[1].uuid
+    pool.ledger.check_invariants()
+
+
+def test_a_failed_creation_leaves_the_admins_instances_of_the_start_allocatable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What NVML shows after a failed creation is learnt (the racer's instance is blocked), but
+    the admin's instances known since the start stay fixed instances, handed out as they are."""
+    sim = SimulatedNVML(SPEC)
+    view = sim.for_node("a")
+    view.nvmlInit()
+    admin = make_instance(view, view.nvmlDeviceGetHandleByIndex(1), "3g.40gb", 4)
+    (b_admin,) = nvml_instances(sim, "b")
+    pool = build(tmp_path, sim, monkeypatch)
+    racer = make_instance(view, view.nvmlDeviceGetHandleByIndex(1), "1g.10gb", 0)
+    with pytest.raises(DeviceUnavailable):  # a 4g.40gb fits only slot 0 of GPU 1
+        pool.allocate("ada", ["vision"], "mig-4g.40gb")
+    gpu = pool.inventory.gpus[1].uuid
+    assert pool.ledger.blocked[gpu, 0].reason == "admin"
+    assert (gpu, 4) not in pool.ledger.blocked
+    held = [pool.allocate("ada", ["vision"], "mig-3g.40gb") for _ in range(2)]
+    assert {a.devices[0].instance for a in held} == {admin, b_admin}
+    assert set(nvml_instances(sim)) == {admin, racer}
+    assert pool.mig is not None
+    assert {r["uuid"] for r in pool.mig.view(pool.ledger)["admin"]} == {admin, b_admin, racer}
     pool.ledger.check_invariants()
 
 
@@ -502,7 +631,9 @@ def test_the_admin_page_shows_made_admin_and_draining_instances(
     make_instance(view, view.nvmlDeviceGetHandleByIndex(1), "1g.10gb", 6)  # an admin's
     pool = build(tmp_path, sim, monkeypatch)
     a = pool.allocate("ada", ["vision"], "mig-4g.40gb")
-    b = pool.allocate("ada", ["vision"], "mig-1g.10gb")
+    admins = pool.allocate("ada", ["vision"], "mig-1g.10gb")  # the admin's, as it is
+    b = pool.allocate("ada", ["vision"], "mig-1g.10gb")  # one the pool makes
+    assert admins.devices[0].start == 6 and b.devices[0].start != 6
     sim.set_processes(b.devices[0].instance or "", [4242])
     pool.release(b.id)
     html = render_admin(pool)
@@ -510,3 +641,64 @@ def test_the_admin_page_shows_made_admin_and_draining_instances(
     assert f'<tr data-uuid="{a.devices[0].instance}" data-state="live">' in html
     assert f'<tr data-uuid="{b.devices[0].instance}" data-state="draining">' in html
     assert "1g.10gb (admin&#39;s instance)" in html and "1g.10gb (draining)" in html
+    assert f'data-uuid="{admins.devices[0].instance}"' not in html  # not among the pool's
+
+
+# -- the hub: draining instances are retried until the hub shuts down --------------------------
+
+
+def test_setup_stops_retrying_draining_instances_when_the_hub_shuts_down(
+    tmp_path: Path,
+) -> None:
+    """``setup(c)`` retries draining instances periodically (a tornado ``PeriodicCallback``);
+    the hub's shutdown (the line JupyterHub logs first) stops it, as it stops the other loops."""
+    import asyncio
+
+    from tornado.ioloop import PeriodicCallback
+
+    from gpupool.hub import setup
+    from gpupool.hub.shutdown import ShutdownWatch
+    from tests.accounts import shared_mode
+
+    c = Config()
+    shared_mode(c)
+    c.JupyterHub.db_url = f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}"
+    c.JupyterHub.hub_port = 9  # the REST API answers nothing
+    c.GPUPool.inventory = "simulated:a: 1x H100-80GB, mig=1"
+    c.GPUPool.db_url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
+    c.GPUPool.offers = {"mig-1g.10gb": {"model": "H100-80GB"}}
+    c.GPUPool.teams = {"vision": {"guarantee": 1}}
+    c.GPUPool.managed_mig = ["H100-80GB"]
+    c.Reconciler.period = 0
+    jupyterhub = logging.getLogger("JupyterHub")
+    level, filters = jupyterhub.level, list(jupyterhub.filters)
+    jupyterhub.setLevel(logging.INFO)
+
+    async def main() -> None:
+        hub = setup(c)
+        try:
+            assert hub.pool.mig is not None
+            (watch,) = [f for f in jupyterhub.filters if isinstance(f, ShutdownWatch)]
+            drains = [
+                getattr(cb, "__self__", None)
+                for cb in watch.callbacks
+                if isinstance(getattr(cb, "__self__", None), PeriodicCallback)
+            ]
+            assert [d.callback for d in drains] == [hub.pool.retry_draining]
+            (drain,) = drains
+            assert drain.is_running()
+            jupyterhub.info("Received signal SIGTERM, initiating shutdown...")
+            assert not drain.is_running()
+        finally:
+            for d in drains if "drains" in locals() else ():
+                d.stop()
+            await hub.jobs.stop()
+            await hub.reclaimer.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        jupyterhub.setLevel(level)
+        for f in list(jupyterhub.filters):
+            if f not in filters:
+                jupyterhub.removeFilter(f)

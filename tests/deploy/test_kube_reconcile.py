@@ -259,7 +259,7 @@ def test_a_new_mig_config_changes_the_instances_granted(cluster: Served, tmp_pat
     run(hub, body)
 
 
-def test_time_sliced_node_is_left_out_with_one_warning(
+def test_time_sliced_node_joins_as_share_capacity_with_one_warning(
     cluster: Served, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     cluster.api.add_node(h100_node("dgx-h100-1"))
@@ -275,10 +275,14 @@ def test_time_sliced_node_is_left_out_with_one_warning(
             await hub.settled()
             cluster.api.update_node("dgx-h100-ts", lambda n: n["metadata"]["labels"].update(x="y"))
             await hub.settled()
-        assert [n.name for n in hub.pool.inventory.nodes] == ["dgx-h100-1"]
+        assert [n.name for n in hub.pool.inventory.nodes] == ["dgx-h100-1", "dgx-h100-ts"]
+        ts = [g for g in hub.pool.inventory.gpus if g.uuid.startswith("k8s-dgx-h100-ts-")]
+        assert len(ts) == 8 and {(g.share_resource, g.share_replicas) for g in ts} == {
+            ("nvidia.com/gpu", 4)
+        }
         warned = [r.getMessage() for r in caplog.records if "dgx-h100-ts" in r.getMessage()]
         assert len(warned) == 1, warned
-        assert "time-slicing or MPS" in warned[0] and "nvidia.com/gpu.replicas=4" in warned[0]
+        assert "(time-slicing or MPS) into 4 replicas" in warned[0]
 
     run(hub, body)
 

@@ -5,6 +5,8 @@ default offer's ranking, a named offer's check)."""
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -206,6 +208,86 @@ def test_a_named_offer_that_would_wait_is_accepted_one_that_never_could_refused(
     assert found is not None and (found.team, found.admission) == ("b", "wait")
     with pytest.raises(OptionError, match="2× H100 · a could never start for you"):
         check_offer(doc, "x", 2, "a")
+
+
+#: How many per node each offer kind takes: the table the lab's TypeScript tests read too
+#: (``validate.spec.ts``), so the dialog and the CLI, the launcher and ``submit()`` agree.
+KINDS = json.loads(
+    (Path(__file__).parents[2] / "labextension/src/__tests__/offer_kinds.json").read_text()
+)
+
+
+def line(name: str, kind: str, count: int = 1, admission: str = "now") -> dict[str, Any]:
+    """A line of ``kind``, labelled as the hub labels it (whole GPUs and MIG instances: "×N")."""
+    base = {
+        "cpu": "CPU only",
+        "gpu": "H100",
+        "mig": "MIG 1g.10gb",
+        "share": "6 GB share of RTX3090-24GB",
+    }[kind]
+    return {
+        "name": name,
+        "kind": kind,
+        "label": f"{base} ×{count}" if kind in ("gpu", "mig") else base,
+        "count": count,
+        "cost": 0.125 * count,
+        "free": 2,
+        "admission": admission,
+        "enabled": admission == "now",
+        "reason": "" if admission == "now" else "why",
+    }
+
+
+def test_the_kinds_per_node_rules_are_the_dialogs() -> None:
+    for kind, rule in KINDS["kinds"].items():
+        assert (
+            kind,
+            options.is_counted(kind),
+            options.is_one_per_node(kind),
+            options.per_node_label(kind),
+        ) == (kind, rule["counted"], rule["onePerNode"], rule["perNode"])
+    assert list(options.KIND_PREFERENCE) == KINDS["preference"]
+    for row in KINDS["fits"]:
+        (chosen,) = choices(document(("t", [line("x", row["kind"], row["count"])])))
+        assert (row, chosen.fits(row["gpus"])) == (row, row["fits"])
+
+
+def test_the_default_takes_several_mig_instances_per_node_where_no_gpu_is_offered() -> None:
+    migs = [line("mig-1g", "mig", n, "now" if n < 3 else "wait") for n in (1, 2, 3)]
+    doc = document(("t", [line("cpu", "cpu"), *migs]))
+    assert [(c.offer, c.count) for c in (default_choice(doc, n) for n in (1, 2))] == [
+        ("mig-1g", 1),
+        ("mig-1g", 2),
+    ]
+    assert default_choice(doc, 3).admission == "wait"  # the job queues
+    with pytest.raises(
+        OptionError,
+        match=r"^no MIG offer comes with 4 instance\(s\) per node \(counts offered: 1, 2, 3\); "
+        r"pass --offer",
+    ):
+        choose_offer(doc, 4)
+    never = document(("t", [line("mig-1g", "mig", 2, "never"), line("mig-2g", "mig", 2, "never")]))
+    with pytest.raises(OptionError, match=r"^every MIG offer with 2 instance\(s\) per node could"):
+        choose_offer(never, 2)
+    # whole GPUs first, as in the dialog
+    assert choose_offer(document(("t", [*migs, line("h100", "gpu", 2)])), 2) == "h100"
+    found = check_offer(doc, "mig-1g", 2)
+    assert found is not None and (found.count, found.label) == (2, "MIG 1g.10gb ×2")
+
+
+def test_the_default_takes_one_share_per_node_before_cpu() -> None:
+    doc = document(("t", [line("cpu", "cpu"), line("share-6gb", "share")]))
+    chosen = default_choice(doc, 1)
+    assert (chosen.offer, chosen.count) == ("share-6gb", 1)
+    with pytest.raises(
+        OptionError, match=r"^6 GB share of RTX3090-24GB runs 1 process per node, not 2; pass "
+    ):
+        choose_offer(doc, 2)
+    assert check_offer(doc, "share-6gb", 2) is None  # the hub refuses it, and says why
+    refused = document(("t", [line("cpu", "cpu"), line("share-6gb", "share", 1, "never")]))
+    with pytest.raises(OptionError, match=r"^6 GB share of RTX3090-24GB · t could never start"):
+        choose_offer(refused, 1)
+    assert choose_offer(document(("t", [line("cpu", "cpu")])), 4) == "cpu"
 
 
 VERDICT = st.sampled_from(["now", "wait", "never"])

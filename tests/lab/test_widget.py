@@ -12,7 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import nbformat
 import pytest
@@ -23,7 +23,7 @@ from traitlets.config import Config
 
 import gpupool_lab
 from gpupool_lab import Job, launcher, submit
-from gpupool_lab.client import HubError
+from gpupool_lab.client import Client, HubError
 from gpupool_lab.convert import ConversionError
 from gpupool_lab.widget import Launcher
 from tests.lab.conftest import later, run_script
@@ -111,6 +111,62 @@ def test_the_launchers_default_follows_the_ranking(hub: FakeHub, nb: Path) -> No
     assert (widget.choice.value.count, widget.choice.value.admission) == (3, "wait")
     widget = launcher(nb, team="nlp", gpus=3)  # no default in nlp: its first line
     assert widget.choice.value.text == "1× H100 · nlp — 2 free"
+
+
+class Offering:
+    """A client that answers only ``GET offers``, with ``document``."""
+
+    def __init__(self, document: dict[str, Any]) -> None:
+        self.document = document
+
+    def offers(self) -> dict[str, Any]:
+        return self.document
+
+
+def edge_line(kind: str, count: int = 1, admission: str = "now") -> dict[str, Any]:
+    """A line of team edge: CPU, a share of an RTX 3090, or MIG 1g.10gb instances (2 free)."""
+    name, label = {
+        "cpu": ("cpu", "CPU only"),
+        "share": ("share-6gb", "6 GB share of RTX3090-24GB"),
+        "mig": ("mig-1g", f"MIG 1g.10gb ×{count}"),
+    }[kind]
+    reason = "" if admission == "now" else "only 2 free on one node"
+    return {
+        "name": name,
+        "kind": kind,
+        "label": label,
+        "description": "",
+        "count": count,
+        "cost": 0.125 * count,
+        "free": 2,
+        "admission": admission,
+        "enabled": admission == "now",
+        "reason": reason,
+    }
+
+
+def test_the_launcher_counts_mig_instances_and_takes_one_share_per_node(nb: Path) -> None:
+    edge = {"team": "edge", "used": 0, "limit": 4, "left": 4, "user_used": 0, "user_cap": None}
+    lines = [edge_line("cpu"), edge_line("share")]
+    lines += [edge_line("mig", n, "now" if n < 3 else "wait") for n in (1, 2, 3)]
+    document = {"simulated": False, "inventory": "", "teams": [{**edge, "offers": lines}]}
+    widget = Launcher(nb, client=cast(Client, Offering(document)), gpus=2)
+    chosen = widget.choice.value  # no whole GPUs in the pool: MIG, as in the dialog
+    assert (chosen.offer, chosen.count) == ("mig-1g", 2)
+    gpus = widget.gpus
+    assert (gpus.value, gpus.description, gpus.disabled) == (2, "MIG instances per node", False)
+    by_text = dict(widget.choice.options)
+    queued = "MIG 1g.10gb ×3 · edge — 2 free (will queue: only 2 free on one node)"
+    widget.choice.value = by_text[queued]
+    assert gpus.value == 3
+    widget.choice.value = by_text["6 GB share of RTX3090-24GB · edge — 2 free"]
+    assert (gpus.value, gpus.description, gpus.disabled) == (1, "Processes per node", True)
+    widget.choice.value = by_text["CPU only · edge — 2 free"]
+    assert (gpus.value, gpus.description, gpus.disabled) == (1, "Processes per node", False)
+    widget.choice.value = by_text["MIG 1g.10gb ×2 · edge — 2 free"]
+    assert (gpus.value, gpus.description) == (2, "MIG instances per node")
+    shared = Launcher(nb, client=cast(Client, Offering(document)), offer="share-6gb")
+    assert (shared.gpus.value, shared.gpus.disabled) == (1, True)
 
 
 def test_a_line_that_would_wait_is_submitted_and_queued(hub: FakeHub, nb: Path) -> None:

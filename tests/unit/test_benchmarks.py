@@ -425,3 +425,89 @@ def test_the_allocator_benchmark_runs_with_shares_in_the_mix() -> None:
         result = run_one(64, policy, steps=200, shares=True)  # ends with check_invariants
         assert result.alloc_share is not None and result.alloc_share.count > 0
         assert result.granted > 0
+
+
+# -- refusals breakdown ---------------------------------------------------------------------
+def test_the_refusal_breakdown_adds_up_to_the_replays_own_refusals(tmp_path: Path) -> None:
+    from benchmarks.refusals import breakdown
+
+    folder = traces.write_synthetic_trace(tmp_path, seed=0)
+    pods = read_pods(folder / traces.POD_FILE)
+    nodes = read_nodes(folder / traces.NODE_FILE)
+    parts_seen: Counter[str] = Counter()
+    for model in ("mig", "sharing"):
+        shapes = gpu_shapes(pods, model)
+        for policy in ("first-fit", "best-fit", "gpupool"):
+            for seed in (1, 2):
+                c = breakdown(policy, shapes, nodes, 400, seed, model)
+                plain = run_policy(policy, shapes, nodes, 400, seed, model)  # not watched
+                refused = round((plain.churn_refused_share or 0) * 400)
+                parts = {
+                    "A": c.none_whole_free,
+                    "B": c.beyond_supply,
+                    "C": c.node_taken,
+                    "rest": c.rest,
+                }
+                assert sum(parts.values()) == c.refused == c.replay_refused == refused
+                assert c.offers == 400 and c.x8_offers >= c.beyond_supply + c.node_taken
+                assert c.bound == c.none_whole_free + c.beyond_supply + c.beyond_placed
+                parts_seen.update(k for k, v in parts.items() if v)
+    assert set(parts_seen) == {"A", "B", "C", "rest"}  # this trace makes every kind
+
+
+def test_the_refusals_command_writes_its_json_and_names_the_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks.refusals import main as refusals_main
+
+    monkeypatch.setenv("GPUPOOL_TRACES", str(tmp_path / "missing"))
+    out = tmp_path / "refusals.json"
+    assert (
+        refusals_main(["--model", "sharing", "--seeds", "1,2", "--churn", "60", "--out", str(out)])
+        == 0
+    )
+    table = capsys.readouterr().out
+    assert table.startswith("trace: synthetic (seed 0)") and "bound A+B" in table
+    rows = json.loads(out.read_text())
+    assert [(r["model"], r["policy"]) for r in rows] == [
+        ("sharing", "first-fit"),
+        ("sharing", "best-fit"),
+        ("sharing", "gpupool"),
+    ]
+    for r in rows:
+        assert r["trace"] == "synthetic" and r["seeds"] == [1, 2] and r["offers"] == 120
+        assert [s["seed"] for s in r["per_seed"]] == [1, 2]
+        assert r["refused"] == sum(s["refused"] for s in r["per_seed"])
+
+
+def test_each_refusal_goes_to_its_part_by_hand() -> None:
+    from benchmarks.refusals import WatchedRun
+    from benchmarks.replay import build_inventory
+
+    # node a: 8 GPUs, node b: 1; the fill (9 GPUs of demand) places p0 (8 GPUs) on a and p1 on b
+    sizes = [8, 1, 4, 1, 1, 8, 8]
+    shapes = [Shape(f"p{i}", "gpu", k, k * 1000) for i, k in enumerate(sizes)]
+    run = WatchedRun("first-fit", shapes, build_inventory([("a", 8), ("b", 1)]))
+    t: list[int] = []
+    assert run.fill_offers == 2 and run.offer_next(t) and run.offer_next(t)
+    assert not run.offer_next(t)  # step 0: p2 (4 GPUs) fits nowhere: rest
+    assert not run.offer_next(t)  # step 1: p3 (1 GPU), not one GPU whole-free: A
+    run.release(0)  # p0 leaves: a is fully free (supply 1, by an 8-GPU pod)
+    assert run.offer_next(t)  # step 2: p4 (1 GPU) can only take a: forced
+    assert not run.offer_next(t)  # step 3: p5 (8 GPUs) was matched to a, which p4 took: C
+    assert not run.offer_next(t)  # step 4: p6 (8 GPUs), the supply is used up: B
+    run.release(1)  # p4 leaves a: fully free again (supply 2, by a 1-GPU pod)
+    assert run.offer_next(t)  # step 5: p0 again (8 GPUs), matched, placed
+    assert not run.offer_next(t)  # step 6: p1 (1 GPU), a and b held: A
+    run.release(1)  # p0 leaves a (supply 3, by an 8-GPU pod)
+    run.release(0)  # p1 leaves b
+    assert run.offer_next(t)  # step 7: p2 (4 GPUs) can only take a: forced
+    run.release(0)  # p2 leaves a (supply 4, by a 4-GPU pod)
+    assert run.offer_next(t)  # step 8: p3 (1 GPU) takes a although b is free: by choice
+    c = run.counts
+    assert (c.offers, c.refused, c.x8_offers) == (9, 5, 3)
+    assert (c.none_whole_free, c.beyond_supply, c.node_taken, c.rest) == (2, 1, 1, 1)
+    assert c.none_whole_free_steps == [1, 6] and c.rest_by_shape == {"4×GPU": 1}
+    assert c.supply_by == {"8×GPU": 2, "1×GPU": 1, "4×GPU": 1}
+    assert c.took_forced == {"1×GPU": 1, "4×GPU": 1} and c.took_choice == {"1×GPU": 1}
+    assert c.bound == 3 and c.beyond_placed == 0

@@ -110,13 +110,16 @@ SHARE_OFFERS = {
     "share-0.6": Offer("share-0.6", "share", share_milli=600),
     "share-6gb": Offer("share-6gb", "share", model="RTX3090-24GB", share_mib=6144),
     "share-10gb": Offer("share-10gb", "share", share_mib=10240),
+    "mig-2g-x3": Offer("mig-2g-x3", "mig", model="H100-80GB", profile="2g.20gb", max_count=3),
 }
-"""The shared offers plus shares: by fraction, by size of one model and by size on any GPU."""
+"""The shared offers plus shares (by fraction, by size of one model and by size on any GPU) and
+up to three MIG instances in one request."""
 
 
 def small_inventory() -> Inventory:
     """Few devices, so that requests collide often: an NVLink pair, one dynamic and one fixed
-    MIG H100, a whole and a flex A100-40GB, and two RTX 3090s (MIG off, so shares or whole; the
+    MIG H100, a managed (dynamic) H100 with an admin's 2g.20gb at slot 2 (a fixed instance
+    there), a whole and a flex A100-40GB, and two RTX 3090s (MIG off, so shares or whole; the
     H100s with MIG off take shares too)."""
     return Inventory(
         (
@@ -127,6 +130,7 @@ def small_inventory() -> Inventory:
                     gpu("a", 1, peers=(0,)),
                     gpu("a", 2, mode="dynamic"),
                     gpu("a", 3, mode="fixed", instances=(("3g.40gb", 0), ("2g.20gb", 4))),
+                    gpu("a", 4, mode="dynamic", instances=(("2g.20gb", 2),)),
                 ),
             ),
             Node("b", (gpu("b", 0, "A100-40GB"), gpu("b", 1, "A100-40GB", "flex"))),
@@ -161,9 +165,17 @@ class LedgerMachine(RuleBasedStateMachine):
         ledger = self.ledger
         occ = ledger.occ
         before = (dict(ledger.allocations), list(occ.mask), list(occ.share_used), +ledger.team_used)
+        found = SHARE_OFFERS[offer]
+        now = (
+            found.kind == "mig"
+            and team == "roomy"
+            and ledger.admit(ledger.team(team), user, found, count).now
+        )
         try:
-            ledger.allocate(Request(user, team, offer, count), next(self.ids))
-        except PoolError:
+            a = ledger.allocate(Request(user, team, offer, count), next(self.ids))
+            assert len({ledger.occ.node_of[ledger.occ.ordinal[d.gpu]] for d in a.devices}) <= 1
+        except PoolError as e:
+            assert not now, f"admitted now, yet refused: {e.message}"
             after = (
                 dict(ledger.allocations),
                 list(occ.mask),
@@ -207,6 +219,9 @@ class LedgerMachine(RuleBasedStateMachine):
     def invariants_hold(self) -> None:
         if hasattr(self, "ledger"):
             self.ledger.check_invariants()
+            # what admission counts per node adds up to what one-instance requests count
+            offer = SHARE_OFFERS["mig-2g-x3"]
+            assert sum(self.ledger._mig_per_node(offer)) == self.ledger.placeable(offer)
 
 
 _settings = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}

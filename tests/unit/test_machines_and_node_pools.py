@@ -124,6 +124,18 @@ def test_a_request_only_a_node_pool_at_zero_could_hold_waits() -> None:
         ledger.allocate(Request("ada", "vision", "a100", 4), "x")
 
 
+def test_a_share_never_waits_for_a_node_pool_whose_nodes_give_whole_gpus_only() -> None:
+    """A node pool's node is a Kubernetes node: its GPUs are handed out whole by the device
+    plugin (shares need a shared node), so a share offer is never, not a scale-up."""
+    l40s = {"l40s": {"node": "4x L40S-48GB", "max_nodes": 2}}
+    share = Offer("share-q", "share", share_milli=250)
+    scaling = Inventory((), "test", node_pools=parse_node_pools(l40s))
+    (template,) = (p.node for p in scaling.node_pools)
+    assert {g.share_resource for g in template.gpus} == {""}
+    ledger = Ledger(scaling, {"share-q": share}, {"vision": TEAM})
+    assert ledger.admit(TEAM, "ada", share, 1).verdict == "never"
+
+
 def test_a_multi_node_job_waits_for_machines_the_node_pool_can_add() -> None:
     scaling = Inventory((), "test", node_pools=parse_node_pools(A100_POOL))
     ledger = Ledger(scaling, OFFERS, {"vision": TEAM})

@@ -1,9 +1,9 @@
 """Admission: whether a request could never start, fits now, or would wait — one rule.
 
 Vocabulary
-- *request*: ``count`` of one offer per node (GPUs of a whole-GPU offer, one MIG instance, one
-  share of a GPU without MIG, or processes of the CPU offer) on ``nodes`` nodes, charged to a
-  team for a user.
+- *request*: ``count`` of one offer per node (GPUs of a whole-GPU offer, instances of a MIG
+  offer, one share of a GPU without MIG, or processes of the CPU offer) on ``nodes`` nodes,
+  charged to a team for a user.
 - *verdict*: ``now`` (grantable at this moment), ``wait`` (within the team's limit and the
   user's cap, but the quota is in use or the devices are busy: a job queues, a notebook is
   refused with the reason) or ``never`` (the team may not use the offer, the offer does not come
@@ -14,8 +14,9 @@ Vocabulary
   node could hold what no present node can: the request *waits* for it, with that reason and
   cause ``scale-up`` (after the quota's own waits: a request the quota holds back asks for no
   node).
-- *free*: how many of the offer the pool can place now on one node (:meth:`Ledger.placeable`);
-  *capacity*: the same on an empty pool (:meth:`Ledger.capacity`).
+- *free*: how many of the offer the pool can place now for one request (:meth:`Ledger.placeable`;
+  for several MIG instances, the most on one node); *capacity*: the same on an empty pool
+  (:meth:`Ledger.capacity`).
 - *cost*: one unit's GPU-equivalents times count times nodes; the unit cost is the usage's
   ``unit_cost`` when given (the least a share by size costs on the pool's GPUs,
   :meth:`Ledger.unit_cost_milli`), else the offer's own.
@@ -92,9 +93,10 @@ def admit(team: Team, offer: Offer, count: int, nodes: int, usage: Usage) -> Adm
         allowed = ", ".join(sorted(team.offers or ())) or "none"
         why = f"team {team.name} may not request {offer.name}; allowed: {allowed}"
         return Admission("never", why, "offer")
-    if offer.kind == "gpu" and not 1 <= count <= offer.max_count:
+    if offer.counted and not 1 <= count <= offer.max_count:
+        what = "GPUs" if offer.kind == "gpu" else f"{offer.profile} instances"
         return Admission(
-            "never", f"{offer.name} takes 1 to {offer.max_count} GPUs per node", "count"
+            "never", f"{offer.name} takes 1 to {offer.max_count} {what} per node", "count"
         )
     unit = offer.unit_cost_milli() if usage.unit_cost is None else usage.unit_cost
     cost = unit * count * nodes

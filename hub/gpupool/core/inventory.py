@@ -11,6 +11,12 @@ Vocabulary
   out existing free instances); ``flex`` (a GPU that serves either a whole-GPU request or MIG
   slices, MIG being switched on with the first slice: the model of the placement benchmarks).
 - *MIG instance*: an existing GPU instance: profile, start slot, and the ``MIG-…`` UUID CUDA uses.
+- *share resource* of a GPU with MIG ``off``: ``None`` where the pool hands out shares itself
+  (locally: the GPU takes a whole-GPU request or shares); ``""`` where the platform hands the GPU
+  out only whole (a plain Kubernetes ``nvidia.com/gpu``: no shares); else what a pod asks for one
+  share (``nvidia.com/gpu.shared``, ``nvidia.com/gpu`` on a node whose device plugin shares without
+  renaming, or ``hami``): the GPU takes shares only. With ``share_replicas`` (the device plugin's
+  time-slicing or MPS replicas) a share takes one whole replica and fits only within one.
 - *node pool*: a group of nodes an autoscaler adds on demand (and may have scaled to zero): the
   admin declares what one of its nodes holds (a template :class:`Node`) and at most how many it
   grows to. Its capacity does not exist yet: requests it alone could hold *wait* for it rather
@@ -51,6 +57,10 @@ class GPU:
     instances: tuple[MigInstance, ...] = ()
     nvlink_peers: frozenset[str] = frozenset()
     product_name: str = ""
+    share_resource: str | None = None
+    """How the platform hands out shares of this GPU (see *share resource*)."""
+    share_replicas: int = 0
+    """With a share resource, the replicas the platform splits the GPU into (0: by memory)."""
 
     @property
     def mig_enabled(self) -> bool:

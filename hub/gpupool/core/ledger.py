@@ -12,14 +12,19 @@ Vocabulary
 - *restore*: rebuilding the ledger from persisted allocations after a restart, against the
   inventory found now. Allocations whose devices are gone (or now conflict) come back as *lost*.
 - *blocked slots*: a MIG placement taken by no allocation and charged to nobody: an instance
-  the pool must not place over (an admin's instance on a GPU whose instances the pool creates,
-  or one of the pool's own that is still draining). See :meth:`Ledger.block`.
+  the pool must not place over (one of the pool's own that is still draining, an instance an
+  admin made while the hub runs, free slots while MIG on demand is off). See :meth:`Ledger.block`.
+  An admin's instance known at start on a GPU whose instances the pool creates is not blocked:
+  it is a fixed instance there (*reserved slots* in :mod:`gpupool.core.occupancy`), handed out
+  as it is, and nothing, a blocked slot neither, is ever placed over it.
 
 Invariants, checked by :meth:`Ledger.check_invariants` and kept by every operation:
 no slot has two owners; a whole GPU is never handed out while MIG instances or shares are on it
-(nor MIG or shares on a whole-held GPU); shares sit only on GPUs with MIG off and add up to at most
-the GPU (1000 milli); multi-GPU allocations sit on one node; no team holds more than guarantee plus
-borrowing limit; the usage counters equal the sum of the allocations.
+(nor MIG or shares on a whole-held GPU, nor a whole GPU on one the platform shares out);
+shares sit only on GPUs with MIG off that take them and add up to at most
+the GPU (1000 milli); multi-device allocations (GPUs, MIG instances) sit on one node; no team
+holds more than guarantee plus borrowing limit; the usage counters equal the sum of the
+allocations.
 
 Contract: pure and synchronous. Every operation either completes or leaves the ledger unchanged.
 Clocks and ids come from the caller.
@@ -36,7 +41,7 @@ from .errors import InvalidRequest, NoCapacity, QuotaExceeded, UnknownAllocation
 from .inventory import Inventory, Node, NodePool
 from .mig import GEOMETRIES, Profile
 from .occupancy import SHARE_MILLI, Occupancy
-from .offers import Offer, Request
+from .offers import Offer, Request, fmt_mib
 from .parse import clip
 from .placement import Demand, Pick, PlacementPolicy, make_policy
 from .quota import EVERYONE, Team, check_offer, check_quota
@@ -58,14 +63,17 @@ class Device:
         return self.instance or self.gpu
 
 
-LASTING_BLOCKS = frozenset({"admin", "off"})
-"""Blocked slots that stay taken (an admin's instances; free slots while MIG on demand is off),
-which :meth:`Ledger.capacity` counts; ``draining`` slots come back."""
+LASTING_BLOCKS = frozenset({"admin", "gone", "off"})
+"""Blocked slots that stay taken until the next start (an admin's instances learnt while the hub
+runs, or destroyed by an admin while it runs: ``gone``; free slots while MIG on demand is off),
+which :meth:`Ledger.capacity` counts; ``draining`` slots come back. An admin's instances known at
+start are no blocked slots but fixed instances, which capacity counts as allocatable."""
 
 
 @dataclass(frozen=True)
 class Blocked:
-    """A MIG placement taken without an allocation, and why (``admin``, ``draining``, ``off``)."""
+    """A MIG placement taken without an allocation, and why (``admin``, ``draining``, ``off``,
+    ``gone``: an admin's instance of the inventory that NVML no longer shows)."""
 
     gpu: str
     profile: str
@@ -113,6 +121,7 @@ class Ledger:
         self.team_used: Counter[str] = Counter()
         self.user_used: Counter[tuple[str, str]] = Counter()
         self._capacity: dict[Offer, int] = {}
+        self._mig_capacities: dict[Offer, int] = {}
         self._node_capacities: dict[Offer, tuple[int, ...]] = {}
         self._pool_capacities: dict[Offer, tuple[tuple[NodePool, int], ...]] = {}
         self._unit_costs: dict[Offer, int] = {}
@@ -139,7 +148,8 @@ class Ledger:
 
         For whole GPUs: the most free GPUs on one node. For MIG and shares: instances or shares
         that fit, summed over GPUs (each GPU counted on its own, so this is exact for one request
-        at a time).
+        of one instance or share at a time; :meth:`usage` counts several instances of one request
+        on one node).
         """
         occ = self.occ
         if offer.kind == "cpu":
@@ -149,7 +159,7 @@ class Ledger:
             for group in occ.share_groups.values():
                 if offer.model is not None and group.model != offer.model:
                     continue
-                need = offer.share_cost_on(group.memory_mib)
+                need = group.need(offer.share_cost_on(group.memory_mib), offer.share_mib)
                 if not 0 < need <= SHARE_MILLI:
                     continue
                 for u in group.used_values:
@@ -191,8 +201,9 @@ class Ledger:
 
     def capacity(self, offer: Offer) -> int:
         """What :meth:`placeable` answers for ``offer`` on this inventory with nothing held but
-        the lasting blocked slots (an admin's instances, MIG on demand off): the most one request
-        could ever get (cached until a lasting block comes or goes)."""
+        the lasting blocked slots (an admin's instances learnt while the hub runs, MIG on demand
+        off): the most one request could ever get, fixed instances (an admin's on a managed GPU
+        too) included (cached until a lasting block comes or goes)."""
         if offer not in self._capacity:
             empty = Ledger(self.inventory, self.offers, self.teams)
             for b in self.blocked.values():
@@ -200,6 +211,36 @@ class Ledger:
                     empty.block(b)
             self._capacity[offer] = empty.placeable(offer)
         return self._capacity[offer]
+
+    def _mig_per_node(self, offer: Offer) -> list[int]:
+        """:meth:`placeable` of a MIG offer on each node (by ordinal): free fixed instances of
+        the profile plus what fits on each GPU that takes instances (GPUs are independent)."""
+        occ = self.occ
+        out = [0] * len(occ.node_gpus)
+        for g, gpu in enumerate(occ.gpus):
+            geo = occ.geometry[g]
+            p = geo.resolve(offer.profile) if geo and offer.profile else None
+            if p is None or geo is None or offer.model not in (None, gpu.model) or occ.whole[g]:
+                continue
+            if g in occ.fixed_instances:
+                out[occ.node_of[g]] += sum(
+                    q.name == p.name and not occ.mask[g] & q.mask_at(i.start)
+                    for q, i in occ.fixed_instances[g]
+                )
+            if gpu.mig_mode in ("dynamic", "flex"):  # an admin's instances are reserved there
+                out[occ.node_of[g]] += geo.max_fit[p][occ.placement_mask(g)]
+        return out
+
+    def _mig_capacity(self, offer: Offer) -> int:
+        """The most instances of a MIG offer one node holds with only the lasting blocked slots
+        taken (cached as :meth:`capacity` is)."""
+        if offer not in self._mig_capacities:
+            empty = Ledger(self.inventory, self.offers, self.teams)
+            for b in self.blocked.values():
+                if b.reason in LASTING_BLOCKS:
+                    empty.block(b)
+            self._mig_capacities[offer] = max(empty._mig_per_node(offer), default=0)
+        return self._mig_capacities[offer]
 
     def node_capacities(self, offer: Offer) -> tuple[int, ...]:
         """:meth:`capacity` of each node on its own, in inventory order (cached)."""
@@ -227,9 +268,9 @@ class Ledger:
             return offer.unit_cost_milli()
         if offer not in self._unit_costs:
             costs = [
-                offer.share_cost_on(memory)
-                for (model, memory) in self.occ.share_groups
-                if offer.model in (None, model)
+                group.need(offer.share_cost_on(group.memory_mib), offer.share_mib)
+                for group in self.occ.share_groups.values()
+                if offer.model in (None, group.model)
             ]
             fits = [c for c in costs if c <= SHARE_MILLI]
             self._unit_costs[offer] = min(fits or costs or [offer.unit_cost_milli()])
@@ -244,11 +285,14 @@ class Ledger:
         machines = None
         if distinct:
             machines = sum(n >= count for n in self.node_capacities(offer))
+        free, capacity = self.placeable(offer), self.capacity(offer)
+        if offer.kind == "mig" and count > 1:  # a request's instances are all on one node
+            free, capacity = max(self._mig_per_node(offer), default=0), self._mig_capacity(offer)
         return Usage(
             self.team_used[team.name],
             self.user_used[team.name, user],
-            self.placeable(offer),
-            self.capacity(offer),
+            free,
+            capacity,
             machines,
             growing[0][0].name if growing else "",
             (machines or 0) + sum(p.max_nodes for p, _ in growing),
@@ -295,7 +339,8 @@ class Ledger:
             raise InvalidRequest(f"Allocation {alloc_id} exists already.")
         team = self.team(request.team)
         offer = check_offer(team, self.offers, request.offer, request.count)
-        what = f"{request.count}× {offer.label}" if offer.kind == "gpu" else offer.label
+        several = offer.kind == "gpu" or (offer.counted and request.count > 1)
+        what = f"{request.count}× {offer.label}" if several else offer.label
         used = (self.team_used[team.name], self.user_used[team.name, request.user])
         try:
             check_quota(team, *used, self.unit_cost_milli(offer) * request.count, what)
@@ -375,16 +420,25 @@ class Ledger:
         p = geo.resolve(blocked.profile) if geo else None
         if g is None or p is None or blocked.start not in p.starts:
             raise ValueError(f"no {blocked.profile} at slot {blocked.start} on {blocked.gpu}")
+        if occ.reserved[g] & p.mask_at(blocked.start) and not occ.is_fixed_instance(
+            g, p, blocked.start
+        ):
+            raise ValueError(
+                f"{blocked.profile} at slot {blocked.start} on {blocked.gpu} overlaps an admin's "
+                "instance (only that instance itself may be blocked)"
+            )
         occ.take_slots(g, p, blocked.start)
         self.blocked[blocked.gpu, blocked.start] = blocked
         if blocked.reason in LASTING_BLOCKS:
             self._capacity.clear()
+            self._mig_capacities.clear()
 
     def unblock(self, gpu: str, start: int) -> Blocked:
         """Give blocked slots back; ``KeyError`` when none are blocked there."""
         blocked = self.blocked.pop((gpu, start))
         if blocked.reason in LASTING_BLOCKS:
             self._capacity.clear()
+            self._mig_capacities.clear()
         g = self.occ.ordinal[gpu]
         geo = self.occ.geometry[g]
         p = geo.resolve(blocked.profile) if geo else None
@@ -460,9 +514,9 @@ class Ledger:
                 return None
             gpu = occ.gpus[g]
             if d.share_milli is not None:
-                # a share: on a GPU with MIG off that nothing holds whole, room left for it
+                # a share: on a GPU taking shares that nothing holds whole, room left for it
                 used = occ.share_used[g] + shared.get(g, 0) + d.share_milli
-                if gpu.mig_mode != "off" or occ.whole[g] or g in taken or used > SHARE_MILLI:
+                if g not in occ.share_group_of or occ.whole[g] or g in taken or used > SHARE_MILLI:
                     return None
                 if d.share_milli <= 0:
                     return None
@@ -483,7 +537,7 @@ class Ledger:
             if gpu.mig_mode == "off" or occ.whole[g] or (occ.mask[g] | taken.get(g, 0)) & bits:
                 return None
             instance = d.instance
-            if gpu.mig_mode == "fixed":
+            if gpu.mig_mode == "fixed" or occ.reserved[g] & bits:  # must be a pre-made instance
                 match = [
                     i for i in gpu.instances if geo.resolve(i.profile) == p and i.start == d.start
                 ]
@@ -502,6 +556,8 @@ class Ledger:
             if offer.kind == "gpu"
             else offer.label
             if offer.kind == "share"
+            else f"{count}× {offer.profile} on one node"
+            if count > 1
             else offer.profile
         )
         if avoid:
@@ -510,7 +566,22 @@ class Ledger:
         return (
             f"No {what} free (team {team.name} uses {fmt(self.team_used[team.name])} of "
             f"{fmt(team.limit_milli)} GPU-eq). Free now: {self.free_now(team, user)}."
+            + (self._larger_than_replicas(offer) if offer.kind == "share" else "")
         )
+
+    def _larger_than_replicas(self, offer: Offer) -> str:
+        """Why a share offer never fits GPUs split into replicas, where it is too large."""
+        for group in self.occ.share_groups.values():
+            if not group.replicas or offer.model not in (None, group.model):
+                continue
+            need = group.need(offer.share_cost_on(group.memory_mib), offer.share_mib)
+            if need > SHARE_MILLI:
+                replica = fmt_mib(group.memory_mib // group.replicas)
+                return (
+                    f" A {offer.label} is larger than one replica of the shared {group.model} "
+                    f"GPUs ({replica} each), and a share there gets one replica, never more."
+                )
+        return ""
 
     # -- invariants ------------------------------------------------------------------------
     def check_invariants(self) -> None:
@@ -525,6 +596,9 @@ class Ledger:
             p = geo.resolve(b.profile) if geo else None
             assert p is not None and b.start in p.starts, f"bad blocked placement {b}"
             assert not masks[g] & p.mask_at(b.start), f"blocked {b} overlaps another"
+            assert not occ.reserved[g] & p.mask_at(b.start) or occ.is_fixed_instance(
+                g, p, b.start
+            ), f"blocked {b} overlaps an admin's instance"
             masks[g] |= p.mask_at(b.start)
         team_used: Counter[str] = Counter()
         user_used: Counter[tuple[str, str]] = Counter()
@@ -536,7 +610,7 @@ class Ledger:
             for d in a.devices:
                 g = occ.ordinal[d.gpu]
                 if d.share_milli is not None:
-                    assert occ.gpus[g].mig_mode == "off", f"{a.id}: share on a MIG GPU {d.gpu}"
+                    assert g in occ.share_group_of, f"{a.id}: share on {d.gpu}, which takes none"
                     assert not whole[g], f"{a.id}: share on whole-held GPU {d.gpu}"
                     assert d.share_milli > 0, f"{a.id}: empty share {d}"
                     shared[g] += d.share_milli
@@ -546,6 +620,7 @@ class Ledger:
                         f"{a.id}: whole GPU {d.gpu} already has slots or shares taken"
                     )
                     assert occ.gpus[g].mig_mode in ("off", "flex"), f"{a.id}: whole on MIG GPU"
+                    assert not occ.share_only[g], f"{a.id}: whole on shares-only GPU {d.gpu}"
                     masks[g], whole[g] = occ.full(g), True
                 else:
                     geo = occ.geometry[g]
@@ -553,6 +628,9 @@ class Ledger:
                     assert p is not None and d.start in p.starts, f"{a.id}: bad placement {d}"
                     bits = p.mask_at(d.start)
                     assert not whole[g] and not masks[g] & bits, f"{a.id}: {d} has two owners"
+                    assert not occ.reserved[g] & bits or occ.is_fixed_instance(g, p, d.start), (
+                        f"{a.id}: {d} overlaps an admin's instance"
+                    )
                     masks[g] |= bits
         assert masks == occ.mask, "occupancy differs from the allocations"
         assert whole == occ.whole, "whole-GPU flags differ from the allocations"

@@ -11,10 +11,15 @@ Vocabulary
   A GPU holds one kind at a time: one whole-GPU holder, or MIG instances, or shares summing to at
   most :data:`SHARE_MILLI`. *used* is that sum; *free milli* is what is left (of any kind: free
   slots in thousandths on a MIG GPU, nothing on a whole-held one).
-- *share group*: the share-taking GPUs of one model and memory size (a share asked by size costs
-  the same on each), with an index by used milli (sorted non-empty values, each a set of GPUs) and
-  a max-free tree over the group's GPUs in ordinal order (the first GPU where a share fits, in
-  O(log n)). Placement looks at used values, not GPUs.
+- *share group*: the share-taking GPUs of one model, memory size and replica count (a share asked
+  by size costs the same on each), with an index by used milli (sorted non-empty values, each a
+  set of GPUs) and a max-free tree over the group's GPUs in ordinal order (the first GPU where a
+  share fits, in O(log n)). Placement looks at used values, not GPUs. A GPU whose *share
+  resource* is ``""`` takes no shares; one with a share resource takes shares only (never a
+  whole-GPU request).
+- *replica need*: on GPUs split into ``replicas`` by the platform (Kubernetes time-slicing or
+  MPS), a share takes one whole replica, ``SHARE_MILLI // replicas``, and only if it fits in one
+  replica's memory (``memory_mib / replicas``); :meth:`ShareGroup.need` says what it takes.
 - *MIG bucket*: all GPUs that take dynamically placed MIG instances (``dynamic``, or ``flex`` not
   held whole) with the same model, mode and mask. Placement looks at buckets, not GPUs, so a
   decision costs O(distinct masks), not O(GPUs).
@@ -23,9 +28,14 @@ Vocabulary
   over its GPUs first, then file order).
 - *fixed bucket*: the free pre-created instances of one model and profile on GPUs with the same
   mask, each as ``ordinal * 16 + start`` (so the minimum is the first GPU, then the lowest start).
+- *reserved slots*: on a ``dynamic`` GPU, the slots of the instances it already has (an admin's,
+  on a GPU whose instances the pool creates): each is a fixed instance there, handed out as it
+  is, and no other placement (an instance to create, a blocked slot) ever overlaps it, held or
+  free. The GPU's MIG bucket and fixed buckets are keyed by ``mask | reserved``
+  (:meth:`Occupancy.placement_mask`); ``mask`` itself holds only what is taken.
 
 Contract: no I/O, no policy. Callers (the ledger) check that slots are free before taking them;
-taking a taken slot (or more share than is free, or a share on a GPU that is not MIG ``off``)
+taking a taken slot (or more share than is free, or a share on a GPU that takes none)
 raises ``ValueError``, which is a bug, never a user error.
 """
 
@@ -47,8 +57,8 @@ SHARE_MILLI = GPU_MILLI
 
 MigKey = tuple[str, str, int]
 NodeKey = tuple[str, int]
-ShareKey = tuple[str, int]
-"""A share group: ``(model, memory_mib)``."""
+ShareKey = tuple[str, int, int]
+"""A share group: ``(model, memory_mib, replicas)`` (replicas 0: shares by memory)."""
 NODE_CODE = 1 << 24
 """Nodes by free milli are coded ``free_milli * NODE_CODE + ordinal`` (fewer than 2**24 nodes)."""
 FixedKey = tuple[str, str, int]
@@ -94,11 +104,22 @@ class ShareGroup:
     largest free milli under each node of a binary tree over the members (``-1``: unavailable).
     """
 
-    __slots__ = ("by_used", "members", "memory_mib", "model", "pos", "size", "tree", "used_values")
+    __slots__ = (
+        "by_used",
+        "members",
+        "memory_mib",
+        "model",
+        "pos",
+        "replicas",
+        "size",
+        "tree",
+        "used_values",
+    )
 
-    def __init__(self, model: str, memory_mib: int, members: list[int]) -> None:
+    def __init__(self, model: str, memory_mib: int, replicas: int, members: list[int]) -> None:
         self.model = model
         self.memory_mib = memory_mib
+        self.replicas = replicas
         self.members = members
         self.pos = {g: i for i, g in enumerate(members)}
         self.by_used: dict[int, MinSet] = {}
@@ -108,6 +129,19 @@ class ShareGroup:
             size *= 2
         self.size = size
         self.tree = [-1] * (2 * size)
+
+    def need(self, milli: int, share_mib: int | None = None) -> int:
+        """What a share of ``milli`` (asked as ``share_mib`` MiB, if by size) takes on a member:
+        ``milli``, or on GPUs split into replicas one replica when it fits in one, else more
+        than a GPU (it never fits)."""
+        replicas = self.replicas
+        if not replicas or milli <= 0:
+            return milli
+        if share_mib is not None:
+            fits = share_mib * replicas <= self.memory_mib
+        else:
+            fits = milli * replicas <= SHARE_MILLI
+        return SHARE_MILLI // replicas if fits else SHARE_MILLI + 1
 
     def set(self, g: int, old: int | None, new: int | None) -> None:
         """Member ``g`` goes from ``old`` to ``new`` used milli (``None``: unavailable)."""
@@ -169,10 +203,13 @@ class Occupancy:
         self.mask: list[int] = [0] * len(self.gpus)
         self.whole: list[bool] = [False] * len(self.gpus)
         self.share_used: list[int] = [0] * len(self.gpus)
+        self.share_only: list[bool] = [bool(g.share_resource) for g in self.gpus]
+        """GPUs the platform hands out as shares only (never whole)."""
         members: dict[ShareKey, list[int]] = {}
         for g, gpu in enumerate(self.gpus):
-            if gpu.mig_mode == "off":
-                members.setdefault((gpu.model, gpu.memory_mib), []).append(g)
+            if gpu.mig_mode == "off" and gpu.share_resource != "":
+                replicas = gpu.share_replicas if gpu.share_resource else 0
+                members.setdefault((gpu.model, gpu.memory_mib, replicas), []).append(g)
         self.share_groups: dict[ShareKey, ShareGroup] = {
             key: ShareGroup(*key, gs) for key, gs in members.items()
         }
@@ -182,8 +219,16 @@ class Occupancy:
                 self.share_group_of[g] = group
                 group.set(g, None, 0)
         self.fixed_instances: dict[int, list[tuple[Profile, MigInstance]]] = {
-            i: self._resolve_instances(i) for i, g in enumerate(self.gpus) if g.mig_mode == "fixed"
+            i: self._resolve_instances(i)
+            for i, g in enumerate(self.gpus)
+            if g.mig_mode == "fixed" or (g.mig_mode == "dynamic" and g.instances)
         }
+        self.reserved: list[int] = [0] * len(self.gpus)
+        """Slots of the pre-made instances of ``dynamic`` GPUs (see *reserved slots*)."""
+        for i, instances in self.fixed_instances.items():
+            if self.gpus[i].mig_mode == "dynamic":
+                for p, inst in instances:
+                    self.reserved[i] |= p.mask_at(inst.start)
         self.mig_buckets: dict[MigKey, MinSet] = {}
         self.node_buckets: dict[NodeKey, MinSet] = {}
         self.node_free: dict[NodeKey, MinSet] = {}
@@ -205,6 +250,7 @@ class Occupancy:
             self.gpus[g].mig_mode in ("off", "flex")
             and self.mask[g] == 0
             and self.share_used[g] == 0
+            and not self.share_only[g]
         )
 
     def free_milli(self, g: int) -> int:
@@ -244,10 +290,23 @@ class Occupancy:
         self.whole[g] = True
         self._changed(g)
 
+    def placement_mask(self, g: int) -> int:
+        """The slots no new placement may use on GPU ``g``: taken or reserved."""
+        return self.mask[g] | self.reserved[g]
+
+    def is_fixed_instance(self, g: int, profile: Profile, start: int) -> bool:
+        """Whether GPU ``g`` has a pre-made instance of ``profile`` at ``start``."""
+        return any(p == profile and i.start == start for p, i in self.fixed_instances.get(g, ()))
+
     def take_slots(self, g: int, profile: Profile, start: int) -> None:
         bits = profile.mask_at(start)
         if self.whole[g] or self.mask[g] & bits or self.gpus[g].mig_mode == "off":
             raise ValueError(f"slots {start}+{profile.memory_slots} of {self.gpus[g].uuid} taken")
+        if self.reserved[g] & bits and not self.is_fixed_instance(g, profile, start):
+            raise ValueError(
+                f"slots {start}+{profile.memory_slots} of {self.gpus[g].uuid} overlap an "
+                "admin's instance"
+            )
         self.mask[g] |= bits
         self._changed(g)
 
@@ -263,7 +322,7 @@ class Occupancy:
     def take_share(self, g: int, milli: int) -> None:
         used = self.share_used[g]
         if (
-            self.gpus[g].mig_mode != "off"
+            g not in self.share_group_of
             or self.whole[g]
             or milli <= 0
             or used + milli > SHARE_MILLI
@@ -292,13 +351,14 @@ class Occupancy:
             group.set(g, 0 if held else None, None if held else 0)
 
     def _reindex_gpu(self, g: int) -> None:
+        gpu = self.gpus[g]
         if g in self.fixed_instances:
             self._reindex_fixed(g)
-            return
-        gpu = self.gpus[g]
+            if gpu.mig_mode == "fixed":
+                return
         key: MigKey | None = None
         if gpu.mig_mode in ("dynamic", "flex") and not self.whole[g] and self.geometry[g]:
-            key = (gpu.model, gpu.mig_mode, self.mask[g])
+            key = (gpu.model, gpu.mig_mode, self.mask[g] | self.reserved[g])
         old = self._gpu_key[g]
         if old == key:
             return
@@ -315,7 +375,7 @@ class Occupancy:
         code = self.node_free_milli(n) * NODE_CODE + n
         counts: dict[str, int] = {}
         for g in self.node_gpus[n]:
-            if self.gpus[g].mig_mode in ("off", "flex"):
+            if self.gpus[g].mig_mode in ("off", "flex") and not self.share_only[g]:
                 counts[self.gpus[g].model] = counts.get(self.gpus[g].model, 0) + self.whole_free(g)
         keys = [((model, f), code) for model, f in counts.items()]
         for key, c in keys:
@@ -331,7 +391,7 @@ class Occupancy:
             self.fixed_buckets[key].discard(code)
         model, mask = self.gpus[g].model, self.mask[g]
         keys = [
-            ((model, p.name, mask), g * FIXED_CODE + inst.start)
+            ((model, p.name, mask | self.reserved[g]), g * FIXED_CODE + inst.start)
             for p, inst in self.fixed_instances[g]
             if not mask & p.mask_at(inst.start)
         ]

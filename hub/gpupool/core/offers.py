@@ -3,15 +3,27 @@
 Vocabulary
 - *offer*: a named, admin-declared shape: ``cpu`` (no GPU), ``gpu`` (whole GPUs, up to
   ``max_count`` per request, optionally one ``model`` and all in one NVLink island), ``mig``
-  (one instance of a MIG ``profile``, optionally of one ``model``), or ``share`` (one share of
+  (instances of one MIG ``profile``, up to ``max_count`` per request, all on one node and
+  possibly on several GPUs of it, optionally of one ``model``), or ``share`` (one share of
   the memory of a GPU with MIG off, optionally of one ``model``: ``share_milli`` thousandths of
   it, or ``share_mib`` MiB of it). By convention a MIG offer is named ``mig-<profile>``; a share
   offer is always one share per request.
+- *counted*: an offer whose requests name a count (``gpu`` and ``mig``: :attr:`Offer.counted`).
+  A process sees only the first MIG instance of its ``CUDA_VISIBLE_DEVICES``, so several
+  instances serve several processes (a job's ranks, one per instance), not one bigger device.
 - *share cost*: a share by fraction costs its thousandths; a share by size costs
   ``ceil(share_mib * 1000 / memory_mib)`` of the GPU it lands on (rounded up, so the shares on a
   GPU never add up to more than its memory), which may differ between models: before placing,
   the ledger checks the quota with the least it could cost, after placing with what it costs
   (as for MIG profiles). A share larger than a GPU's memory never lands on that GPU.
+- *one rank per instance*: a job given several MIG instances per node runs one rank on each:
+  ``GPUPOOL_RANK_DEVICES`` lists them in rank order (or names the variable that does, in a pod:
+  ``NVIDIA_VISIBLE_DEVICES``) and ``gpupool_lab.rank_log`` gives each rank its own one as
+  ``CUDA_VISIBLE_DEVICES``; its ranks talk through ``gloo`` (``GPUPOOL_DDP_BACKEND``, which
+  ``gpupool_lab.ddp.init`` follows), since NCCL does not span MIG instances (no peer-to-peer
+  between them): a job that asks for ``nccl`` so is refused (:func:`check_ddp_backend`). Every
+  profile allows it: each instance gpupool hands out is one GPU instance with one compute
+  instance (:mod:`gpupool.discovery.nvml`), its own CUDA device, all of the offer's profile.
 - *request*: a user's ask: offer, count, the team to charge, and what it is for (a notebook
   server or a batch job, named by ``ref``).
 - *cost*: GPU-equivalents in thousandths (see :mod:`gpupool.core.units`).
@@ -25,6 +37,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from .errors import InvalidRequest
 from .mig import GEOMETRIES
 from .units import GPU_MILLI
 
@@ -46,6 +59,11 @@ class Offer:
     share_mib: int | None = None
     """A ``share`` offer by size: MiB of one GPU's memory (6144: 6 GB); its cost is that over
     the memory of the GPU it lands on."""
+
+    @property
+    def counted(self) -> bool:
+        """Whether a request names how many (whole GPUs, MIG instances): else it takes one."""
+        return self.kind in ("gpu", "mig")
 
     def unit_cost_milli(self) -> int:
         """Cost of one unit of this offer (one GPU, one MIG instance, or nothing for cpu)."""
@@ -137,3 +155,49 @@ class Request:
     ref: str = ""
     avoid_nodes: frozenset[str] = frozenset()
     """Nodes the devices must not be on (a multi-node job's nodes already granted)."""
+
+
+DDP_BACKEND = "GPUPOOL_DDP_BACKEND"
+"""A job's environment variable naming the ``torch.distributed`` backend of its ranks."""
+RANK_DEVICES = "GPUPOOL_RANK_DEVICES"
+"""A job's environment variable listing each local rank's own device (see *one rank per
+instance*), or naming the variable that lists them."""
+DDP_BACKENDS = ("gloo", "nccl")
+MIG_NCCL_REFUSAL = (
+    "NCCL does not communicate between MIG instances (CUDA has no peer-to-peer access between "
+    "them), so a job on several MIG instances runs one rank per instance with the gloo backend: "
+    "leave GPUPOOL_DDP_BACKEND unset or set it to gloo"
+)
+MIG_NOTEBOOK_NOTE = (
+    "Several MIG instances: a process sees only the first of them (CUDA enumerates one MIG "
+    "instance per process); give each process its own (CUDA_VISIBLE_DEVICES=<its MIG UUID>), "
+    "or run a job, one rank per instance."
+)
+
+
+def one_rank_per_instance(offer: Offer, count: int) -> bool:
+    """Whether ``count`` of ``offer`` per node are MIG instances that each get one rank."""
+    return offer.kind == "mig" and count > 1
+
+
+def check_ddp_backend(offer: Offer, count: int, env: dict[str, str]) -> None:
+    """Refuse a job's backend (``env[DDP_BACKEND]``) that is unknown, or ``nccl`` for several
+    MIG instances per node, with the reason (:class:`InvalidRequest`)."""
+    asked = env.get(DDP_BACKEND, "")
+    if asked and asked not in DDP_BACKENDS:
+        raise InvalidRequest(
+            f"{DDP_BACKEND} must be {' or '.join(DDP_BACKENDS)} (or unset), not {asked[:40]!r}."
+        )
+    if asked == "nccl" and one_rank_per_instance(offer, count):
+        raise InvalidRequest(
+            f"The job asks for {count}× {offer.label} per node with nccl: {MIG_NCCL_REFUSAL}."
+        )
+
+
+def rank_env(offer: Offer | None, count: int, devices: str) -> dict[str, str]:
+    """What a job's environment gets so that each rank uses its own MIG instance over gloo:
+    ``devices`` (the instances' UUIDs in rank order, or the name of the variable holding them);
+    nothing for other jobs."""
+    if offer is None or not one_rank_per_instance(offer, count):
+        return {}
+    return {RANK_DEVICES: devices, DDP_BACKEND: "gloo"}

@@ -2,7 +2,8 @@
 
 Vocabulary
 - *demand*: the device part of a request: ``count`` whole GPUs (of a ``model``, maybe all in one
-  NVLink island) on one node, one MIG instance of a ``profile``, or one share of a GPU with MIG
+  NVLink island) on one node, ``count`` MIG instances of a ``profile`` on one node (each placed
+  by the policy in turn, on one GPU or several), or one share of a GPU with MIG
   off (``share_milli`` thousandths, or ``share_mib`` MiB: its *need* on a GPU is then its cost
   there, :func:`gpupool.core.offers.share_cost_milli`); never on the nodes (by ordinal) in
   ``avoid`` (a multi-node job's other nodes, so each of its nodes is a machine).
@@ -19,8 +20,11 @@ Vocabulary
   places where the expected free capacity that the next demand could *not* use grows least, so
   the largest shapes stay placeable.
 
-Contract: ``place`` never mutates the occupancy; it returns picks or ``None`` (does not fit).
-Fixed-mode instances (already created) are preferred over creating new ones.
+Contract: ``place`` leaves the occupancy as it came (several MIG instances are taken on it in
+turn while they are placed, and given back); it returns picks or ``None`` (does not fit).
+Fixed instances (already created: on ``fixed`` GPUs, and an admin's on ``dynamic`` ones) are
+preferred over creating new ones: taking one creates nothing and spends no free slot (an
+admin's instance's slots are reserved whether it is held or not).
 """
 
 from __future__ import annotations
@@ -109,8 +113,39 @@ class PlacementPolicy:
         if demand.kind == "share":
             share = self._place_share(occ, demand)
             return [share] if share else None
+        if demand.count > 1:
+            return self._place_migs(occ, demand)
         pick = self._pick_fixed(occ, demand) or self._place_dynamic(occ, demand)
         return [pick] if pick else None
+
+    def _place_migs(self, occ: Occupancy, d: Demand) -> list[Pick] | None:
+        """``d.count`` MIG instances on one node: the policy places the first anywhere, then,
+        each taken on the occupancy in turn, the others on that node; when they do not all fit
+        there, the next node the first lands on. The occupancy is left as it came."""
+        nodes = frozenset(range(len(occ.node_gpus)))
+        avoid = d.avoid
+        while True:
+            one = Demand(d.kind, 1, d.model, d.nvlink, d.profile, avoid)
+            first = self._pick_fixed(occ, one) or self._place_dynamic(occ, one)
+            if first is None:
+                return None
+            n = occ.node_of[first.gpu]
+            here = Demand(d.kind, 1, d.model, d.nvlink, d.profile, nodes - {n})
+            taken: list[Pick] = []
+            try:
+                pick: Pick | None = first
+                while pick is not None:
+                    assert pick.profile is not None and pick.start is not None
+                    occ.take_slots(pick.gpu, pick.profile, pick.start)
+                    taken.append(pick)
+                    if len(taken) == d.count:
+                        return taken
+                    pick = self._pick_fixed(occ, here) or self._place_dynamic(occ, here)
+            finally:
+                for p in taken:
+                    assert p.profile is not None and p.start is not None
+                    occ.free_slots(p.gpu, p.profile, p.start)
+            avoid = avoid | {n}
 
     def _place_share(self, occ: Occupancy, d: Demand) -> Pick | None:
         best: tuple[Key, int] | None = None
@@ -118,7 +153,7 @@ class PlacementPolicy:
         for group in occ.share_groups.values():
             if d.model is not None and group.model != d.model:
                 continue
-            need = d.share_need(group.memory_mib)
+            need = group.need(d.share_need(group.memory_mib), d.share_mib)
             if not 0 < need <= SHARE_MILLI:
                 continue
             found = self.share_candidate(occ, group, need, d.avoid)

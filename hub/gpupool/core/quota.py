@@ -80,7 +80,7 @@ def check_offer(team: Team, offers: Mapping[str, Offer], offer: str, count: int)
         allowed = ", ".join(sorted(o for o in offers if team.allows(o))) or "none"
         who = "Users in no team" if team.name == EVERYONE else f"Team {team.name}"
         raise OfferNotAllowed(f"{who} may not request {offer}; allowed: {allowed}.")
-    top = found.max_count if found.kind == "gpu" else 1
+    top = found.max_count if found.counted else 1
     if not 1 <= count <= top:
         raise InvalidRequest(f"Offer {offer} takes a count from 1 to {top}, not {count}.")
     return found

@@ -11,6 +11,20 @@ Vocabulary
 - *device-plugin resources*: ``nvidia.com/gpu`` counts whole GPUs; under the ``mixed`` MIG strategy
   ``nvidia.com/mig-<profile>`` counts the node's MIG instances of one profile (a ``+me`` profile
   shows as ``.me``: ``nvidia.com/mig-1g.10gb.me``).
+- *shared node*: a node whose GPUs the device plugin shares (time-slicing or MPS): GFD labels
+  ``nvidia.com/gpu.replicas=N`` (N above 1), ``nvidia.com/gpu.sharing-strategy`` (``time-slicing``
+  or ``mps``) and, unless the plugin renames the resource, a ``-SHARED`` product. Its replicas are
+  the resource ``nvidia.com/gpu.shared`` (``renameByDefault: true``; ``nvidia.com/gpu`` is then
+  0) or ``nvidia.com/gpu`` itself (``renameByDefault: false``): ``gpu.count × N`` of them. Each of
+  its GPUs becomes a GPU with MIG ``off`` that takes *shares only* (never a whole-GPU request: the
+  plugin cannot give one), split into N *replicas* of ``gpu.memory / N`` MiB each; a share there
+  takes one whole replica (costs ``1000 // N`` milli) and fits only within one (the plugin cannot
+  promise two replicas on one GPU: ``failRequestsGreaterThanOne``, and MPS allows one per pod).
+  The GPU's *share resource* is the resource a pod requests one of.
+- *HAMi node*: a node whose device plugin is HAMi's (annotation ``hami.io/node-nvidia-register``,
+  where ``nvidia.com/gpu`` counts ``deviceSplitCount`` virtual GPUs per GPU). Its GPUs take shares
+  only, by memory (HAMi caps each pod's memory); their share resource is ``hami``: a pod asks for
+  ``nvidia.com/gpu: 1`` and ``nvidia.com/gpumem: <MiB>`` (:mod:`gpupool.podspec`).
 - *packing*: the node says how many instances of each profile it has, not which GPU holds which.
   :func:`pack_instances` rebuilds one valid layout with :meth:`Geometry.fit`, on ``gpu.count``
   minus the whole GPUs when the label is there, else on the fewest GPUs that hold them.
@@ -18,11 +32,12 @@ Vocabulary
 Contract: :func:`inventory_from_nodes` is pure: the same node objects give the same inventory,
 with synthetic, stable UUIDs (``k8s-<node>-gpu<i>``, ``k8s-<node>-gpu<i>-mig<start>``) and
 gpupool's own GPU indexes (the device plugin, not gpupool, picks the physical device). Whole GPUs
-have MIG mode ``off``; GPUs holding MIG resources are ``fixed`` with their packed instances.
-Unschedulable (cordoned) nodes and nodes without NVIDIA resources are left out; so are nodes whose
-GPUs the device plugin shares (time-slicing or MPS: ``nvidia.com/gpu.replicas`` above 1, a
-``-SHARED`` product, or ``nvidia.com/gpu.sharing-strategy``), with a note naming the node and why:
-their ``nvidia.com/gpu`` counts replicas, not GPUs (shares are another issue). Nodes under the
+have MIG mode ``off`` and share resource ``""`` (the device plugin gives them only whole: they take
+no shares); GPUs holding MIG resources are ``fixed`` with their packed instances. GPUs of shared
+and HAMi nodes take shares only (see above), with a note per node saying how it is shared; a
+shared node whose replicas cannot be made sense of (no product or memory label, a replica count
+that does not divide its resource, MIG resources shared too) is left out with a note saying why.
+Unschedulable (cordoned) nodes and nodes without NVIDIA resources are left out. Nodes under the
 ``single`` MIG strategy are left out with a note (their ``nvidia.com/gpu`` are MIG devices, which
 gpupool's offers cannot name). Other taints are not judged here, only noted: the spawner's
 tolerations decide. :func:`read_nodes` is the one seam to the API server; it never changes the
@@ -38,6 +53,7 @@ import re
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from functools import cache
 from typing import Any
 
@@ -45,6 +61,9 @@ from gpupool.core.inventory import GPU, Inventory, MigInstance, Node, model_key
 from gpupool.core.mig import GEOMETRIES, Geometry, Profile
 
 GPU_RESOURCE = "nvidia.com/gpu"
+SHARED_RESOURCE = "nvidia.com/gpu.shared"
+HAMI = "hami"
+HAMI_ANNOTATION = "hami.io/node-nvidia-register"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 COUNT_LABEL = "nvidia.com/gpu.count"
@@ -106,8 +125,9 @@ def _node(obj: Mapping[str, Any], notes: list[str]) -> Node | None:
     labels: Mapping[str, str] = meta.get("labels") or {}
     allocatable: Mapping[str, Any] = (obj.get("status") or {}).get("allocatable") or {}
     whole = _count(allocatable.get(GPU_RESOURCE), f"{name}: {GPU_RESOURCE}", notes)
+    replicas = _count(allocatable.get(SHARED_RESOURCE), f"{name}: {SHARED_RESOURCE}", notes)
     mig = _mig_counts(name, allocatable, notes)
-    if not whole and not mig:
+    if not whole and not mig and not replicas:
         return None
     taints = spec.get("taints") or []
     skip = _skip_reason(spec, taints, labels)
@@ -115,6 +135,11 @@ def _node(obj: Mapping[str, Any], notes: list[str]) -> Node | None:
         notes.append(f"node {name} {skip}; left out")
         return None
     _note_taints(name, taints, notes)
+    annotations: Mapping[str, str] = meta.get("annotations") or {}
+    if HAMI_ANNOTATION in annotations:
+        return _hami_node(name, labels, annotations[HAMI_ANNOTATION], whole, notes)
+    if replicas or shared_reason(labels):
+        return _shared_node(name, labels, whole, replicas, mig, notes)
     product = labels.get(PRODUCT_LABEL, "")
     if not product:
         notes.append(
@@ -138,9 +163,6 @@ def _skip_reason(
     """Why a GPU node's GPUs cannot be counted, or ``None``."""
     if spec.get("unschedulable") or any(t.get("key") == UNSCHEDULABLE_TAINT for t in taints):
         return "is cordoned (unschedulable)"
-    shared = shared_reason(labels)
-    if shared:
-        return shared
     if labels.get(MIG_STRATEGY_LABEL) == "single" and "-MIG-" in labels.get(PRODUCT_LABEL, ""):
         return (
             f"uses the MIG 'single' strategy ({GPU_RESOURCE} are MIG devices there); gpupool "
@@ -151,8 +173,8 @@ def _skip_reason(
 
 def shared_reason(labels: Mapping[str, str]) -> str | None:
     """Why a node's GPUs are shared by the NVIDIA device plugin (time-slicing or MPS), or
-    ``None``: its ``nvidia.com/gpu`` counts replicas, not GPUs, so counting them as whole GPUs
-    would hand one GPU to several notebooks as if each had it alone."""
+    ``None``: its ``nvidia.com/gpu`` counts replicas, not GPUs (counting them as whole GPUs would
+    hand one GPU to several notebooks as if each had it alone), so its GPUs take shares only."""
     replicas = str(labels.get(REPLICAS_LABEL, "")).strip()
     product = labels.get(PRODUCT_LABEL, "")
     strategy = labels.get(SHARING_LABEL, "")
@@ -165,9 +187,123 @@ def shared_reason(labels: Mapping[str, str]) -> str | None:
         why.append(f"{SHARING_LABEL}={strategy}")
     if not why:
         return None
-    return (
-        f"shares its GPUs through the NVIDIA device plugin (time-slicing or MPS: "
-        f"{', '.join(why)}); gpupool counts only whole GPUs and MIG instances, not shares"
+    return f"shares its GPUs through the NVIDIA device plugin ({', '.join(why)})"
+
+
+def _shared_node(
+    name: str,
+    labels: Mapping[str, str],
+    whole: int,
+    renamed: int,
+    mig: Mapping[str, int],
+    notes: list[str],
+) -> Node | None:
+    """The GPUs of a *shared node* (see the module docstring), or ``None`` with a note."""
+    resource, total = (SHARED_RESOURCE, renamed) if renamed else (GPU_RESOURCE, whole)
+    why = shared_reason(labels) or f"{SHARED_RESOURCE}={renamed}"
+
+    def leave_out(reason: str) -> None:
+        notes.append(f"node {name} {why}, but {reason}; left out")
+
+    if mig:
+        leave_out("its MIG instances are shared too (gpupool shares only GPUs without MIG)")
+        return None
+    count = _count(labels.get(COUNT_LABEL), f"{name}: {COUNT_LABEL}", notes)
+    replicas = _count(labels.get(REPLICAS_LABEL), f"{name}: {REPLICAS_LABEL}", notes)
+    if replicas < 2 and count and total % count == 0:
+        replicas = total // count  # no (or a stale) replicas label: what the resource says
+    if replicas < 2 or total % replicas:
+        leave_out(
+            f"its {total}× {resource} are not whole GPUs times a replica count "
+            f"({COUNT_LABEL}={count or '?'}, {REPLICAS_LABEL}={replicas or '?'})"
+        )
+        return None
+    product = labels.get(PRODUCT_LABEL, "")
+    memory = _count(labels.get(MEMORY_LABEL), f"{name}: {MEMORY_LABEL}", notes) or None
+    if not product:
+        leave_out(f"it has no {PRODUCT_LABEL} label, so the size of a replica is unknown")
+        return None
+    model, memory_mib = product_model(product, memory)
+    if memory_mib <= 0:
+        leave_out(f"it has no {MEMORY_LABEL} label, so the size of a replica is unknown")
+        return None
+    gpus = total // replicas
+    if count and gpus != count:
+        notes.append(
+            f"node {name}: {total}× {resource} are {gpus} GPU(s) of {replicas} replicas, "
+            f"not the {count} of {COUNT_LABEL}; counting {gpus}"
+        )
+    strategy = labels.get(SHARING_LABEL) or "time-slicing or MPS"
+    notes.append(
+        f"node {name}: {gpus}× {model} shared by the device plugin ({strategy}) into "
+        f"{replicas} replicas of {memory_mib // replicas} MiB ({resource}); they take only "
+        "shares, each one replica, and no share larger than a replica"
+    )
+    geometry = GEOMETRIES.get(model)
+    return Node(
+        name,
+        tuple(
+            replace(
+                _whole(name, i, model, memory_mib, geometry, product),
+                share_resource=resource,
+                share_replicas=replicas,
+            )
+            for i in range(gpus)
+        ),
+    )
+
+
+def hami_devices(annotation: str) -> list[tuple[int, str]]:
+    """``(memory MiB, type)`` of each GPU in HAMi's ``hami.io/node-nvidia-register`` annotation:
+    a JSON list of ``{"id", "count", "devmem", "devcore", "type", ...}`` (HAMi 2.4 and later) or
+    the older ``id,count,devmem,devcore,type,numa,health:`` records; ``[]`` when unreadable."""
+    try:
+        found = json.loads(annotation)
+        if isinstance(found, list):
+            return [(int(d.get("devmem", 0)), str(d.get("type", ""))) for d in found]
+    except (ValueError, TypeError, AttributeError):
+        pass
+    out = []
+    for record in annotation.split(":"):
+        fields = record.split(",")
+        if len(fields) >= 5 and fields[2].strip().isdigit():
+            out.append((int(fields[2]), fields[4].strip()))
+    return out
+
+
+def _hami_node(
+    name: str, labels: Mapping[str, str], annotation: str, whole: int, notes: list[str]
+) -> Node | None:
+    """The GPUs of a *HAMi node* (see the module docstring), or ``None`` with a note."""
+    devices = hami_devices(annotation)
+    count = len(devices) or _count(labels.get(COUNT_LABEL), f"{name}: {COUNT_LABEL}", notes)
+    product = labels.get(PRODUCT_LABEL) or (devices[0][1].replace(" ", "-") if devices else "")
+    label = _count(labels.get(MEMORY_LABEL), f"{name}: {MEMORY_LABEL}", notes)
+    memory = label or (devices[0][0] if devices else 0)
+    if not count or not product or memory <= 0:
+        notes.append(
+            f"node {name} runs HAMi ({HAMI_ANNOTATION}), but its GPUs' number, product or "
+            "memory cannot be read; left out"
+        )
+        return None
+    model, memory_mib = product_model(product, memory)
+    notes.append(
+        f"node {name}: {count}× {model} shared by HAMi ({whole}× {GPU_RESOURCE} virtual); "
+        "they take only shares, by memory (nvidia.com/gpumem)"
+    )
+    labelled = labels.get(PRODUCT_LABEL, "")
+    if not labelled:
+        notes.append(
+            f"node {name} has no {PRODUCT_LABEL} label (is GPU feature discovery running?); "
+            "share offers with a model cannot be scheduled there, only those without one"
+        )
+    geometry = GEOMETRIES.get(model)
+    return Node(
+        name,
+        tuple(
+            replace(_whole(name, i, model, memory_mib, geometry, labelled), share_resource=HAMI)
+            for i in range(count)
+        ),
     )
 
 
@@ -215,6 +351,7 @@ def _whole(
         mig_capable=geometry is not None,
         mig_mode="off",
         product_name=product,
+        share_resource="",  # the device plugin gives it whole: no shares
     )
 
 

@@ -9,8 +9,20 @@ Vocabulary
 - *record*: a row of ``gpupool_mig_instances`` (:class:`gpupool.store.MigRecord`): an instance
   the pool created. Only recorded instances are ever destroyed.
 - *admin instance*: an instance on a managed GPU that is not recorded (an admin made it, by hand
-  or while the hub was down). It is never touched: the ledger holds its slots as *blocked*
-  (:meth:`gpupool.core.ledger.Ledger.block`, reason ``admin``), so nothing is placed over it.
+  or while the hub was down). It is never touched (never destroyed, never re-made) and is handed
+  out as it is, as a *fixed instance* of the ``dynamic`` GPU (the inventory keeps it in the GPU's
+  ``instances``; :mod:`gpupool.core.occupancy` reserves its slots): allocating it creates
+  nothing, releasing it destroys nothing, and the pool's own instances go on the free slots
+  around it, never over it. Placement prefers it to creating an instance (nothing to create, and
+  it costs no free slot). Admin instances are read at start: an allocation that holds one across a
+  restart keeps it if NVML still shows it (else the allocation is lost). One that appears while
+  the hub runs is only learnt when a creation fails over it (:meth:`MigManager.after_failure`):
+  its slots are then *blocked* (:meth:`gpupool.core.ledger.Ledger.block`, reason ``admin``) and
+  it is handed out from the next start on. Before one is handed out, NVML is asked whether it
+  is still there (one look-up, nothing created): one an admin destroyed while the hub runs fails
+  that allocation (503, released, what is free named) and its slots are blocked (reason
+  ``gone``) until the next start, which reads the GPU afresh. (A holder at that moment keeps its
+  allocation until its server or job ends; on unmanaged, ``fixed`` GPUs nothing is checked.)
 - *draining*: a released instance NVML refused to destroy because processes still run on it
   (``NVML_ERROR_IN_USE``); its slots stay blocked (reason ``draining``) and the destroy is
   retried (:meth:`MigManager.retry_draining`) until the processes are gone.
@@ -65,11 +77,15 @@ class DeviceUnavailable(NoCapacity):
 class MigCreateFailed(Exception):
     """NVML refused to create an instance; ``reason`` is the sentence, ``code`` NVML's error."""
 
-    def __init__(self, reason: str, code: int | None = None, gpu: str = "") -> None:
+    def __init__(
+        self, reason: str, code: int | None = None, gpu: str = "", instance: str | None = None
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.code = code
         self.gpu = gpu
+        self.instance = instance
+        """The admin instance that was to be handed out, when it is the one NVML lacks."""
 
 
 # -- the setting -------------------------------------------------------------------------------
@@ -170,14 +186,16 @@ class MigManager:
         self.gpus: dict[str, _Gpu] = {}
         """The managed GPUs the pool creates instances on, by UUID."""
         self.records: dict[tuple[str, str, int], Any] = {}
-        self._admin: list[Blocked] = []
+        self.admin: dict[str, tuple[str, MigInstance]] = {}
+        """The admin instances of managed GPUs NVML showed at start: MIG UUID to (GPU, instance)."""
+        self._appeared: list[Blocked] = []  # admin instances learnt while running: blocked
         self._live: set[str] = set()  # MIG UUIDs of recorded instances NVML showed at start
 
     # -- start: which GPUs, may we, and what is there already ----------------------------
     def prepare(self, inventory: Inventory) -> Inventory:
         """The inventory as the pool should see it: managed MIG GPUs ``dynamic`` without the
-        instances the pool made (re-adopted through restored allocations); admin instances
-        are remembered for :meth:`attach`. Without permission they are ``fixed``."""
+        instances the pool made (re-adopted through restored allocations), their admin
+        instances kept as fixed instances. Without permission they are ``fixed``."""
         self.records = {(r.node, r.gpu, r.start): r for r in self.store.mig_records()}
         candidates = [
             (node.name, gpu)
@@ -226,7 +244,8 @@ class MigManager:
                     self._live.add(inst.uuid or "")
                     continue
                 kept.append(inst)
-                self._admin.append(Blocked(gpu.uuid, inst.profile, inst.start, "admin", inst.uuid))
+                if inst.uuid:
+                    self.admin[inst.uuid] = (gpu.uuid, inst)
             self.gpus[gpu.uuid] = _Gpu(node, gpu.uuid, gpu.index, gpu.model, gpu.geometry)
             changed[gpu.uuid] = replace(gpu, mig_mode="dynamic", instances=tuple(kept))
         nodes = tuple(
@@ -234,9 +253,10 @@ class MigManager:
         )
         if self.gpus:
             self.log.info(
-                "gpupool: MIG on demand on %d GPU(s); %d admin instance(s) left as they are",
+                "gpupool: MIG on demand on %d GPU(s); %d admin instance(s) handed out as they "
+                "are, never destroyed",
                 len(self.gpus),
-                len(self._admin),
+                len(self.admin),
             )
         return replace(inventory, nodes=nodes)
 
@@ -262,8 +282,9 @@ class MigManager:
         return ""
 
     def attach(self, ledger: Ledger) -> None:
-        """Block the admin instances of managed GPUs in a new ledger (before its restore)."""
-        for blocked in self._admin:
+        """Block, in a new ledger (before its restore), the admin instances learnt while the
+        hub ran (none at start: those known then are fixed instances of the inventory)."""
+        for blocked in self._appeared:
             try:
                 ledger.block(blocked)
             except ValueError as e:
@@ -273,15 +294,19 @@ class MigManager:
         self, persisted: list[Allocation]
     ) -> tuple[list[Allocation], list[Allocation]]:
         """Split persisted allocations into those to restore and those whose managed instance
-        is gone (``lost``): a managed device must name a recorded instance NVML still shows."""
+        is gone (``lost``): a managed device must name a recorded instance NVML still shows,
+        or an admin instance of that GPU NVML still shows at the same place."""
         keep: list[Allocation] = []
         gone: list[Allocation] = []
+
+        def there(d: Any) -> bool:
+            if d.instance in self._live:
+                return True
+            gpu, inst = self.admin.get(d.instance or "", ("", None))
+            return inst is not None and gpu == d.gpu and inst.start == d.start
+
         for a in persisted:
-            ok = all(
-                d.instance in self._live
-                for d in a.devices
-                if d.profile is not None and d.gpu in self.gpus
-            )
+            ok = all(there(d) for d in a.devices if d.profile is not None and d.gpu in self.gpus)
             (keep if ok else gone).append(a)
         return keep, gone
 
@@ -354,9 +379,22 @@ class MigManager:
         devices = list(allocation.devices)
         made: list[Any] = []
         for i, d in enumerate(devices):
-            if d.profile is None or d.gpu not in self.gpus or d.instance or d.start is None:
+            if d.profile is None or d.gpu not in self.gpus or d.start is None:
                 continue
             gpu = self.gpus[d.gpu]
+            if d.instance in self.admin:  # handed out as it is, if NVML still has it
+                if self._gone(gpu, d.instance or ""):
+                    self._undo(made)
+                    raise MigCreateFailed(
+                        f"The MIG {d.profile} instance at slot {d.start} of GPU {gpu.index} "
+                        "(an admin's) is gone: it was destroyed outside gpupool.",
+                        pynvml.NVML_ERROR_NOT_FOUND,
+                        d.gpu,
+                        d.instance,
+                    )
+                continue
+            if d.instance:
+                continue
             if self.off:
                 self._undo(made)
                 raise MigCreateFailed(f"MIG on demand is off: {self.off}.", None, d.gpu)
@@ -422,7 +460,8 @@ class MigManager:
     def after_failure(self, failure: MigCreateFailed, ledger: Ledger) -> None:
         """After a failed creation (the allocation already released): learn what NVML now
         shows on that GPU, so the ledger does not place there again: unrecorded instances are
-        blocked as an admin's; with no permission, every managed GPU's free slots are."""
+        blocked as an admin's (those known since the start stay fixed instances); with no
+        permission, every managed GPU's free slots are (its admin instances stay allocatable)."""
         if failure.code == pynvml.NVML_ERROR_NO_PERMISSION or self.off:
             for uuid in self.gpus:
                 self._block_rest(uuid, ledger)
@@ -430,6 +469,18 @@ class MigManager:
         gpu = self.gpus.get(failure.gpu)
         if gpu is None:
             return
+        if failure.instance in self.admin:  # an admin destroyed it: not handed out again
+            uuid, inst = self.admin.pop(failure.instance or "")
+            with contextlib.suppress(ValueError):
+                ledger.block(Blocked(uuid, inst.profile, inst.start, "gone", inst.uuid))
+            self.log.warning(
+                "gpupool: the admin's MIG instance %s (%s at slot %d of GPU %d) is gone; its "
+                "slots are not used until the next start",
+                inst.uuid,
+                inst.profile,
+                inst.start,
+                gpu.index,
+            )
         from .nvml import discover
 
         with contextlib.suppress(pynvml.NVMLError):
@@ -439,14 +490,15 @@ class MigManager:
                 if g.uuid != gpu.uuid:
                     continue
                 for inst in g.instances:
-                    if inst.uuid in ours or (g.uuid, inst.start) in ledger.blocked:
+                    known = inst.uuid in ours or inst.uuid in self.admin
+                    if known or (g.uuid, inst.start) in ledger.blocked:
                         continue
                     blocked = Blocked(g.uuid, inst.profile, inst.start, "admin", inst.uuid)
                     try:
                         ledger.block(blocked)
                     except ValueError:
                         continue
-                    self._admin.append(blocked)
+                    self._appeared.append(blocked)
                     self.log.warning(
                         "gpupool: an instance gpupool did not make appeared on GPU %d: %s %s at "
                         "slot %d; left as it is, not placed over",
@@ -466,7 +518,7 @@ class MigManager:
             free = [
                 (p, s)
                 for p in geometry.profiles
-                for s in geometry.starts_free(ledger.occ.mask[g], p)
+                for s in geometry.starts_free(ledger.occ.placement_mask(g), p)
             ]
             if not free:
                 return
@@ -587,6 +639,17 @@ class MigManager:
                 raise
         return gi_id, ci_id, uuid
 
+    def _gone(self, gpu: _Gpu, uuid: str) -> bool:
+        """Whether NVML no longer shows MIG device ``uuid`` on ``gpu`` (another NVML error: it
+        is taken as there)."""
+        try:
+            with self._nvml(gpu.node) as nvml:
+                mig = nvml.nvmlDeviceGetHandleByUUID(uuid)
+                parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+                return _text(nvml.nvmlDeviceGetUUID(parent)) != gpu.uuid
+        except pynvml.NVMLError as e:
+            return bool(_nvml_error(e) == pynvml.NVML_ERROR_NOT_FOUND)
+
     @staticmethod
     def _mig_device(nvml: Any, handle: Any, gi_id: int) -> tuple[int, str]:
         """The compute-instance ID and UUID of the MIG device of GPU instance ``gi_id``."""
@@ -690,7 +753,8 @@ class MigManager:
     # -- what the admin page shows --------------------------------------------------------
     def view(self, ledger: Ledger) -> dict[str, Any]:
         """MIG on demand for the admin page: on or off (and why), the managed GPUs, the
-        instances the pool made and who holds them, and the draining ones."""
+        instances the pool made and who holds them, the draining ones, and the admin instances
+        (handed out as they are; ``holder`` is who holds one now, "" if free or blocked)."""
         rows = []
         for r in sorted(self.records.values(), key=lambda r: (r.gpu, r.start)):
             gpu = self.gpus.get(r.gpu)
@@ -711,9 +775,30 @@ class MigManager:
             "off": self.off,
             "managed": sorted(g.index for g in self.gpus.values()),
             "instances": rows,
-            "admin": [
-                {"gpu": b.gpu, "profile": b.profile, "start": b.start, "uuid": b.instance or ""}
-                for b in ledger.blocked.values()
-                if b.reason == "admin"
-            ],
+            "admin": self._admin_rows(ledger),
         }
+
+    def _admin_rows(self, ledger: Ledger) -> list[dict[str, Any]]:
+        holders = {
+            d.instance: a.user
+            for a in ledger.allocations.values()
+            for d in a.devices
+            if d.instance in self.admin
+        }
+        rows = [
+            {
+                "gpu": gpu,
+                "profile": inst.profile,
+                "start": inst.start,
+                "uuid": uuid,
+                "holder": holders.get(uuid, ""),
+            }
+            for uuid, (gpu, inst) in self.admin.items()
+        ]
+        rows += [
+            {"gpu": b.gpu, "profile": b.profile, "start": b.start, "uuid": b.instance or "",
+             "holder": ""}
+            for b in ledger.blocked.values()
+            if b.reason == "admin"
+        ]  # fmt: skip
+        return sorted(rows, key=lambda r: (r["gpu"], r["start"]))

@@ -8,7 +8,9 @@ Vocabulary
   and the optional node selector names labels only this pool's nodes carry
   (``{"cloud.google.com/gke-nodepool": "a100"}``), so a scale-up request grows this pool.
 - *template*: the :class:`~gpupool.core.inventory.Node` a declaration describes, built through the
-  simulated NVML so it has exactly the shape discovery gives a real node of that kind.
+  simulated NVML so it has exactly the shape discovery gives a real node of that kind; its GPUs
+  without MIG are handed out whole only (``share_resource=""``, as the device plugin gives a
+  plain node's GPUs: a share waits for no node pool).
 
 Contract: :func:`parse_node_pools` is pure and returns frozen
 :class:`~gpupool.core.inventory.NodePool` objects, or raises :class:`gpupool.settings.ConfigError`
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from gpupool.core.inventory import NodePool
@@ -58,9 +61,13 @@ def _pool(name: str, spec: Any) -> NodePool:
             f"{key}.node", f"must describe one node without its name, like '8x A100-80GB': {node!r}"
         )
     try:
-        template = simulated_inventory(f"{name}: {node}").nodes[0]
+        simulated = simulated_inventory(f"{name}: {node}").nodes[0]
     except ValueError as e:
         raise ConfigError(f"{key}.node", str(e)) from None
+    whole_only = tuple(
+        replace(g, share_resource="") if g.mig_mode == "off" else g for g in simulated.gpus
+    )
+    template = replace(simulated, gpus=whole_only)
     selector = spec.get("node_selector", {})
     if not isinstance(selector, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in selector.items()

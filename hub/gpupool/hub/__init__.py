@@ -27,6 +27,7 @@ from typing import Any
 from jupyterhub.roles import get_default_roles
 
 from ..config import GPUPool
+from ..podspec import check_share_settings
 from ..pool import Pool
 from ..usercode import check_shared_mode, spawner_setting
 from . import reconcile, refusals, shutdown
@@ -52,6 +53,7 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
     """
     _check_local_spawner(c)
     check_spawn_form(c)
+    check_share_settings(c)
     settings = GPUPool(config=c)
     pool = Pool.from_config(settings, logger)
     check_profile_offers(c, pool.ledger.offers)
@@ -77,11 +79,13 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
     if hub.shares is not None:
         hub.shares.start()
     reconciler.start()
+    stops = [hub.jobs.shutting_down, reconciler.shutting_down]
     if pool.mig is not None:  # draining MIG instances: destroyed once their processes end
         from tornado.ioloop import PeriodicCallback
 
-        PeriodicCallback(pool.retry_draining, 10_000).start()
-    stops = [hub.jobs.shutting_down, reconciler.shutting_down]
+        drain = PeriodicCallback(pool.retry_draining, 10_000)
+        drain.start()
+        stops.append(drain.stop)  # no retry (no NVML call) once the hub shuts down
     if kube is not None:
         kube.start()
         stops.append(kube.shutting_down)

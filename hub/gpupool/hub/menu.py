@@ -1,10 +1,10 @@
 """The spawn menu: what a user may pick now, per team, with free counts and quota left.
 
 Vocabulary
-- *choice*: one pickable line of the spawn page: a team, an offer and a count (whole-GPU offers
-  get one line per count; a share offer one line, labelled like "6 GB share of RTX3090-24GB"
-  with its least cost on this pool), and its admission (:mod:`gpupool.core.admission`): granted
-  now, or why not (it would wait, or could never start).
+- *choice*: one pickable line of the spawn page: a team, an offer and a count (whole-GPU offers,
+  and MIG offers with a ``max_count``, get one line per count; a share offer one line, labelled
+  like "6 GB share of RTX3090-24GB" with its least cost on this pool), and its admission
+  (:mod:`gpupool.core.admission`): granted now, or why not (it would wait, or could never start).
 - *team menu*: a team's choices plus its quota figures (used, guarantee, borrow limit, left) and
   the user's own usage and cap.
 
@@ -65,9 +65,10 @@ def team_menu(ledger: Ledger, team: Team, user: str) -> TeamMenu:
         if not team.allows(name):
             continue
         free = ledger.placeable(offer)
-        counts = range(1, offer.max_count + 1) if offer.kind == "gpu" else [1]
+        counts = range(1, offer.max_count + 1) if offer.counted else [1]
         for count in counts:
-            label = offer.label if offer.kind != "gpu" else f"{offer.label} ×{count}"
+            several = offer.kind == "gpu" or len(counts) > 1  # MIG: "×N" once N may be above 1
+            label = f"{offer.label} ×{count}" if several else offer.label
             admission = ledger.admit(team, user, offer, count)
             cost = ledger.unit_cost_milli(offer) * count
             choices.append(

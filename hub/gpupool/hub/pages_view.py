@@ -112,8 +112,9 @@ def gpu_view(
     blocked: Iterable[Blocked] = (),
 ) -> dict[str, Any]:
     """One GPU: its facts, its memory slots as cells (sorted by start slot) and its holders;
-    ``blocked``: its slots held by no allocation (an admin's instance on a GPU whose instances
-    gpupool creates, a draining one), shown as taken, with why."""
+    ``blocked``: its slots held by no allocation (a draining instance, one an admin made while
+    the hub runs), shown as taken, with why. On a GPU whose instances gpupool creates, the
+    instances it already had are an admin's, handed out as they are (labelled so)."""
     held = list(held)
     blocks = {b.start: b for b in blocked}
     geometry = gpu.geometry
@@ -155,7 +156,10 @@ def gpu_view(
                 matched.add(i)
                 holder = _holder(migs[i][1], colours)
             n = span(inst.profile)
-            cell = _cell(inst.start, n, inst.profile, inst.uuid, holder, inst.profile)
+            label = inst.profile
+            if gpu.mig_mode == "dynamic":  # an admin's, where gpupool makes the others
+                label = f"{label} ({BLOCKED_LABELS['admin']})"
+            cell = _cell(inst.start, n, label, inst.uuid, holder, inst.profile)
             b = blocks.pop(inst.start, None)
             if b is not None and holder is None:
                 cell = _blocked_cell(cell, b)
@@ -197,6 +201,7 @@ def gpu_view(
 BLOCKED_LABELS = {
     "admin": "admin's instance",
     "draining": "draining",
+    "gone": "gone: destroyed outside gpupool",
     "off": "MIG on demand off",
 }
 

@@ -333,13 +333,13 @@ def _adoptable(
         devices = _devices(trial.inventory, server.visible)
         if devices is None:
             return None, f"its devices {','.join(server.visible)} are not all in this pool"
-        count = len(devices) if offer.kind == "gpu" else 1
+        count = len(devices) if offer.counted else 1
         check_offer(team, trial.offers, offer.name, count)
     except PoolError as e:
         return None, e.message
     if offer.kind == "share":  # its size is the ledger's alone, not in the process
         return None, f"its share of {','.join(server.visible)} is not in the pool's database"
-    kinds = {"cpu": 0, "gpu": count, "mig": 1}
+    kinds = {"cpu": 0, "gpu": count, "mig": count}
     wrong_kind = any((d.profile is None) != (offer.kind == "gpu") for d in devices)
     if len(devices) != kinds[offer.kind] or wrong_kind or not _fits(trial, offer, devices):
         return None, f"its devices {','.join(server.visible) or 'none'} do not fit {offer.name}"

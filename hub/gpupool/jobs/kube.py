@@ -207,6 +207,7 @@ class KubeJobBackend(KubeJobSettings):
                 keep_claims=self.keep_claims,
                 shared_claim=self.shared_volume_claim,
                 shared_mount_path=self.shared_volume_mount_path,
+                shares=self.share_requests(),
             )
             if self.bind_to_node and not exact_binding(allocations):
                 self.log.warning(

@@ -53,6 +53,13 @@ Vocabulary
   ``keep_claims`` (known ReadWriteMany); otherwise they and their mounts are left out, so no pod
   waits on a ``Multi-Attach error``. A *shared volume* (an admin's ReadWriteMany claim) is
   mounted in every pod, its path in ``GPUPOOL_SHARED_DIR``.
+- *one rank per MIG instance*: a pod given N instances of a MIG offer runs N ranks
+  (``--nproc-per-node N``) with ``GPUPOOL_DDP_BACKEND=gloo`` and
+  ``GPUPOOL_RANK_DEVICES=NVIDIA_VISIBLE_DEVICES``: ``gpupool_lab.rank_log`` gives local rank *r*
+  the *r*-th UUID of ``NVIDIA_VISIBLE_DEVICES``, which the NVIDIA device plugin sets in the
+  container (its ``envvar`` device-list strategy with ``uuid`` device IDs); where the variable
+  holds no UUIDs (``volume-mounts``, CDI, ``index`` IDs) each rank's log says so and every rank
+  sees the first instance (:func:`gpupool.core.offers.rank_env`).
 
 Contract: no I/O; every function returns new plain dicts (camelCase keys, as the API expects),
 never touching its inputs. GPU-specific parts come from :mod:`gpupool.podspec`
@@ -87,7 +94,7 @@ from kubernetes_asyncio.client import models as k8s_models
 
 from gpupool.core.jobs import Job
 from gpupool.core.ledger import Allocation
-from gpupool.core.offers import Offer
+from gpupool.core.offers import Offer, rank_env
 from gpupool.podspec import (
     ALLOCATION_LABEL,
     DEFAULT_GPU_TOLERATIONS,
@@ -95,8 +102,10 @@ from gpupool.podspec import (
     HOSTNAME_LABEL,
     KUEUE_PRIORITY_LABEL,
     KUEUE_QUEUE_LABEL,
+    NO_SHARES,
     NOTEBOOK_CONTAINER,
     TEAM_LABEL,
+    ShareRequests,
     allocation_resources,
     apply_allocation,
     bound_nodes,
@@ -303,6 +312,7 @@ def make_job(
     keep_claims: Sequence[str] = (),
     shared_claim: str = "",
     shared_mount_path: str = DEFAULT_SHARED_PATH,
+    shares: ShareRequests = NO_SHARES,
 ) -> dict[str, Any]:
     """The ``batch/v1`` Indexed Job running ``job`` on ``allocations`` (one per node).
 
@@ -318,19 +328,24 @@ def make_job(
     - ``suspend`` (or a Kueue queue, whose admission then resumes it) creates the Job suspended.
     - ``kueue_priority_class`` labels the Job (with a Kueue queue only: Kueue reads it there).
     - ``image`` stands in when the template has none (``ValueError`` if neither has one).
+    - A share asks for what ``shares`` says (:class:`~gpupool.podspec.ShareRequests`).
     """
     spec = job.spec
     if len(allocations) != spec.nodes:
         raise ValueError(
             f"job {job.id} has {spec.nodes} node(s) but {len(allocations)} allocations"
         )
-    shapes = {tuple(allocation_resources(a).items()) for a in allocations}
+    shapes = {tuple(allocation_resources(a, shares).items()) for a in allocations}
     if len(shapes) > 1:
         raise ValueError(f"job {job.id}: every node's allocation must have the same devices")
     nodes = bound_nodes(allocations) if bind_to_node else []
     pod_spec, notebook = _template_parts(pod_template, nodes, keep_claims)
     shared = (shared_claim, posixpath.normpath(shared_mount_path)) if shared_claim else None
     container = _job_container(job, notebook, image, log_dir, (torchrun, python), shared)
+    own = rank_env(offer, spec.gpus, "NVIDIA_VISIBLE_DEVICES")  # several MIG: one per rank
+    if own:
+        container["env"] = [e for e in container["env"] if e["name"] not in own]
+        container["env"] += [{"name": k, "value": v} for k, v in own.items()]
     pod_spec |= {
         "containers": [container],
         "restartPolicy": "Never",
@@ -358,6 +373,7 @@ def make_job(
         scheduler_name=scheduler_name,
         product_labels=product_labels,
         nodes=nodes,
+        shares=shares,
     )
     meta = _metadata(job, job_name(job), namespace)
     meta["annotations"] |= {

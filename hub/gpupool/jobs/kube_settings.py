@@ -30,7 +30,10 @@ from gpupool.core.ledger import Allocation
 from gpupool.core.offers import Offer
 from gpupool.podspec import (
     DEFAULT_GPU_TOLERATIONS,
+    DEFAULT_HAMI_RESOURCES,
     DEFAULT_PRODUCT_LABELS,
+    ShareRequests,
+    check_hami_resources,
     check_priority_class,
     check_queue_template,
 )
@@ -221,6 +224,13 @@ class KubeJobSettings(JobBackend):
         (default: ``KubeGPUSpawner.gpu_product_labels``). Example:
         ``c.KubeJobBackend.gpu_product_labels = {"H100-80GB": ["NVIDIA-H100-80GB-HBM3"]}``""",
     )
+    hami_resources = Dict(
+        config=True,
+        help="""HAMi's resource names, for shares of GPUs on nodes HAMi shares out (default:
+        ``KubeGPUSpawner.hami_resources``, else HAMi's defaults). Example:
+        ``c.KubeJobBackend.hami_resources = {"count": "nvidia.com/gpu",
+        "memory": "nvidia.com/gpumem", "cores": "nvidia.com/gpucores"}``""",
+    )
     api_client_factory = Callable(
         None,
         allow_none=True,
@@ -290,6 +300,15 @@ class KubeJobSettings(JobBackend):
     def _default_products(self) -> dict[str, Any]:
         return dict(self._spawner_setting("gpu_product_labels", {}))
 
+    @default("hami_resources")
+    def _default_hami(self) -> dict[str, str]:
+        found = self._spawner_setting("hami_resources", DEFAULT_HAMI_RESOURCES)
+        return check_hami_resources(found, "KubeGPUSpawner.hami_resources")
+
+    @validate("hami_resources")
+    def _valid_hami(self, proposal: dict[str, Any]) -> dict[str, str]:
+        return check_hami_resources(proposal["value"], "KubeJobBackend.hami_resources")
+
     @validate("kueue_queue_template")
     def _valid_queue_template(self, proposal: dict[str, Any]) -> str:
         return check_queue_template(str(proposal["value"]), "KubeJobBackend.kueue_queue_template")
@@ -308,6 +327,10 @@ class KubeJobSettings(JobBackend):
         offers = self.offers or getattr(getattr(self._pool(), "ledger", None), "offers", {})
         offer = offers.get(name)
         return offer if isinstance(offer, Offer) else None
+
+    def share_requests(self) -> ShareRequests:
+        """What a job pod asks for a share of each GPU the pool's inventory says is shared."""
+        return ShareRequests.of(getattr(self._pool(), "inventory", None), self.hami_resources)
 
     def product_labels(self) -> dict[str, tuple[str, ...]]:
         """Model → ``nvidia.com/gpu.product`` values: built-in, plus what a Kubernetes

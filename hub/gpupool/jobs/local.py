@@ -10,7 +10,9 @@ Vocabulary
   the per-user mode, else the shared account; never root.
 
 Contract: one ``torchrun --nnodes 1 --nproc-per-node N`` per job, c10d rendezvous on a free
-loopback port, ``CUDA_VISIBLE_DEVICES`` = the allocated UUIDs, its own session (process group),
+loopback port, ``CUDA_VISIBLE_DEVICES`` = the allocated UUIDs (a job on N MIG instances: each
+rank gets its own one, through ``GPUPOOL_RANK_DEVICES``, and the ranks use gloo:
+:func:`gpupool.core.offers.rank_env`), its own session (process group),
 so cancel reaches every rank: SIGTERM to the group (torchrun passes it on), then SIGKILL after
 ``kill_grace`` seconds to the group and to every process started with the job's
 ``GPUPOOL_JOB`` variable (torchrun starts each rank in a session of its own). The
@@ -47,6 +49,7 @@ from ..core.errors import InvalidRequest
 from ..core.inventory import GPU
 from ..core.jobs import Job, JobSpec
 from ..core.ledger import Allocation
+from ..core.offers import Offer, rank_env
 from ..procfs import process_start, with_item
 from ..settings import ConfigError
 from ..shares import ShareEnforcement, check_mps_accounts, share_env
@@ -290,7 +293,15 @@ class LocalJobBackend(JobBackend):
         )
         for a in allocations:  # a share: its cap, how it is enforced, MPS's client limits
             env.update(share_env(a, self._gpus(), self.shares))
+        offers = self._offers()
+        for a in allocations:  # several MIG instances: one each per rank, gloo between them
+            env.update(rank_env(offers.get(a.offer), len(a.devices), a.visible_devices))
         return env
+
+    def _offers(self) -> dict[str, Offer]:
+        """The pool's offers (the job manager that owns this backend holds the pool)."""
+        pool = getattr(self.parent, "pool", None)
+        return pool.ledger.offers if pool is not None else {}
 
     def _gpus(self) -> tuple[GPU, ...]:
         """The pool's GPUs (the job manager that owns this backend holds the pool)."""

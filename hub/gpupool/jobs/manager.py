@@ -34,6 +34,7 @@ from .. import metrics
 from ..clock import utcnow
 from ..core.errors import InvalidRequest, PoolError, UnknownAllocation
 from ..core.jobs import Job, JobSpec, transition
+from ..core.offers import check_ddp_backend
 from ..core.parse import check_size, clip, clip_names, whole_number
 from ..core.queue import Limits, Queued, Running, ScaleUp, order, scale_ups, schedule
 from ..core.quota import PRIORITY_RANGE, check_offer, check_priority, resolve_team
@@ -204,6 +205,7 @@ class JobManager(LoggingConfigurable):
         ledger = self.pool.ledger
         team = resolve_team(ledger.teams, ledger.everyone, groups, spec.team)
         offer = check_offer(team, ledger.offers, spec.offer, 1 if _cpu(ledger, spec) else spec.gpus)
+        check_ddp_backend(offer, spec.gpus, dict(spec.env))  # nccl never spans MIG instances
         check_priority(team, spec.priority, admin)
         if offer.kind == "cpu" and spec.gpus > self.max_cpu_ranks:
             raise InvalidRequest(

@@ -1,7 +1,7 @@
 import { nullTranslator } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
-import type { IOffersReply, ITeamOffers } from '../api';
+import type { IOffer, IOffersReply, ITeamOffers } from '../api';
 import { RunDistributedBody } from '../dialog';
 
 const offers: IOffersReply = {
@@ -243,5 +243,135 @@ describe('RunDistributedBody for a user in no team', () => {
     } finally {
       body.dispose();
     }
+  });
+});
+
+describe('RunDistributedBody with MIG instances and shares', () => {
+  const line = (partial: Partial<IOffer> & { name: string; kind: IOffer['kind'] }): IOffer => ({
+    label: partial.name,
+    description: '',
+    count: 1,
+    cost: 0,
+    free: 0,
+    admission: 'now',
+    enabled: true,
+    reason: '',
+    ...partial
+  });
+  const edge: ITeamOffers = {
+    team: 'edge',
+    used: 0,
+    limit: 4,
+    guarantee: 4,
+    borrow_limit: 0,
+    left: 4,
+    user_used: 0,
+    user_cap: null,
+    offers: [
+      line({ name: 'cpu', kind: 'cpu', label: 'CPU only' }),
+      line({
+        name: 'share-6gb',
+        kind: 'share',
+        label: '6 GB share of RTX3090-24GB',
+        description: 'A quarter of an RTX 3090',
+        cost: 0.25,
+        free: 3
+      }),
+      ...[1, 2, 3].map(count =>
+        line({
+          name: 'mig-1g.10gb',
+          kind: 'mig',
+          label: `MIG 1g.10gb ×${count}`,
+          description: 'An eighth of an H100',
+          count,
+          cost: 0.125 * count,
+          free: 2,
+          admission: count <= 2 ? 'now' : 'wait',
+          enabled: count <= 2,
+          reason: count <= 2 ? '' : 'only 2 free on one node'
+        })
+      ),
+      ...[1, 2].map(count =>
+        line({
+          name: 'h100',
+          kind: 'gpu',
+          label: `H100-80GB ×${count}`,
+          description: 'Whole H100',
+          count,
+          cost: count,
+          free: 2
+        })
+      )
+    ]
+  };
+  let body: RunDistributedBody;
+
+  beforeEach(() => {
+    body = new RunDistributedBody({
+      offers: { simulated: true, inventory: 'H100 with MIG, RTX 3090', teams: [edge] },
+      choice: { team: 'edge', offer: 'h100', gpus: 2, nodes: 1, timeLimit: 3600, cells: 'all' },
+      name: 'train',
+      cells: { count: 1, active: 0, selected: [0] },
+      trans: nullTranslator.load('gpupool_lab')
+    });
+    Widget.attach(body, document.body);
+  });
+
+  afterEach(() => {
+    body.dispose();
+  });
+
+  const gpus = () => field<HTMLInputElement>(body, 'input[name="gpus"]');
+  const gpusLabel = () => field<HTMLLabelElement>(body, `label[for="${gpus().id}"]`).textContent;
+  const hint = () => field<HTMLElement>(body, '.gpupool-offer-hint').textContent;
+  const error = () => field<HTMLElement>(body, '.gpupool-form-error').textContent;
+
+  it('lists each offer once, without its count', () => {
+    const options = Array.from(field<HTMLSelectElement>(body, 'select[name="offer"]').options);
+    expect(options.map(o => o.textContent)).toEqual([
+      'CPU only',
+      '6 GB share of RTX3090-24GB — 3 free',
+      'MIG 1g.10gb — 2 free',
+      'H100-80GB — 2 free'
+    ]);
+  });
+
+  it('keeps the number of MIG instances, says how many can start, one rank on each', () => {
+    type(field<HTMLSelectElement>(body, 'select[name="offer"]'), 'mig-1g.10gb');
+    expect(gpus().value).toBe('2');
+    expect(gpus().max).toBe('3');
+    expect(gpus().disabled).toBe(false);
+    expect(gpusLabel()).toBe('MIG instances per node');
+    expect(hint()).toBe(
+      'An eighth of an H100 · 2 free now; up to 2 instances per node can start now · ' +
+        'one rank per instance; several per node talk over gloo (NCCL does not span MIG ' +
+        'instances)'
+    );
+    expect(error()).toBe('');
+    expect(body.getValue()).toMatchObject({ offer: 'mig-1g.10gb', gpus: 2 });
+
+    type(gpus(), '3');
+    expect(body.validate()).toBeNull();
+    expect(field<HTMLElement>(body, '.gpupool-form-notice').textContent).toBe(
+      'The job will queue: only 2 free on one node.'
+    );
+    type(gpus(), '4');
+    expect(error()).toBe('MIG 1g.10gb takes 1 to 3 MIG instances per node, not 4.');
+  });
+
+  it('runs one process per node on a share: the number is fixed at 1', () => {
+    type(field<HTMLSelectElement>(body, 'select[name="offer"]'), 'share-6gb');
+    expect(gpus().value).toBe('1');
+    expect(gpus().disabled).toBe(true);
+    expect(gpusLabel()).toBe('Processes per node');
+    expect(hint()).toBe(
+      'A quarter of an RTX 3090 · 3 free now; one process per node, on its share of one GPU'
+    );
+    expect(body.validate()).toBeNull();
+    expect(body.getValue()).toMatchObject({ offer: 'share-6gb', gpus: 1 });
+
+    type(field<HTMLSelectElement>(body, 'select[name="offer"]'), 'h100');
+    expect(gpus().disabled).toBe(false);
+    expect(gpusLabel()).toBe('GPUs per node');
   });
 });

@@ -1,16 +1,26 @@
-import type { Admission, IOffer, IOffersReply, ITeamOffers } from '../api';
+import type { Admission, IOffer, IOffersReply, ITeamOffers, OfferKind } from '../api';
 import {
   admitChoice,
+  baseLabel,
   choiceAdmission,
+  entryFor,
   INotebookCells,
   initialChoice,
   IRunChoice,
+  isCounted,
+  isOnePerNode,
+  KIND_PREFERENCE,
   lineAdmission,
+  lineFits,
+  maxPerNode,
+  offerEntries,
   parseChoice,
+  perNodeLabel,
   queueNotice,
   submission,
   validateChoice
 } from '../validate';
+import kindTable from './offer_kinds.json';
 
 function offer(partial: Partial<IOffer> & { name: string }): IOffer {
   return {
@@ -104,6 +114,44 @@ const nlp = team({
 
 const offers: IOffersReply = { simulated: true, inventory: '2× H100-80GB', teams: [vision, nlp] };
 
+function mig1g(count: number, admission: Admission = 'now', reason = ''): IOffer {
+  return offer({
+    name: 'mig-1g.10gb',
+    kind: 'mig',
+    label: `MIG 1g.10gb ×${count}`,
+    count,
+    cost: 0.125 * count,
+    free: 2,
+    ...judged(admission, reason)
+  });
+}
+
+const quarter = offer({
+  name: 'share-6gb',
+  kind: 'share',
+  label: '6 GB share of RTX3090-24GB',
+  cost: 0.25,
+  free: 3
+});
+
+/**
+ * A team with MIG instances up to 3 per node (2 free) and a share of a GPU.
+ */
+const edge = team({
+  team: 'edge',
+  limit: 2,
+  left: 2,
+  offers: [
+    offer({ name: 'cpu', kind: 'cpu', label: 'CPU only', cost: 0 }),
+    quarter,
+    mig1g(1),
+    mig1g(2),
+    mig1g(3, 'wait', 'only 2 free on one node')
+  ]
+});
+
+const edgeOffers: IOffersReply = { ...offers, teams: [edge] };
+
 const cells: INotebookCells = { count: 5, active: 2, selected: [1, 2] };
 
 function choice(partial: Partial<IRunChoice> = {}): IRunChoice {
@@ -117,6 +165,43 @@ function choice(partial: Partial<IRunChoice> = {}): IRunChoice {
     ...partial
   };
 }
+
+describe('offer kinds (the table the Python side shares)', () => {
+  it('says which kinds are counted, which take one per node, and what the number is', () => {
+    for (const [kind, rule] of Object.entries(kindTable.kinds)) {
+      expect([kind, isCounted(kind), isOnePerNode(kind), perNodeLabel(kind)]).toEqual([
+        kind,
+        rule.counted,
+        rule.onePerNode,
+        rule.perNode
+      ]);
+    }
+    expect(KIND_PREFERENCE).toEqual(kindTable.preference);
+  });
+
+  it('fits a number per node to a line', () => {
+    for (const row of kindTable.fits) {
+      const line = offer({ name: 'x', kind: row.kind as OfferKind, count: row.count });
+      expect([row, lineFits(line, row.gpus)]).toEqual([row, row.fits]);
+    }
+  });
+
+  it('counts MIG instances like whole GPUs: a line per count', () => {
+    const lines = offerEntries(edge, 'mig-1g.10gb');
+    expect(maxPerNode(lines)).toBe(3);
+    expect(entryFor(lines, 2)).toBe(lines[1]);
+    expect(entryFor(lines, 4)).toBeUndefined();
+    expect(baseLabel(lines[1])).toBe('MIG 1g.10gb');
+    expect(baseLabel(h100(2))).toBe('H100-80GB');
+  });
+
+  it('takes one share per node', () => {
+    expect(maxPerNode([quarter])).toBe(1);
+    expect(entryFor([quarter], 1)).toBe(quarter);
+    expect(entryFor([quarter], 2)).toBeUndefined();
+    expect(baseLabel(quarter)).toBe('6 GB share of RTX3090-24GB');
+  });
+});
 
 describe('admission', () => {
   const admission = (partial: Partial<IRunChoice>) => choiceAdmission(choice(partial), offers);
@@ -241,7 +326,36 @@ describe('validateChoice', () => {
     );
     expect(
       validateChoice(choice({ team: 'nlp', offer: 'mig-1g.10gb', gpus: 2 }), offers, cells)
-    ).toBe('MIG 1g.10gb is one MIG instance per node: use 1 GPU per node.');
+    ).toBe('MIG 1g.10gb takes 1 to 1 MIG instances per node, not 2.');
+  });
+
+  it('takes several MIG instances per node where the offer lists them', () => {
+    const mig = (gpus: number, nodes = 1) =>
+      choice({ team: 'edge', offer: 'mig-1g.10gb', gpus, nodes });
+    expect(validateChoice(mig(2), edgeOffers, cells)).toBeNull();
+    expect(choiceAdmission(mig(2), edgeOffers)).toEqual({ verdict: 'now', reason: '' });
+    expect(validateChoice(mig(3), edgeOffers, cells)).toBeNull();
+    expect(queueNotice(choiceAdmission(mig(3), edgeOffers))).toBe(
+      'The job will queue: only 2 free on one node.'
+    );
+    expect(validateChoice(mig(4), edgeOffers, cells)).toBe(
+      'MIG 1g.10gb takes 1 to 3 MIG instances per node, not 4.'
+    );
+    // edge: limit 2; 0.375 on each of 9 nodes.
+    expect(validateChoice(mig(3, 9), edgeOffers, cells)).toBe(
+      'MIG 1g.10gb ×3: needs 3.375 GPU-eq (9 × 0.375); team edge may hold at most 2.'
+    );
+    expect(validateChoice(mig(0), edgeOffers)).toBe(
+      'MIG instances per node must be a whole number from 1 to 64.'
+    );
+  });
+
+  it('runs one process per node on a share', () => {
+    const share = (gpus: number) => choice({ team: 'edge', offer: 'share-6gb', gpus });
+    expect(validateChoice(share(1), edgeOffers, cells)).toBeNull();
+    expect(validateChoice(share(2), edgeOffers, cells)).toBe(
+      '6 GB share of RTX3090-24GB runs 1 process per node, not 2.'
+    );
   });
 
   it('checks whole numbers in range', () => {
@@ -365,6 +479,27 @@ describe('initialChoice', () => {
     });
     expect(initialChoice({ ...offers, teams: [refused] }, null)).toMatchObject({
       offer: 'h100',
+      gpus: 1
+    });
+  });
+
+  it('keeps the number of MIG instances while a line of it is available', () => {
+    const last = { team: 'edge', offer: 'mig-1g.10gb', gpus: 2 };
+    expect(initialChoice(edgeOffers, last)).toMatchObject(last);
+    // 3 would queue, 2 start now: the most that can, below it.
+    expect(initialChoice(edgeOffers, { ...last, gpus: 3 }).gpus).toBe(2);
+    expect(initialChoice(edgeOffers, { ...last, gpus: 5 }).gpus).toBe(2);
+  });
+
+  it('takes one per node on a share, and a share before CPU', () => {
+    expect(initialChoice(edgeOffers, { offer: 'share-6gb', gpus: 4 })).toMatchObject({
+      team: 'edge',
+      offer: 'share-6gb',
+      gpus: 1
+    });
+    const shareOrCpu = team({ team: 'edge', offers: [edge.offers[0], quarter] });
+    expect(initialChoice({ ...offers, teams: [shareOrCpu] }, { gpus: 2 })).toMatchObject({
+      offer: 'share-6gb',
       gpus: 1
     });
   });
