@@ -31,6 +31,7 @@ TESTS = Path(__file__).resolve().parent
 SLOW = (
     "hub/",  # a real JupyterHub with real servers and jobs, 1 to 3 minutes a module
     "lab/test_browser.py",  # the whole flow in Chromium, against a real hub
+    "lab/test_browser_slices.py",  # a MIG instance and a share spawned in Chromium
     "lab/test_ddp.py",  # real torchrun process groups
     "deploy/test_chart.py",  # Helm renders and `helm lint`
     "deploy/test_kube_jobs.py",  # the containers' command run with real torchrun

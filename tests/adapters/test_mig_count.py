@@ -110,6 +110,7 @@ async def ended(m: JobManager, job_id: str) -> None:
     await asyncio.wait_for(done(), 120)
 
 
+@pytest.mark.slow  # real torchrun
 def test_a_job_on_two_mig_instances_runs_a_rank_on_each_with_gloo(tmp_path: Path) -> None:
     async def scenario() -> None:
         m = manager(tmp_path)
