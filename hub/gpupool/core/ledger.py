@@ -156,12 +156,7 @@ class Ledger:
             return 1
         if offer.kind == "share":
             total = 0
-            for group in occ.share_groups.values():
-                if offer.model is not None and group.model != offer.model:
-                    continue
-                need = group.need(offer.share_cost_on(group.memory_mib), offer.share_mib)
-                if not 0 < need <= SHARE_MILLI:
-                    continue
+            for group, need in occ.share_needs(offer.model, offer.share_cost_on, offer.share_mib):
                 for u in group.used_values:
                     if u + need > SHARE_MILLI:
                         break
@@ -268,9 +263,10 @@ class Ledger:
             return offer.unit_cost_milli()
         if offer not in self._unit_costs:
             costs = [
-                group.need(offer.share_cost_on(group.memory_mib), offer.share_mib)
-                for group in self.occ.share_groups.values()
-                if offer.model in (None, group.model)
+                need
+                for _, need in self.occ.share_needs(
+                    offer.model, offer.share_cost_on, offer.share_mib, fitting=False
+                )
             ]
             fits = [c for c in costs if c <= SHARE_MILLI]
             self._unit_costs[offer] = min(fits or costs or [offer.unit_cost_milli()])
@@ -571,11 +567,11 @@ class Ledger:
 
     def _larger_than_replicas(self, offer: Offer) -> str:
         """Why a share offer never fits GPUs split into replicas, where it is too large."""
-        for group in self.occ.share_groups.values():
-            if not group.replicas or offer.model not in (None, group.model):
-                continue
-            need = group.need(offer.share_cost_on(group.memory_mib), offer.share_mib)
-            if need > SHARE_MILLI:
+        needs = self.occ.share_needs(
+            offer.model, offer.share_cost_on, offer.share_mib, fitting=False
+        )
+        for group, need in needs:
+            if group.replicas and need > SHARE_MILLI:
                 replica = fmt_mib(group.memory_mib // group.replicas)
                 return (
                     f" A {offer.label} is larger than one replica of the shared {group.model} "

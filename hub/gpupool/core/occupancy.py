@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right, insort
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .inventory import GPU, Inventory, MigInstance
 from .mig import Geometry, Profile
@@ -252,6 +252,25 @@ class Occupancy:
             and self.share_used[g] == 0
             and not self.share_only[g]
         )
+
+    def share_needs(
+        self,
+        model: str | None,
+        cost_on: Callable[[int], int],
+        share_mib: int | None = None,
+        *,
+        fitting: bool = True,
+    ) -> Iterator[tuple[ShareGroup, int]]:
+        """The share groups of ``model`` (``None``: every model), each with what one share takes
+        on its GPUs: ``cost_on(memory_mib)`` (an offer's or a demand's cost on that memory), or
+        one replica (:meth:`ShareGroup.need`; ``share_mib`` for a share asked by size). With
+        ``fitting``, only the groups where that fits on an empty GPU."""
+        for group in self.share_groups.values():
+            if model is not None and group.model != model:
+                continue
+            need = group.need(cost_on(group.memory_mib), share_mib)
+            if not fitting or 0 < need <= SHARE_MILLI:
+                yield group, need
 
     def free_milli(self, g: int) -> int:
         """What is free on GPU ``g`` in thousandths of it: slots, or memory left to shares."""

@@ -150,12 +150,7 @@ class PlacementPolicy:
     def _place_share(self, occ: Occupancy, d: Demand) -> Pick | None:
         best: tuple[Key, int] | None = None
         best_need = 0
-        for group in occ.share_groups.values():
-            if d.model is not None and group.model != d.model:
-                continue
-            need = group.need(d.share_need(group.memory_mib), d.share_mib)
-            if not 0 < need <= SHARE_MILLI:
-                continue
+        for group, need in occ.share_needs(d.model, d.share_need, d.share_mib):
             found = self.share_candidate(occ, group, need, d.avoid)
             if found is not None and (best is None or found < best):
                 best, best_need = found, need
