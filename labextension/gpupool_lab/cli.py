@@ -146,7 +146,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
         offer=offer,
         gpus=args.gpus,
         nodes=args.nodes,
-        team=args.team,
+        # the team of the line chosen or judged above (a member of several teams who names
+        # none: the hub's own default team may not even have that offer)
+        team=args.team or (line.team if line is not None else None),
         time_limit=args.time_limit,
         max_restarts=args.max_restarts,
         priority=args.priority,
@@ -263,7 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--nodes", type=positive, help="nodes (default: the hub's, 1)")
     s.add_argument("--offer", help="offer name (default: see above)")
-    s.add_argument("--team", help="team to charge (default: the hub's choice)")
+    s.add_argument(
+        "--team",
+        help="team to charge (default: the team of the offer line chosen, as `gpupool offers` "
+        "lists them; the hub's choice when it lists none)",
+    )
     s.add_argument("--time-limit", type=parse_duration, help="seconds, or 30m, 2h, 1h30m")
     s.add_argument("--max-restarts", type=non_negative, help="torchrun restarts on failure")
     s.add_argument(

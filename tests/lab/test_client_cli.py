@@ -302,6 +302,7 @@ def test_submit_converts_a_notebook(
         "args": ["--lr", "0.1"],
         "env": {"SEED": "1"},
         "offer": "h100",
+        "team": "vision",  # the team of the line the default was chosen from
         "time_limit": 5400,
         "max_restarts": 1,
         "priority": 5,
@@ -365,6 +366,23 @@ def test_submit_a_script_as_is_and_wait(
     )
     assert code == 1
     assert json.loads(out)["reason"] == "rank 1 exited with 1"
+
+
+def test_submit_charges_the_team_whose_line_it_judged(
+    hub: FakeHub, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A member of two teams who names no team: the job goes to the team of the line the
+    command chose or judged (the hub's own default team may not have that offer at all)."""
+    script = tmp_path / "job.py"
+    script.write_text("print(1)\n", encoding="utf-8")
+    code, _, err = run(capsys, "submit", str(script), "--offer", "h100-nlp")
+    assert code == 0, err
+    code, _, err = run(capsys, "submit", str(script), "--gpus", "2")
+    assert code == 0, err
+    assert [(p["team"], p["offer"]) for p in hub.posted] == [
+        ("nlp", "h100-nlp"),
+        ("vision", "h100"),
+    ]
 
 
 def test_submit_a_job_that_would_wait_queues_with_a_note(
