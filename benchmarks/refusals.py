@@ -70,6 +70,7 @@ from benchmarks.replay import (
     MODELS,
     Replay,
     Shape,
+    add_trace_arguments,
     fill_length,
     gpu_shapes,
     load_trace,
@@ -419,18 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m benchmarks.refusals",
         description="Sort each placement policy's churn refusals on the trace into their causes.",
     )
-    parser.add_argument(
-        "--traces",
-        type=Path,
-        metavar="DIR",
-        help=f"folder holding {traces.SUBDIR}/ (default: ${traces.ENV}, else ../shared/traces "
-        "beside the repository; without a trace, a synthetic one)",
-    )
-    parser.add_argument("--pods", type=Path, help="pod list CSV (default: the trace folder's)")
-    parser.add_argument("--nodes", type=Path, help="node list CSV (default: the trace folder's)")
-    parser.add_argument(
-        "--trace-seed", type=int, default=0, metavar="S", help="seed of the synthetic trace"
-    )
+    add_trace_arguments(parser)
     parser.add_argument("--model", choices=[*MODELS, "all"], default="all")
     parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("1-5"), metavar="1-5")
     parser.add_argument("--churn", type=int, default=2000, metavar="STEPS")

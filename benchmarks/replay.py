@@ -470,11 +470,9 @@ def load_trace(
     return traces.label(pods), read_pods(pods), read_nodes(nodes)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.replay",
-        description="Replay the Alibaba GPU trace through the ledger with each placement policy.",
-    )
+def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that say which trace to read (``--traces``, ``--pods``, ``--nodes``,
+    ``--trace-seed``), as :func:`load_trace` takes them."""
     parser.add_argument(
         "--traces",
         type=Path,
@@ -487,6 +485,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--trace-seed", type=int, default=0, metavar="S", help="seed of the synthetic trace"
     )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.replay",
+        description="Replay the Alibaba GPU trace through the ledger with each placement policy.",
+    )
+    add_trace_arguments(parser)
     parser.add_argument("--policy", choices=[*POLICIES, "all"], default="all")
     parser.add_argument(
         "--model",
