@@ -70,6 +70,30 @@ def make_instance(nvml: Any, handle: Any, name: str, start: int) -> str:
     raise AssertionError("no MIG device for the new instance")
 
 
+def destroy_instance(view: Any, gpu: Any, uuid: str) -> None:
+    """What ``nvidia-smi mig -dci`` then ``-dgi`` do to the instance of MIG device ``uuid``."""
+    mig = view.nvmlDeviceGetHandleByUUID(uuid)
+    gi = view.nvmlDeviceGetGpuInstanceById(gpu, view.nvmlDeviceGetGpuInstanceId(mig))
+    view.nvmlComputeInstanceDestroy(view.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
+    view.nvmlGpuInstanceDestroy(gi)
+
+
+class Admin:
+    """An admin with ``nvidia-smi`` on node a's GPU 1 (the managed H100), beside the hub."""
+
+    def __init__(self, sim: SimulatedNVML) -> None:
+        self.view = sim.for_node("a")
+        self.view.nvmlInit()
+        self.gpu = self.view.nvmlDeviceGetHandleByIndex(1)
+
+    def create(self, profile: str, start: int) -> str:
+        """``nvidia-smi mig -cgi <profile>:<start> -C``: the new instance's UUID."""
+        return make_instance(self.view, self.gpu, profile, start)
+
+    def destroy(self, uuid: str) -> None:
+        destroy_instance(self.view, self.gpu, uuid)
+
+
 def code(e: pytest.ExceptionInfo[pynvml.NVMLError]) -> int:
     return int(e.value.value)
 
@@ -289,9 +313,7 @@ def test_admin_instances_on_a_managed_gpu_are_handed_out_never_placed_over_nor_d
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sim = SimulatedNVML(SPEC)
-    view = sim.for_node("a")
-    view.nvmlInit()
-    admin = make_instance(view, view.nvmlDeviceGetHandleByIndex(1), "3g.40gb", 4)
+    admin = Admin(sim).create("3g.40gb", 4)
     (b_admin,) = nvml_instances(sim, "b")  # node b's 3g.40gb at slot 0, made by an admin too
     pool = build(tmp_path, sim, monkeypatch)
     assert pool.ledger.blocked == {}  # fixed instances now, not blocked slots
@@ -321,9 +343,7 @@ def test_a_holder_of_an_admins_instance_keeps_it_across_a_restart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sim = SimulatedNVML(SPEC)
-    view = sim.for_node("a")
-    view.nvmlInit()
-    admin = make_instance(view, view.nvmlDeviceGetHandleByIndex(1), "1g.10gb", 6)
+    admin = Admin(sim).create("1g.10gb", 6)
     pool = build(tmp_path, sim, monkeypatch)
     held = pool.allocate("ada", ["vision"], "mig-1g.10gb")
     assert held.devices[0].instance == admin
@@ -349,15 +369,13 @@ def test_an_admins_instance_destroyed_while_the_hub_was_down_loses_its_holder_on
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sim = SimulatedNVML(SPEC)
-    view = sim.for_node("a")
-    view.nvmlInit()
-    gpu = view.nvmlDeviceGetHandleByIndex(1)
-    admin = make_instance(view, gpu, "1g.10gb", 6)
+    by_hand = Admin(sim)
+    admin = by_hand.create("1g.10gb", 6)
     pool = build(tmp_path, sim, monkeypatch)
     held = pool.allocate("ada", ["vision"], "mig-1g.10gb")
     assert held.devices[0].instance == admin
     ours = pool.allocate("ada", ["vision"], "mig-4g.40gb")
-    destroy_instance(view, gpu, admin)  # the admin destroyed it while the hub was down
+    by_hand.destroy(admin)  # the admin destroyed it while the hub was down
     again = build(tmp_path, sim, monkeypatch)
     assert again.ledger.allocations == {ours.id: ours}
     assert [a.id for a in again.store.load()] == [ours.id]
@@ -369,24 +387,14 @@ def test_an_admins_instance_destroyed_while_the_hub_was_down_loses_its_holder_on
     again.ledger.check_invariants()
 
 
-def destroy_instance(view: Any, gpu: Any, uuid: str) -> None:
-    """What ``nvidia-smi mig -dci`` then ``-dgi`` do to the instance of MIG device ``uuid``."""
-    mig = view.nvmlDeviceGetHandleByUUID(uuid)
-    gi = view.nvmlDeviceGetGpuInstanceById(gpu, view.nvmlDeviceGetGpuInstanceId(mig))
-    view.nvmlComputeInstanceDestroy(view.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
-    view.nvmlGpuInstanceDestroy(gi)
-
-
 def test_an_admins_instance_destroyed_while_the_hub_runs_is_not_handed_out_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sim = SimulatedNVML(SPEC)
-    view = sim.for_node("a")
-    view.nvmlInit()
-    gpu = view.nvmlDeviceGetHandleByIndex(1)
-    admin = make_instance(view, gpu, "1g.10gb", 6)
+    by_hand = Admin(sim)
+    admin = by_hand.create("1g.10gb", 6)
     pool = build(tmp_path, sim, monkeypatch)
-    destroy_instance(view, gpu, admin)  # the admin takes it back while the hub runs
+    by_hand.destroy(admin)  # the admin takes it back while the hub runs
     with pytest.raises(DeviceUnavailable) as e:
         pool.allocate("ada", ["vision"], "mig-1g.10gb")
     assert status_of(e.value) == 503
@@ -416,11 +424,9 @@ def test_a_restart_re_adopts_held_instances_and_destroys_orphans_only(
     orphan = pool.allocate("ada", ["vision"], "mig-1g.10gb")
     # the hub dies after the orphan's instance was made and recorded, but its allocation is lost
     pool.store.delete([orphan.id])
-    view = sim.for_node("a")
-    view.nvmlInit()
     taken = {d.start for d in orphan.devices if d.gpu == pool.inventory.gpus[1].uuid}
     free = next(s for s in (6, 5, 4) if s not in taken)
-    admin = make_instance(view, view.nvmlDeviceGetHandleByIndex(1), "1g.10gb", free)  # meanwhile
+    admin = Admin(sim).create("1g.10gb", free)  # meanwhile
     again = build(tmp_path, sim, monkeypatch)
     assert again.ledger.allocations[kept.id].devices == kept.devices
     b_admin = set(nvml_instances(sim, "b"))  # node b's admin 3g.40gb (and perhaps ours)
@@ -442,13 +448,8 @@ def test_an_allocation_whose_instance_vanished_is_lost_at_restart(
     sim = SimulatedNVML(SPEC)
     pool = build(tmp_path, sim, monkeypatch)
     a = pool.allocate("ada", ["vision"], "mig-4g.40gb")  # fits only the managed GPU 1
-    view = sim.for_node("a")
-    view.nvmlInit()
-    gpu = view.nvmlDeviceGetHandleByIndex(1)
-    mig = view.nvmlDeviceGetHandleByUUID(a.devices[0].instance)
-    gi = view.nvmlDeviceGetGpuInstanceById(gpu, view.nvmlDeviceGetGpuInstanceId(mig))
-    view.nvmlComputeInstanceDestroy(view.nvmlGpuInstanceGetComputeInstanceById(gi, 0))
-    view.nvmlGpuInstanceDestroy(gi)  # an admin destroyed it while the hub was down
+    assert a.devices[0].instance is not None
+    Admin(sim).destroy(a.devices[0].instance)  # an admin destroyed it while the hub was down
     again = build(tmp_path, sim, monkeypatch)
     assert a.id not in again.ledger.allocations
     assert again.store.load() == [] and again.store.mig_records() == []
@@ -494,9 +495,7 @@ def test_a_racing_admin_instance_fails_the_creation_with_503_and_no_leak(
 ) -> None:
     sim = SimulatedNVML(SPEC)
     pool = build(tmp_path, sim, monkeypatch)
-    view = sim.for_node("a")
-    view.nvmlInit()
-    racer = make_instance(view, view.nvmlDeviceGetHandleByIndex(1), "1g.10gb", 0)
+    racer = Admin(sim).create("1g.10gb", 0)
     with pytest.raises(DeviceUnavailable) as e:
         pool.allocate("ada", ["vision"], "mig-7g.80gb")
     assert status_of(e.value) == 503
@@ -518,12 +517,11 @@ def test_a_failed_creation_leaves_the_admins_instances_of_the_start_allocatable(
     """What NVML shows after a failed creation is learnt (the racer's instance is blocked), but
     the admin's instances known since the start stay fixed instances, handed out as they are."""
     sim = SimulatedNVML(SPEC)
-    view = sim.for_node("a")
-    view.nvmlInit()
-    admin = make_instance(view, view.nvmlDeviceGetHandleByIndex(1), "3g.40gb", 4)
+    by_hand = Admin(sim)
+    admin = by_hand.create("3g.40gb", 4)
     (b_admin,) = nvml_instances(sim, "b")
     pool = build(tmp_path, sim, monkeypatch)
-    racer = make_instance(view, view.nvmlDeviceGetHandleByIndex(1), "1g.10gb", 0)
+    racer = by_hand.create("1g.10gb", 0)
     with pytest.raises(DeviceUnavailable):  # a 4g.40gb fits only slot 0 of GPU 1
         pool.allocate("ada", ["vision"], "mig-4g.40gb")
     gpu = pool.inventory.gpus[1].uuid
@@ -626,9 +624,7 @@ def test_the_admin_page_shows_made_admin_and_draining_instances(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sim = SimulatedNVML(SPEC)
-    view = sim.for_node("a")
-    view.nvmlInit()
-    make_instance(view, view.nvmlDeviceGetHandleByIndex(1), "1g.10gb", 6)  # an admin's
+    Admin(sim).create("1g.10gb", 6)  # an admin's
     pool = build(tmp_path, sim, monkeypatch)
     a = pool.allocate("ada", ["vision"], "mig-4g.40gb")
     admins = pool.allocate("ada", ["vision"], "mig-1g.10gb")  # the admin's, as it is
