@@ -57,14 +57,15 @@ def shared_node(
     return node(name, labels, resources)
 
 
-def hami_node(name: str = "l40s-hami", gpus: int = 2) -> dict[str, Any]:
-    """A node of ``gpus`` L40S that HAMi's device plugin shares out (its default split of 10)."""
+def hami_node(name: str = "l40s-hami", gpus: int = 2, split: int = 10) -> dict[str, Any]:
+    """A node of ``gpus`` L40S that HAMi's device plugin shares out, each GPU to at most
+    ``split`` pods (its ``deviceSplitCount``, 10 by default)."""
     labels = {"kubernetes.io/hostname": name, "gpu": "on"}
-    obj = node(name, labels, {"nvidia.com/gpu": str(10 * gpus)})
+    obj = node(name, labels, {"nvidia.com/gpu": str(split * gpus)})
     devices = [
         {
             "id": f"GPU-0000000{i}-1111-2222-3333-444444444444",
-            "count": 10,
+            "count": split,
             "devmem": 46068,
             "devcore": 100,
             "type": "NVIDIA-NVIDIA L40S",
@@ -160,9 +161,9 @@ def test_a_shared_node_that_makes_no_sense_is_left_out_saying_why(change: Any, w
 def test_a_hami_node_takes_shares_by_memory() -> None:
     inv = inventory_from_nodes([hami_node()])
     assert [g.uuid for g in inv.gpus] == ["k8s-l40s-hami-gpu0", "k8s-l40s-hami-gpu1"]
-    assert {(g.model, g.memory_mib, g.share_resource, g.share_replicas) for g in inv.gpus} == {
-        ("L40S-48GB", 46068, "hami", 0)
-    }
+    assert {
+        (g.model, g.memory_mib, g.share_resource, g.share_replicas, g.share_slots) for g in inv.gpus
+    } == {("L40S-48GB", 46068, "hami", 0, 10)}
     assert any("shared by HAMi (20× nvidia.com/gpu virtual)" in n for n in inv.notes)
     # no GFD product label: the model comes from HAMi's annotation, and the note says what an
     # offer's product affinity then cannot do
@@ -179,7 +180,7 @@ def test_hamis_older_annotation_format_is_read() -> None:
     old = (
         "GPU-a,10,46068,100,NVIDIA-NVIDIA L40S,0,true:GPU-b,10,46068,100,NVIDIA-NVIDIA L40S,0,true:"
     )
-    assert hami_devices(old) == [(46068, "NVIDIA-NVIDIA L40S")] * 2
+    assert hami_devices(old) == [(46068, "NVIDIA-NVIDIA L40S", 10)] * 2
     assert hami_devices("garbage") == []
 
 
@@ -246,6 +247,25 @@ def test_a_share_on_a_hami_gpu_costs_its_memory() -> None:
     a = led.allocate(Request("ada", "vision", "share-8gb"), "a1")
     assert a.cost_milli == -(-8192 * 1000 // 46068)  # 178: its memory fraction, rounded up
     led.check_invariants()
+
+
+def test_a_hami_gpu_holds_no_more_shares_than_its_split_count() -> None:
+    """HAMi puts at most ``deviceSplitCount`` pods on a GPU, however small: a share there takes
+    at least one split's worth of it (so a fifth 1 GB share of a GPU split in 4 is refused, not
+    sent to a pod that would stay Pending), and is charged that (what it takes from others)."""
+    led = Ledger(
+        inventory_from_nodes([hami_node(gpus=1, split=4)]),
+        {"share-1gb": Offer("share-1gb", "share", share_mib=1024)},
+        {"vision": Team("vision", 64000)},
+    )
+    held = [led.allocate(Request("ada", "vision", "share-1gb"), f"s{i}") for i in range(4)]
+    assert {a.cost_milli for a in held} == {250}  # not 23: a quarter of the pods it may hold
+    assert led.placeable(led.offers["share-1gb"]) == 0
+    with pytest.raises(NoCapacity):
+        led.allocate(Request("ada", "vision", "share-1gb"), "s4")
+    led.check_invariants()
+    a = ledger(hami_node(gpus=1)).allocate(Request("ada", "vision", "share-8gb"), "a1")
+    assert a.cost_milli == 178  # above a split's worth (100): its memory fraction
 
 
 def test_restore_keeps_shares_of_shared_gpus_and_loses_whole_ones() -> None:

@@ -16,7 +16,9 @@ Vocabulary
   out only whole (a plain Kubernetes ``nvidia.com/gpu``: no shares); else what a pod asks for one
   share (``nvidia.com/gpu.shared``, ``nvidia.com/gpu`` on a node whose device plugin shares without
   renaming, or ``hami``): the GPU takes shares only. With ``share_replicas`` (the device plugin's
-  time-slicing or MPS replicas) a share takes one whole replica and fits only within one.
+  time-slicing or MPS replicas) a share takes one whole replica and fits only within one; with
+  ``share_slots`` (HAMi's split count: at most that many shares) a share takes at least one
+  slot's worth, ``1000 // share_slots``.
 - *node pool*: a group of nodes an autoscaler adds on demand (and may have scaled to zero): the
   admin declares what one of its nodes holds (a template :class:`Node`) and at most how many it
   grows to. Its capacity does not exist yet: requests it alone could hold *wait* for it rather
@@ -61,6 +63,9 @@ class GPU:
     """How the platform hands out shares of this GPU (see *share resource*)."""
     share_replicas: int = 0
     """With a share resource, the replicas the platform splits the GPU into (0: by memory)."""
+    share_slots: int = 0
+    """With a share resource, the most shares the platform puts on the GPU whatever their size
+    (HAMi's ``deviceSplitCount``; 0: no such limit)."""
 
     @property
     def mig_enabled(self) -> bool:

@@ -11,15 +11,17 @@ Vocabulary
   A GPU holds one kind at a time: one whole-GPU holder, or MIG instances, or shares summing to at
   most :data:`SHARE_MILLI`. *used* is that sum; *free milli* is what is left (of any kind: free
   slots in thousandths on a MIG GPU, nothing on a whole-held one).
-- *share group*: the share-taking GPUs of one model, memory size and replica count (a share asked
-  by size costs the same on each), with an index by used milli (sorted non-empty values, each a
-  set of GPUs) and a max-free tree over the group's GPUs in ordinal order (the first GPU where a
-  share fits, in O(log n)). Placement looks at used values, not GPUs. A GPU whose *share
-  resource* is ``""`` takes no shares; one with a share resource takes shares only (never a
-  whole-GPU request).
+- *share group*: the share-taking GPUs of one model, memory size, replica and slot count (a
+  share asked by size costs the same on each), with an index by used milli (sorted non-empty
+  values, each a set of GPUs) and a max-free tree over the group's GPUs in ordinal order (the
+  first GPU where a share fits, in O(log n)). Placement looks at used values, not GPUs. A GPU
+  whose *share resource* is ``""`` takes no shares; one with a share resource takes shares only
+  (never a whole-GPU request).
 - *replica need*: on GPUs split into ``replicas`` by the platform (Kubernetes time-slicing or
   MPS), a share takes one whole replica, ``SHARE_MILLI // replicas``, and only if it fits in one
-  replica's memory (``memory_mib / replicas``); :meth:`ShareGroup.need` says what it takes.
+  replica's memory (``memory_mib / replicas``); on GPUs with ``slots`` (HAMi's split count: at
+  most that many shares, whatever their size) a share takes at least ``SHARE_MILLI // slots``.
+  :meth:`ShareGroup.need` says what a share takes.
 - *MIG bucket*: all GPUs that take dynamically placed MIG instances (``dynamic``, or ``flex`` not
   held whole) with the same model, mode and mask. Placement looks at buckets, not GPUs, so a
   decision costs O(distinct masks), not O(GPUs).
@@ -57,8 +59,9 @@ SHARE_MILLI = GPU_MILLI
 
 MigKey = tuple[str, str, int]
 NodeKey = tuple[str, int]
-ShareKey = tuple[str, int, int]
-"""A share group: ``(model, memory_mib, replicas)`` (replicas 0: shares by memory)."""
+ShareKey = tuple[str, int, int, int]
+"""A share group: ``(model, memory_mib, replicas, slots)`` (replicas 0: shares by memory; slots
+0: no limit on the number of shares)."""
 NODE_CODE = 1 << 24
 """Nodes by free milli are coded ``free_milli * NODE_CODE + ordinal`` (fewer than 2**24 nodes)."""
 FixedKey = tuple[str, str, int]
@@ -112,14 +115,18 @@ class ShareGroup:
         "pos",
         "replicas",
         "size",
+        "slots",
         "tree",
         "used_values",
     )
 
-    def __init__(self, model: str, memory_mib: int, replicas: int, members: list[int]) -> None:
+    def __init__(
+        self, model: str, memory_mib: int, replicas: int, slots: int, members: list[int]
+    ) -> None:
         self.model = model
         self.memory_mib = memory_mib
         self.replicas = replicas
+        self.slots = slots
         self.members = members
         self.pos = {g: i for i, g in enumerate(members)}
         self.by_used: dict[int, MinSet] = {}
@@ -132,11 +139,13 @@ class ShareGroup:
 
     def need(self, milli: int, share_mib: int | None = None) -> int:
         """What a share of ``milli`` (asked as ``share_mib`` MiB, if by size) takes on a member:
-        ``milli``, or on GPUs split into replicas one replica when it fits in one, else more
-        than a GPU (it never fits)."""
+        ``milli``; on GPUs split into replicas one replica when it fits in one, else more than a
+        GPU (it never fits); on GPUs with share slots at least one slot's worth."""
         replicas = self.replicas
-        if not replicas or milli <= 0:
+        if milli <= 0:
             return milli
+        if not replicas:
+            return max(milli, SHARE_MILLI // self.slots) if self.slots else milli
         if share_mib is not None:
             fits = share_mib * replicas <= self.memory_mib
         else:
@@ -208,8 +217,10 @@ class Occupancy:
         members: dict[ShareKey, list[int]] = {}
         for g, gpu in enumerate(self.gpus):
             if gpu.mig_mode == "off" and gpu.share_resource != "":
-                replicas = gpu.share_replicas if gpu.share_resource else 0
-                members.setdefault((gpu.model, gpu.memory_mib, replicas), []).append(g)
+                replicas, slots = (
+                    (gpu.share_replicas, gpu.share_slots) if gpu.share_resource else (0, 0)
+                )
+                members.setdefault((gpu.model, gpu.memory_mib, replicas, slots), []).append(g)
         self.share_groups: dict[ShareKey, ShareGroup] = {
             key: ShareGroup(*key, gs) for key, gs in members.items()
         }

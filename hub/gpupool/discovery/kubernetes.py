@@ -23,8 +23,10 @@ Vocabulary
   The GPU's *share resource* is the resource a pod requests one of.
 - *HAMi node*: a node whose device plugin is HAMi's (annotation ``hami.io/node-nvidia-register``,
   where ``nvidia.com/gpu`` counts ``deviceSplitCount`` virtual GPUs per GPU). Its GPUs take shares
-  only, by memory (HAMi caps each pod's memory); their share resource is ``hami``: a pod asks for
-  ``nvidia.com/gpu: 1`` and ``nvidia.com/gpumem: <MiB>`` (:mod:`gpupool.podspec`).
+  only, by memory (HAMi caps each pod's memory), at most ``deviceSplitCount`` of them each (the
+  GPU's *share slots*: the annotation's ``count``, else ``nvidia.com/gpu`` over the GPUs); their
+  share resource is ``hami``: a pod asks for ``nvidia.com/gpu: 1`` and
+  ``nvidia.com/gpumem: <MiB>`` (:mod:`gpupool.podspec`).
 - *packing*: the node says how many instances of each profile it has, not which GPU holds which.
   :func:`pack_instances` rebuilds one valid layout with :meth:`Geometry.fit`, on ``gpu.count``
   minus the whole GPUs when the label is there, else on the fewest GPUs that hold them.
@@ -253,22 +255,32 @@ def _shared_node(
     )
 
 
-def hami_devices(annotation: str) -> list[tuple[int, str]]:
-    """``(memory MiB, type)`` of each GPU in HAMi's ``hami.io/node-nvidia-register`` annotation:
-    a JSON list of ``{"id", "count", "devmem", "devcore", "type", ...}`` (HAMi 2.4 and later) or
-    the older ``id,count,devmem,devcore,type,numa,health:`` records; ``[]`` when unreadable."""
+def hami_devices(annotation: str) -> list[tuple[int, str, int]]:
+    """``(memory MiB, type, split count)`` of each GPU in HAMi's ``hami.io/node-nvidia-register``
+    annotation: a JSON list of ``{"id", "count", "devmem", "devcore", "type", ...}`` (HAMi 2.4
+    and later) or the older ``id,count,devmem,devcore,type,numa,health:`` records; ``[]`` when
+    unreadable. The split count (``count``: the most pods on the GPU) is 0 when unreadable."""
     try:
         found = json.loads(annotation)
         if isinstance(found, list):
-            return [(int(d.get("devmem", 0)), str(d.get("type", ""))) for d in found]
+            return [
+                (int(d.get("devmem", 0)), str(d.get("type", "")), _hami_count(d.get("count")))
+                for d in found
+            ]
     except (ValueError, TypeError, AttributeError):
         pass
     out = []
     for record in annotation.split(":"):
         fields = record.split(",")
         if len(fields) >= 5 and fields[2].strip().isdigit():
-            out.append((int(fields[2]), fields[4].strip()))
+            out.append((int(fields[2]), fields[4].strip(), _hami_count(fields[1])))
     return out
+
+
+def _hami_count(value: Any) -> int:
+    """A whole number of a HAMi record (``10`` or ``"10"``), else 0."""
+    text = str(value).strip()
+    return int(text) if text.isdigit() else 0
 
 
 def _hami_node(
@@ -287,9 +299,11 @@ def _hami_node(
         )
         return None
     model, memory_mib = product_model(product, memory)
+    # deviceSplitCount: the most pods HAMi puts on one GPU, whatever their memory
+    split = min((d[2] for d in devices), default=0) or whole // count
     notes.append(
         f"node {name}: {count}× {model} shared by HAMi ({whole}× {GPU_RESOURCE} virtual); "
-        "they take only shares, by memory (nvidia.com/gpumem)"
+        f"they take only shares, by memory (nvidia.com/gpumem), at most {split} per GPU"
     )
     labelled = labels.get(PRODUCT_LABEL, "")
     if not labelled:
@@ -301,7 +315,11 @@ def _hami_node(
     return Node(
         name,
         tuple(
-            replace(_whole(name, i, model, memory_mib, geometry, labelled), share_resource=HAMI)
+            replace(
+                _whole(name, i, model, memory_mib, geometry, labelled),
+                share_resource=HAMI,
+                share_slots=split,
+            )
             for i in range(count)
         ),
     )
