@@ -30,10 +30,12 @@ Vocabulary
   root, or no MIG capability). Found by a probe at start; managed GPUs are then ``fixed`` (their
   existing instances handed out as they are) and :attr:`MigManager.off` says why.
 
-Contract: every NVML call goes through the ``nvml`` of the GPU's node (``pynvml`` or the
-simulated NVML), each use between ``nvmlInit`` and ``nvmlShutdown``. An instance is recorded
-(``creating``) before NVML is asked and marked ``live`` with its ``MIG-…`` UUID before the
-allocation that holds it is handed out; a failed creation leaves no instance and no record.
+Contract: every NVML call for instances goes through
+:class:`gpupool.discovery.mig_nvml.MigDriver` (the ``nvml`` of the GPU's node: ``pynvml`` or the
+simulated NVML, each use between ``nvmlInit`` and ``nvmlShutdown``); this module keeps the
+records, the ledger's view and the policy. An instance is recorded (``creating``) before NVML
+is asked and marked ``live`` with its ``MIG-…`` UUID before the allocation that holds it is
+handed out; a failed creation leaves no instance and no record.
 gpupool never switches MIG mode. The manager is called by :class:`gpupool.pool.Pool` under its
 lock; it never raises out of a release.
 """
@@ -44,7 +46,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -53,9 +55,9 @@ import pynvml
 from ..core.errors import NoCapacity
 from ..core.inventory import GPU, Inventory, MigInstance
 from ..core.ledger import Allocation, Blocked, Ledger
-from ..core.mig import GEOMETRIES, Geometry, Profile
+from ..core.mig import GEOMETRIES
 from ..settings import ConfigError
-from .machine import compute_profile_index, profile_index
+from .mig_nvml import ManagedGpu, MigDriver, nvml_error
 
 KEY = "GPUPool.managed_mig"
 EXAMPLE = (
@@ -148,23 +150,6 @@ def parse_managed(value: Any) -> ManagedMig:
 # -- the manager -------------------------------------------------------------------------------
 
 
-def _nvml_error(e: Exception) -> int | None:
-    return getattr(e, "value", None) if isinstance(e, pynvml.NVMLError) else None
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-@dataclass
-class _Gpu:
-    node: str
-    uuid: str
-    index: int
-    model: str
-    geometry: Geometry
-
-
 class MigManager:
     """Creates and destroys the MIG instances of managed GPUs (see the module docstring)."""
 
@@ -177,13 +162,14 @@ class MigManager:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.managed = managed
-        self.nvml_by_node = dict(nvml_by_node)
+        self.driver = MigDriver(nvml_by_node)
+        self.nvml_by_node = self.driver.nvml_by_node
         self.store = store
         self.log = logger
         self.clock = clock
         self.off = ""
         """Why MIG on demand is off ("": it is on, or no GPU is managed)."""
-        self.gpus: dict[str, _Gpu] = {}
+        self.gpus: dict[str, ManagedGpu] = {}
         """The managed GPUs the pool creates instances on, by UUID."""
         self.records: dict[tuple[str, str, int], Any] = {}
         self.admin: dict[str, tuple[str, MigInstance]] = {}
@@ -215,7 +201,7 @@ class MigManager:
                     KEY,
                 )
             return inventory
-        self.off = self._probe(candidates)
+        self.off = self.driver.probe(candidates)
         if self.off:
             self.log.warning(
                 "gpupool: MIG on demand is off: %s; managed GPUs hand out only the instances "
@@ -246,7 +232,7 @@ class MigManager:
                 kept.append(inst)
                 if inst.uuid:
                     self.admin[inst.uuid] = (gpu.uuid, inst)
-            self.gpus[gpu.uuid] = _Gpu(node, gpu.uuid, gpu.index, gpu.model, gpu.geometry)
+            self.gpus[gpu.uuid] = ManagedGpu(node, gpu.uuid, gpu.index, gpu.model, gpu.geometry)
             changed[gpu.uuid] = replace(gpu, mig_mode="dynamic", instances=tuple(kept))
         nodes = tuple(
             replace(n, gpus=tuple(changed.get(g.uuid, g) for g in n.gpus)) for n in inventory.nodes
@@ -259,27 +245,6 @@ class MigManager:
                 len(self.admin),
             )
         return replace(inventory, nodes=nodes)
-
-    def _probe(self, candidates: Iterable[tuple[str, GPU]]) -> str:
-        """ "" when NVML lets this process manage MIG instances, else why not. Asks for the
-        remaining capacity of one profile: NVML reserves that, like creation, for root."""
-        for node, gpu in candidates:
-            geometry = gpu.geometry
-            assert geometry is not None
-            try:
-                with self._nvml(node) as nvml:
-                    handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
-                    p = geometry.profiles[0]
-                    info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_index(p))
-                    nvml.nvmlDeviceGetGpuInstanceRemainingCapacity(handle, info.id)
-            except pynvml.NVMLError as e:
-                if _nvml_error(e) == pynvml.NVML_ERROR_NO_PERMISSION:
-                    return (
-                        "NVML refuses to manage MIG instances (no permission: the hub runs "
-                        "neither as root nor with the MIG config capability)"
-                    )
-                return f"NVML cannot manage MIG instances on GPU {gpu.index} ({e})"
-        return ""
 
     def attach(self, ledger: Ledger) -> None:
         """Block, in a new ledger (before its restore), the admin instances learnt while the
@@ -359,12 +324,7 @@ class MigManager:
         """A record whose MIG device NVML does not show: a crash between creating the GPU
         instance and its compute instance may have left the bare GPU instance, destroyed here
         (only if its ID, profile and start are the recorded ones)."""
-        gpu = self.gpus[record.gpu]
-        if record.gpu_instance_id is not None:
-            with contextlib.suppress(pynvml.NVMLError), self._nvml(gpu.node) as nvml:
-                gi = self._own_gpu_instance(nvml, gpu, record)
-                if gi is not None:
-                    nvml.nvmlGpuInstanceDestroy(gi)
+        self.driver.destroy_bare(self.gpus[record.gpu], record)
         self._drop(record)
 
     # -- allocate and release -------------------------------------------------------------
@@ -383,7 +343,7 @@ class MigManager:
                 continue
             gpu = self.gpus[d.gpu]
             if d.instance in self.admin:  # handed out as it is, if NVML still has it
-                if self._gone(gpu, d.instance or ""):
+                if self.driver.gone(gpu, d.instance or ""):
                     self._undo(made)
                     raise MigCreateFailed(
                         f"The MIG {d.profile} instance at slot {d.start} of GPU {gpu.index} "
@@ -406,7 +366,7 @@ class MigManager:
             )  # fmt: skip
             try:
                 self._save(record)
-                gi_id, ci_id, uuid = self._create(gpu, d.profile, d.start)
+                gi_id, ci_id, uuid = self.driver.create(gpu, d.profile, d.start)
             except pynvml.NVMLError as e:
                 self._drop(record)
                 self._undo(made)
@@ -440,8 +400,10 @@ class MigManager:
         ledger.allocations[carved.id] = carved
         return carved
 
-    def _create_failed(self, gpu: _Gpu, profile: str, start: int, e: Exception) -> MigCreateFailed:
-        code = _nvml_error(e)
+    def _create_failed(
+        self, gpu: ManagedGpu, profile: str, start: int, e: Exception
+    ) -> MigCreateFailed:
+        code = nvml_error(e)
         where = f"MIG {profile} at slot {start} of GPU {gpu.index}"
         if code == pynvml.NVML_ERROR_NO_PERMISSION:
             self.off = (
@@ -541,7 +503,7 @@ class MigManager:
 
     def _release_record(self, record: Any, ledger: Ledger) -> bool:
         """Destroy a recorded instance held by nothing; ``False`` when it is now draining."""
-        outcome = self._destroy(record)
+        outcome = self.driver.destroy(self.gpus[record.gpu], record)
         if outcome in ("destroyed", "gone"):
             self._drop(record)
             if outcome == "destroyed":
@@ -579,7 +541,7 @@ class MigManager:
             if record.gpu not in self.gpus:
                 continue
             try:
-                outcome = self._destroy(record)
+                outcome = self.driver.destroy(self.gpus[record.gpu], record)
                 if outcome not in ("destroyed", "gone"):
                     continue
                 self._drop(record)
@@ -602,133 +564,10 @@ class MigManager:
             [r for r in self.records.values() if r.allocation_id == allocation.id and r.uuid]
         )
 
-    # -- NVML -----------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _nvml(self, node: str) -> Any:
-        nvml = self.nvml_by_node[node]
-        nvml.nvmlInit()
-        try:
-            yield nvml
-        finally:
-            with contextlib.suppress(pynvml.NVMLError):
-                nvml.nvmlShutdown()
-
-    def _create(self, gpu: _Gpu, profile: str, start: int) -> tuple[int, int, str]:
-        """Create a GPU instance of ``profile`` at ``start`` and its full compute instance;
-        returns the GPU- and compute-instance IDs and the MIG device's UUID."""
-        p = gpu.geometry.resolve(profile)
-        assert p is not None
-        with self._nvml(gpu.node) as nvml:
-            handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
-            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_index(p))
-            placement = pynvml.c_nvmlGpuInstancePlacement_t()
-            placement.start, placement.size = start, p.memory_slots
-            gi = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, info.id, placement)
-            try:
-                gi_id = int(nvml.nvmlGpuInstanceGetInfo(gi).id)
-                ci_info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                    gi,
-                    compute_profile_index(p),
-                    pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
-                )
-                nvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_info.id)
-                ci_id, uuid = self._mig_device(nvml, handle, gi_id)
-            except BaseException:
-                with contextlib.suppress(pynvml.NVMLError):
-                    self._destroy_gpu_instance(nvml, gi)
-                raise
-        return gi_id, ci_id, uuid
-
-    def _gone(self, gpu: _Gpu, uuid: str) -> bool:
-        """Whether NVML no longer shows MIG device ``uuid`` on ``gpu`` (another NVML error: it
-        is taken as there)."""
-        try:
-            with self._nvml(gpu.node) as nvml:
-                mig = nvml.nvmlDeviceGetHandleByUUID(uuid)
-                parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
-                return _text(nvml.nvmlDeviceGetUUID(parent)) != gpu.uuid
-        except pynvml.NVMLError as e:
-            return bool(_nvml_error(e) == pynvml.NVML_ERROR_NOT_FOUND)
-
-    @staticmethod
-    def _mig_device(nvml: Any, handle: Any, gi_id: int) -> tuple[int, str]:
-        """The compute-instance ID and UUID of the MIG device of GPU instance ``gi_id``."""
-        for i in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-            try:
-                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
-            except pynvml.NVMLError_NotFound:
-                continue
-            if nvml.nvmlDeviceGetGpuInstanceId(mig) == gi_id:
-                return int(nvml.nvmlDeviceGetComputeInstanceId(mig)), _text(
-                    nvml.nvmlDeviceGetUUID(mig)
-                )
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
-
-    @staticmethod
-    def _destroy_gpu_instance(nvml: Any, gi: Any) -> None:
-        """Destroy a GPU instance just made here (with its compute instance, if any)."""
-        with contextlib.suppress(pynvml.NVMLError):
-            ci = nvml.nvmlGpuInstanceGetComputeInstanceById(gi, 0)
-            nvml.nvmlComputeInstanceDestroy(ci)
-        nvml.nvmlGpuInstanceDestroy(gi)
-
-    def _own_gpu_instance(self, nvml: Any, gpu: _Gpu, record: Any) -> Any:
-        """The GPU instance of ``record`` if NVML still has it as recorded (same ID, profile
-        and start), else ``None``: an instance that is not the pool's is never touched."""
-        handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
-        try:
-            gi = nvml.nvmlDeviceGetGpuInstanceById(handle, record.gpu_instance_id)
-        except pynvml.NVMLError as e:
-            if _nvml_error(e) in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT):
-                return None
-            raise
-        info = nvml.nvmlGpuInstanceGetInfo(gi)
-        p: Profile | None = gpu.geometry.resolve(
-            profile_id=int(info.profileId), memory_slots=int(info.placement.size)
-        )
-        if p is None or p.name != record.profile or int(info.placement.start) != record.start:
-            return None
-        return gi
-
-    def _destroy(self, record: Any) -> str:
-        """Destroy a recorded instance: ``destroyed``, ``gone`` (not there, or no longer the
-        pool's), or why it could not be (processes still run on it, another NVML error)."""
-        gpu = self.gpus[record.gpu]
-        if record.gpu_instance_id is None and record.uuid is None:
-            return "gone"
-        try:
-            with self._nvml(gpu.node) as nvml:
-                if record.gpu_instance_id is None:  # a crash before the IDs were recorded
-                    try:
-                        mig = nvml.nvmlDeviceGetHandleByUUID(record.uuid)
-                    except pynvml.NVMLError_NotFound:
-                        return "gone"
-                    record = replace(record, gpu_instance_id=nvml.nvmlDeviceGetGpuInstanceId(mig))
-                gi = self._own_gpu_instance(nvml, gpu, record)
-                if gi is None:
-                    return "gone"
-                if record.uuid is not None:
-                    handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
-                    try:
-                        ci_id, uuid = self._mig_device(nvml, handle, record.gpu_instance_id)
-                    except pynvml.NVMLError_NotFound:
-                        ci_id, uuid = None, None
-                    if uuid is not None and uuid != record.uuid:
-                        return "gone"  # the ID was reused by an instance that is not ours
-                    if ci_id is not None:
-                        ci = nvml.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id)
-                        nvml.nvmlComputeInstanceDestroy(ci)
-                nvml.nvmlGpuInstanceDestroy(gi)
-        except pynvml.NVMLError as e:
-            if _nvml_error(e) == pynvml.NVML_ERROR_IN_USE:
-                return "processes still run on it (NVML: in use)"
-            return f"NVML says: {e}"
-        return "destroyed"
-
     def _undo(self, made: list[Any]) -> None:
         for record in made:
             try:
-                outcome = self._destroy(record)
+                outcome = self.driver.destroy(self.gpus[record.gpu], record)
             except Exception as e:  # never hide the first failure
                 outcome = str(e)
             if outcome in ("destroyed", "gone"):
