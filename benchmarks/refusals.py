@@ -193,17 +193,7 @@ class WatchedRun(Replay):
     def fits_elsewhere(self, shape: Shape, avoid: frozenset[int]) -> bool:
         """Whether ``shape`` fits now on a node outside ``avoid`` (first-fit, nothing taken)."""
         offer = self.ledger.offers[shape.offer]
-        demand = Demand(
-            offer.kind,
-            shape.count,
-            offer.model,
-            offer.nvlink,
-            offer.profile,
-            avoid,
-            offer.share_milli,
-            offer.share_mib,
-        )
-        return self.probe.place(self.ledger.occ, demand) is not None
+        return self.probe.place(self.ledger.occ, Demand.of(offer, shape.count, avoid)) is not None
 
     # -- the watched calls -----------------------------------------------------------------
     def begin_churn(self) -> None:

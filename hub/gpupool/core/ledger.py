@@ -352,16 +352,7 @@ class Ledger:
                 if request.avoid_nodes
                 else frozenset()
             )
-            demand = Demand(
-                offer.kind,
-                request.count,
-                offer.model,
-                offer.nvlink,
-                offer.profile,
-                avoid,
-                offer.share_milli,
-                offer.share_mib,
-            )
+            demand = Demand.of(offer, request.count, avoid)
             self.policy.observe(demand)
             found = self.policy.place(self.occ, demand)
             if found is None:

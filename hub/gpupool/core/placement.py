@@ -32,7 +32,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from .mig import Geometry, Profile
@@ -45,7 +45,7 @@ from .occupancy import (
     Occupancy,
     ShareGroup,
 )
-from .offers import share_cost_milli
+from .offers import Offer, share_cost_milli
 from .units import GPU_MILLI
 
 
@@ -60,6 +60,14 @@ class Demand:
     """Node ordinals the demand must not land on."""
     share_milli: int | None = None
     share_mib: int | None = None
+
+    @classmethod
+    def of(cls, offer: Offer, count: int, avoid: frozenset[int] = frozenset()) -> Demand:
+        """The device part of a request for ``count`` of ``offer``, off the nodes ``avoid``."""
+        return cls(
+            offer.kind, count, offer.model, offer.nvlink, offer.profile, avoid,
+            offer.share_milli, offer.share_mib,
+        )  # fmt: skip
 
     def share_need(self, memory_mib: int) -> int:
         """The milli a share demand takes on a GPU of ``memory_mib``."""
@@ -125,12 +133,12 @@ class PlacementPolicy:
         nodes = frozenset(range(len(occ.node_gpus)))
         avoid = d.avoid
         while True:
-            one = Demand(d.kind, 1, d.model, d.nvlink, d.profile, avoid)
+            one = replace(d, count=1, avoid=avoid)
             first = self._pick_fixed(occ, one) or self._place_dynamic(occ, one)
             if first is None:
                 return None
             n = occ.node_of[first.gpu]
-            here = Demand(d.kind, 1, d.model, d.nvlink, d.profile, nodes - {n})
+            here = replace(d, count=1, avoid=nodes - {n})
             taken: list[Pick] = []
             try:
                 pick: Pick | None = first

@@ -241,17 +241,8 @@ def _shared_node(
         f"{replicas} replicas of {memory_mib // replicas} MiB ({resource}); they take only "
         "shares, each one replica, and no share larger than a replica"
     )
-    geometry = GEOMETRIES.get(model)
-    return Node(
-        name,
-        tuple(
-            replace(
-                _whole(name, i, model, memory_mib, geometry, product),
-                share_resource=resource,
-                share_replicas=replicas,
-            )
-            for i in range(gpus)
-        ),
+    return _shares_only(
+        name, gpus, model, memory_mib, product, share_resource=resource, share_replicas=replicas
     )
 
 
@@ -264,7 +255,7 @@ def hami_devices(annotation: str) -> list[tuple[int, str, int]]:
         found = json.loads(annotation)
         if isinstance(found, list):
             return [
-                (int(d.get("devmem", 0)), str(d.get("type", "")), _hami_count(d.get("count")))
+                (int(d.get("devmem", 0)), str(d.get("type", "")), _count(d.get("count"), "", []))
                 for d in found
             ]
     except (ValueError, TypeError, AttributeError):
@@ -273,14 +264,8 @@ def hami_devices(annotation: str) -> list[tuple[int, str, int]]:
     for record in annotation.split(":"):
         fields = record.split(",")
         if len(fields) >= 5 and fields[2].strip().isdigit():
-            out.append((int(fields[2]), fields[4].strip(), _hami_count(fields[1])))
+            out.append((int(fields[2]), fields[4].strip(), _count(fields[1], "", [])))
     return out
-
-
-def _hami_count(value: Any) -> int:
-    """A whole number of a HAMi record (``10`` or ``"10"``), else 0."""
-    text = str(value).strip()
-    return int(text) if text.isdigit() else 0
 
 
 def _hami_node(
@@ -311,16 +296,21 @@ def _hami_node(
             f"node {name} has no {PRODUCT_LABEL} label (is GPU feature discovery running?); "
             "share offers with a model cannot be scheduled there, only those without one"
         )
+    return _shares_only(
+        name, count, model, memory_mib, labelled, share_resource=HAMI, share_slots=split
+    )
+
+
+def _shares_only(
+    name: str, gpus: int, model: str, memory_mib: int, product: str, **share: Any
+) -> Node:
+    """A node of ``gpus`` GPUs the platform shares out (``share``: the GPU's share fields)."""
     geometry = GEOMETRIES.get(model)
     return Node(
         name,
         tuple(
-            replace(
-                _whole(name, i, model, memory_mib, geometry, labelled),
-                share_resource=HAMI,
-                share_slots=split,
-            )
-            for i in range(count)
+            replace(_whole(name, i, model, memory_mib, geometry, product), **share)
+            for i in range(gpus)
         ),
     )
 
