@@ -1,11 +1,24 @@
-# gpupool: every target installs what it needs and is safe to run twice.
-# As root, user code runs as unprivileged accounts that must be able to run the venv's Python:
-# a system Python (not one under /root, such as pyenv's) makes the venv usable by them.
+# gpupool: every target installs what it needs and is safe to run twice, from any folder, as
+# root or as an ordinary user.
+#
+# User code (servers, jobs, and the tests' hubs run as an unprivileged account) runs from the
+# *runtime*. As an ordinary user that is .venv itself: user code runs as you. As root it runs
+# as unprivileged accounts, which may not be able to enter this checkout (a clone under /root or
+# in a 0700 folder), so the runtime is a venv outside it, under /var/cache/gpupool/ (one per
+# checkout), with gpupool installed from a wheel of this checkout (scripts/build-runtime), and
+# made from a system Python (pyenv's lives under /root). No folder's permissions are changed.
 ROOT   := $(filter 0,$(shell id -u))
 PYTHON ?= $(if $(and $(ROOT),$(wildcard /usr/bin/python3)),/usr/bin/python3,python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
+DEMO_STAMP := $(VENV)/.demo
 STAMP  := $(VENV)/.installed
+RUNTIMES := /var/cache/gpupool/$(shell printf %s '$(CURDIR)' | sha256sum | cut -c1-16)
+PACKAGE_SRC := pyproject.toml $(shell find hub spawner labextension/gpupool_lab -type f \
+  -not -path '*/__pycache__/*' 2>/dev/null)
+# The runtime's stamp (as root; nothing to build otherwise) and its Python.
+RUNTIME := $(if $(ROOT),$(RUNTIMES)/venv/.installed)
+RUNTIME_PYTHON := $(if $(ROOT),$(RUNTIMES)/venv/bin/python,$(VENV)/bin/python)
 TOOLS  := .venv-tools/bin
 PIP    := $(BIN)/python -m pip
 
@@ -14,17 +27,20 @@ JLPM   := ../$(BIN)/jlpm
 LABEXT := labextension/gpupool_lab/labextension/package.json
 LABSRC := $(shell find labextension/src labextension/style -type f 2>/dev/null) \
           labextension/package.json labextension/yarn.lock labextension/tsconfig.json
-export YARN_CACHE_FOLDER := $(CURDIR)/labextension/.yarn-cache
+YARN_CACHE_FOLDER ?= $(CURDIR)/labextension/.yarn-cache
+export YARN_CACHE_FOLDER
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 # `make run` installs quietly: everything the package managers print goes to this log.
 INSTALL_LOG := .run/install.log
 HUB_LOG     := .run/hub.log
 
-.PHONY: install run test test-fast test-jh5 conformance conformance-baseline lint format bench clean \
-  chromium node-check
+.PHONY: install install-demo run test test-fast test-jh5 test-clone conformance \
+  conformance-baseline lint format bench clean chromium node-check preflight
 
-install: node-check $(STAMP) $(CHP) chromium $(TOOLS)/nca
+# What the tests need; `install-demo` is what `make run` needs (no test tools, no browser).
+install: install-demo $(STAMP) chromium $(TOOLS)/nca
+install-demo: node-check $(DEMO_STAMP) $(CHP) $(RUNTIME)
 
 # Manifest checkers the chart tests run (network-config-analyzer, checkov), in a venv of their
 # own: their pins (PyYAML, networkx, packaging) clash with the hub's.
@@ -49,9 +65,17 @@ $(LABEXT): $(VENV)/.base $(LABSRC) | node-check
 	cd labextension && $(JLPM) install --immutable && $(JLPM) build:prod
 	touch $@
 
-$(STAMP): pyproject.toml constraints.txt $(LABEXT)
+$(DEMO_STAMP): pyproject.toml constraints.txt $(LABEXT)
+	$(PIP) install --quiet -c constraints.txt --no-build-isolation -e '.[hub,lab]'
+	touch $@
+
+$(STAMP): $(DEMO_STAMP)
 	$(PIP) install --quiet -c constraints.txt --no-build-isolation -e '.[hub,lab,test]'
-	touch $(STAMP)
+	touch $@
+
+# The runtime, as root (see the top): rebuilt when the package's sources change.
+$(RUNTIMES)/venv/.installed: $(DEMO_STAMP) $(PACKAGE_SRC) constraints.txt
+	scripts/build-runtime $(VENV) $(RUNTIMES)/venv constraints.txt
 
 # The second supported JupyterHub: the one the hub image of the z2jh chart release we depend on
 # ships (constraints-jh5.txt pins it). The same package, editable, with the same constraints,
@@ -60,6 +84,7 @@ JH5       := .venv-jh5
 JH5_BIN   := $(JH5)/bin
 JH5_STAMP := $(JH5)/.installed
 JH5_PIP   := $(JH5_BIN)/python -m pip -q
+JH5_RUNTIME := $(if $(ROOT),$(RUNTIMES)/venv-jh5/.installed)
 
 $(JH5_STAMP): pyproject.toml constraints.txt constraints-jh5.txt $(LABEXT)
 	test -x $(JH5_BIN)/python || $(PYTHON) -m venv $(JH5)
@@ -69,6 +94,9 @@ $(JH5_STAMP): pyproject.toml constraints.txt constraints-jh5.txt $(LABEXT)
 	$(JH5_PIP) install -c constraints.txt -c constraints-jh5.txt --no-build-isolation \
 	  -e '.[hub,lab,test]'
 	touch $@
+
+$(RUNTIMES)/venv-jh5/.installed: $(JH5_STAMP) $(PACKAGE_SRC) constraints.txt constraints-jh5.txt
+	scripts/build-runtime $(JH5) $(RUNTIMES)/venv-jh5 constraints.txt constraints-jh5.txt
 
 # Browser tests drive Debian's Chromium (never a downloaded browser).
 chromium:
@@ -83,15 +111,18 @@ $(CHP): | node-check
 # (make install) prints into $(INSTALL_LOG), the hub into $(HUB_LOG); the terminal gets the
 # hub's warnings and, last, its banner: the address, the demo password, the admin-password file.
 run: node-check
+	@scripts/run-hub --check-ports
 	@mkdir -p -m 700 .run && echo "gpupool: installing what is missing (log: $(INSTALL_LOG))" && \
-	  $(MAKE) --no-print-directory install >$(INSTALL_LOG) 2>&1 || { \
-	  echo "gpupool: make install failed; the end of $(CURDIR)/$(INSTALL_LOG):"; \
+	  $(MAKE) --no-print-directory install-demo >$(INSTALL_LOG) 2>&1 || { \
+	  echo "gpupool: make install-demo failed; the end of $(CURDIR)/$(INSTALL_LOG):"; \
 	  tail -n 25 $(INSTALL_LOG); exit 1; }
-	@scripts/demo-account gpupool-demo $(BIN)/python
+	@scripts/demo-account gpupool-demo $(RUNTIME_PYTHON)
 	@echo "gpupool: starting the hub (log: $(HUB_LOG); Ctrl-C stops it, its proxy and servers)"
 	@$(BIN)/python scripts/run-hub $(HUB_LOG) $(BIN)/jupyterhub -f jupyterhub_config.py
 
+# First what every test needs (tests/preflight.py): a failure stops here, once, saying what to do.
 test: install
+	$(BIN)/python -m tests.preflight
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -115,7 +146,7 @@ CONFORMANCE := PATH=$(CURDIR)/node_modules/.bin:$$PATH timeout 900 $(BIN)/python
 # the hub, the single-user servers and the jobs all run that JupyterHub, never the main venv's.
 JH5_PYTEST := PATH=$(CURDIR)/$(JH5_BIN):$(CURDIR)/node_modules/.bin:$$PATH $(JH5_BIN)/python -m \
   pytest -q -p no:cacheprovider
-test-jh5: install $(JH5_STAMP)
+test-jh5: install $(JH5_STAMP) $(JH5_RUNTIME)
 	$(JH5_PYTEST) tests/hub
 	$(JH5_PYTEST) -m "not slow" tests/adapters $(wildcard tests/deploy/test_kube_*.py) \
 	  tests/deploy/test_images.py
@@ -130,6 +161,7 @@ conformance-baseline: install
 # `make test` without the tests marked slow (real hubs, the browser, real torchrun jobs, Helm
 # renders; tests/conftest.py marks them by folder and file).
 test-fast: install
+	$(BIN)/python -m tests.preflight
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -162,6 +194,7 @@ helm-table: install
 	$(BIN)/python scripts/helm-gpu-equivalents
 
 clean:
-	rm -rf $(VENV) $(JH5) .venv-tools node_modules .run .pytest_cache .mypy_cache .ruff_cache \
+	rm -rf $(RUNTIMES) $(VENV) $(JH5) .venv-tools node_modules .run .pytest_cache .mypy_cache \
+	  .ruff_cache \
 	  .hypothesis \
 	  labextension/node_modules labextension/lib labextension/gpupool_lab/labextension

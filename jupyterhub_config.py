@@ -69,7 +69,17 @@ c.JupyterHub.load_groups = {team: {"users": users} for team, users in TEAMS.item
 
 # -- notebook servers: local processes that see only their GPUs -------------------------------
 c.JupyterHub.spawner_class = "gpupool-local"
-c.Spawner.cmd = [str(Path(sys.executable).parent / "jupyterhub-singleuser")]
+# Servers and jobs run from the *runtime*: an installation the account that runs them can run.
+# As root, `make` builds it outside this checkout (which that account may not be able to enter)
+# and records where in the hub's venv; otherwise it is the hub's own Python.
+_RECORD = Path(sys.prefix) / "gpupool-runtime"
+RUNTIME = (
+    Path(_RECORD.read_text().strip()) / "bin" if _RECORD.is_file() else Path(sys.executable).parent
+)
+c.Spawner.cmd = [str(RUNTIME / "jupyterhub-singleuser")]
+c.LocalJobBackend.python = str(RUNTIME / "python")
+# A terminal in JupyterLab finds the runtime's commands (`gpupool submit`) first.
+c.Spawner.environment = {"PATH": f"{RUNTIME}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
 c.Spawner.default_url = "/lab"
 if os.geteuid() == 0:  # user code never runs as root: `make run` creates this account for it
     c.LocalGPUSpawner.shared_account = DEMO_ACCOUNT

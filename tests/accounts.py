@@ -2,9 +2,14 @@
 
 User code never runs as root. Run as root (as CI does), the tests give it what the demo hub
 gives it: the unprivileged shared account ``gpupool-demo`` (made by ``scripts/demo-account``,
-which also checks that it can run this venv's Python), with the users' homes in a folder that
+which also checks that it can run the runtime's Python), with the users' homes in a folder that
 account owns outside the tests' private temporary folders. Run as an ordinary user, user code
 runs as that user, as the demo does. The per-user mode needs real accounts: :func:`unix_user`.
+
+User code runs from the *runtime* (:data:`RUNTIME`): the installation ``make`` recorded in this
+venv's ``gpupool-runtime`` (as root, a venv outside the checkout that every account can run,
+since the checkout may lie in a folder they cannot enter), else this venv. A child that runs as
+another account is started with :func:`gpupool.usercode.become` (its own groups, none of root's).
 """
 
 from __future__ import annotations
@@ -22,22 +27,42 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gpupool.usercode import DEMO_ACCOUNT
+from gpupool.usercode import DEMO_ACCOUNT, account, become
 
 ROOT = Path(__file__).resolve().parents[1]
 IS_ROOT = os.geteuid() == 0
-NOT_ROOT = "the per-user mode switches unix accounts, which needs root (CI runs as root)"
+NOT_ROOT = "needs root: it switches unix accounts (make test as root runs it; CI does)"
 
 
+def _runtime() -> Path:
+    record = Path(sys.prefix) / "gpupool-runtime"
+    return Path(record.read_text().strip()) if record.is_file() else Path(sys.prefix)
+
+
+RUNTIME = _runtime()
+"""The prefix of the installation user code runs from (see the module's docstring)."""
+RUNTIME_BIN = RUNTIME / "bin" if Path(sys.prefix) != RUNTIME else Path(sys.executable).parent
+RUNTIME_PYTHON = str(RUNTIME_BIN / "python") if Path(sys.prefix) != RUNTIME else sys.executable
+
+
+@functools.cache
 def shared_account() -> str:
     """The account user code runs as in the shared mode here: ``''`` (the hub's own) unless the
-    tests run as root, then the demo account, created if missing."""
+    tests run as root, then the demo account, created if missing (the session's preflight does
+    it first, so a failure stops the run once)."""
     if not IS_ROOT:
         return ""
     subprocess.run(
-        [str(ROOT / "scripts" / "demo-account"), DEMO_ACCOUNT, sys.executable], check=True
+        [str(ROOT / "scripts" / "demo-account"), DEMO_ACCOUNT, RUNTIME_PYTHON],
+        check=True,
+        capture_output=True,
     )
     return DEMO_ACCOUNT
+
+
+def as_account(name: str) -> dict[str, Any]:
+    """``subprocess`` arguments that run a child as the account ``name`` (``''``: as us)."""
+    return become(account(name, "the tests' account")) if name else {}
 
 
 @contextmanager
@@ -66,9 +91,16 @@ def session_homes() -> Path:
 
 def shared_mode(config: Any) -> None:
     """Set ``config`` (a traitlets ``Config``) to run local jobs and servers the way the tests
-    run user code: the shared account (as root) and homes in :func:`session_homes`."""
+    run user code: the shared account (as root), homes in :func:`session_homes`, the runtime."""
     config.LocalGPUSpawner.shared_account = shared_account()
     config.LocalGPUSpawner.home_dir_template = str(session_homes() / "{username}")
+    runtime(config)
+
+
+def runtime(config: Any) -> None:
+    """Set ``config`` to run servers and jobs from the runtime (:data:`RUNTIME`)."""
+    config.Spawner.cmd = [str(RUNTIME_BIN / "jupyterhub-singleuser")]
+    config.LocalJobBackend.python = RUNTIME_PYTHON
 
 
 def give_to_shared_account(path: Path) -> None:

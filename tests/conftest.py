@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import signal
 import subprocess
-import sys
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +22,8 @@ from traitlets.config import Config
 
 from gpupool.config import GPUPool
 from gpupool.pool import Pool
-from tests.accounts import shared_account, shared_mode
+from tests.accounts import RUNTIME_PYTHON, as_account, shared_account, shared_mode
+from tests.preflight import first_problem
 
 TESTS = Path(__file__).resolve().parent
 
@@ -38,7 +38,28 @@ SLOW = (
     "adapters/test_job_manager.py",  # real jobs (torchrun) through the queue
     "adapters/test_job_lifecycle.py",  # real jobs started, cancelled and lost
     "adapters/test_local_job_privileges.py",  # real jobs as their owners' accounts
+    "install/test_fresh_clone.py",  # `make run` from a fresh clone: installs everything
 )
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """What the run needs (:mod:`tests.preflight`): a failed check stops it here, once."""
+    problem = first_problem()
+    if problem:
+        pytest.exit(f"gpupool: the tests cannot run here: {problem}", returncode=4)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The run's last lines: how many tests were skipped, by reason."""
+    reasons: Counter[str] = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reasons[reason.removeprefix("Skipped: ")] += 1
+    if reasons:
+        terminalreporter.section(f"{sum(reasons.values())} skipped, by reason")
+        for reason, count in reasons.most_common():
+            terminalreporter.write_line(f"{count:5d}  {reason}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -105,18 +126,13 @@ def holder(
 ) -> subprocess.Popen[bytes]:
     """A real process as the hub starts them for users (the account that runs user code, a
     session of its own) with ``env``, running ``code`` and then waiting for a signal."""
-    account = shared_account()
-    become: dict[str, Any] = {}
-    if account:
-        pw = pwd.getpwnam(account)
-        become = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
     p = subprocess.Popen(
-        [sys.executable, "-c", f"import os, signal, sys\n{code}\nsignal.pause()"],
+        [RUNTIME_PYTHON, "-c", f"import os, signal, sys\n{code}\nsignal.pause()"],
         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env},
         cwd="/",
         start_new_session=True,
         stdout=subprocess.PIPE if code else None,
-        **become,
+        **as_account(shared_account()),
     )
     started.append(p)
     if code:  # the code says "ready" once it has done its part

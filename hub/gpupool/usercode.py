@@ -8,6 +8,10 @@ Vocabulary
   ``shared_account`` (the demo's ``gpupool-demo``). Users are not isolated from each other in
   this mode, but never run as root and never read the hub's files.
 - *code account*: the :class:`Account` a user's code runs as, in either mode.
+- *becoming* an account: a child process that runs as it takes its uid, its primary group and
+  exactly its supplementary groups (:func:`become`); a child of a root hub that kept root's group
+  or supplementary groups would reach what group root may (a venv or checkout under a folder
+  that only root's group may enter, say) and could not reach what the account alone may.
 - *owned file*: a regular file, reached without following a symbolic link at its last step,
   whose owner is the code account. The hub reads a user's files (job logs, exit codes) only as
   owned files, so a user who plants a link, a hard link, a FIFO or a device gets nothing.
@@ -95,6 +99,18 @@ def code_account(owner: str, *, per_user: bool, shared_account: str, key: str) -
     if per_user:
         return account(owner, f"{key} (run_as_hub_user is off: one unix account per user)")
     return check_shared_mode(shared_account, key)
+
+
+def become(account: Account) -> dict[str, Any]:
+    """``subprocess`` / ``asyncio`` arguments that run a child as ``account``, with its primary
+    group and only its supplementary groups (none of the parent's); none when that is us.
+
+    Every child that runs as another account is started with these (a structural test keeps
+    ``user=`` out of every other call): ``user=`` alone keeps the parent's groups.
+    """
+    if account.uid == os.geteuid():
+        return {}
+    return {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups)}
 
 
 def spawner_setting(config: Any, name: str, fallback: Any) -> Any:

@@ -25,7 +25,14 @@ from traitlets.config import Config
 from gpupool.core.jobs import Job, JobSpec
 from gpupool.jobs.local import LocalJobBackend
 from gpupool.settings import ConfigError
-from tests.accounts import IS_ROOT, NOT_ROOT, remove_unix_user, shared_account, unix_user
+from tests.accounts import (
+    IS_ROOT,
+    NOT_ROOT,
+    remove_unix_user,
+    runtime,
+    shared_account,
+    unix_user,
+)
 
 pytestmark = pytest.mark.skipif(not IS_ROOT, reason=NOT_ROOT)
 USER = "gpupool-mallory"
@@ -64,6 +71,7 @@ def backend(per_user: bool = True) -> LocalJobBackend:
     c.LocalJobBackend.run_as_hub_user = not per_user
     c.LocalJobBackend.shared_account = shared_account()
     c.LocalJobBackend.kill_grace = 1.0
+    runtime(c)
     return LocalJobBackend(config=c)
 
 

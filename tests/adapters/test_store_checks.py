@@ -30,7 +30,7 @@ from gpupool.config import GPUPool
 from gpupool.pool import Pool
 from gpupool.settings import ConfigError
 from gpupool.store import MIGRATIONS, Store
-from tests.accounts import IS_ROOT, shared_account
+from tests.accounts import IS_ROOT, RUNTIME_PYTHON, as_account, shared_account
 
 INVENTORY = "simulated:node1: 2x H100-80GB"
 MOVE_AWAY = "move it away to start with an empty pool, or restore a backup"
@@ -286,11 +286,11 @@ def open_as_hub(db: Path) -> tuple[str, str]:
     account = shared_account() if IS_ROOT else pwd.getpwuid(os.geteuid()).pw_name
     code = OPEN.format(inventory=INVENTORY, url=f"sqlite:///{db}")
     out = subprocess.run(
-        [sys.executable, "-c", code],
+        [RUNTIME_PYTHON if IS_ROOT else sys.executable, "-c", code],
         capture_output=True,
         text=True,
         timeout=120,
-        user=account if IS_ROOT else None,
+        **as_account(account if IS_ROOT else ""),
         cwd="/",
         env={**os.environ, "HOME": str(db.parent)},
     )

@@ -35,7 +35,7 @@ from prometheus_client.samples import Sample
 
 from gpupool.core.ledger import Allocation
 from gpupool.store import Store
-from tests.accounts import homes
+from tests.accounts import RUNTIME_PYTHON, as_account, homes
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "demo-pass-for-tests"
@@ -238,19 +238,19 @@ def running(hub: Hub) -> Iterator[Hub]:
         kill_servers(hub)
 
 
-def exits(hub: Hub, user: str | None = None, timeout: float = 90) -> int:
-    """Start ``hub`` (as ``user``, default: this account) and wait for it to exit; a hub that
-    comes up instead is stopped and the test fails."""
+def exits(hub: Hub, user: str = "", timeout: float = 90) -> int:
+    """Start ``hub`` (as the account ``user``, from the runtime; default: this account) and
+    wait for it to exit; a hub that comes up instead is stopped and the test fails."""
     env = {**hub.env, "HOME": str(hub.state)}
     with hub.log.open("ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyterhub", "-f", str(hub.config)],
+            [RUNTIME_PYTHON if user else sys.executable, "-m", "jupyterhub", "-f", str(hub.config)],
             cwd=hub.state,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            user=user,
+            **as_account(user),
         )
     hub.proc = proc
     deadline = time.monotonic() + timeout

@@ -78,7 +78,7 @@ def test_a_read_only_database_stops_the_hub(hub_state: tuple[Path, str]) -> None
     db.chmod(0o444)
     with homes() as home_root:
         hub = Hub(state, home_root)
-        assert exits(hub, user=account if IS_ROOT else None) == 1
+        assert exits(hub, user=account if IS_ROOT else "") == 1
     assert last_line(hub).endswith(
         f"] {BAD_CONFIG} {db} is read-only (attempt to write a readonly database): the hub's "
         f"account ({account}) must be able to write the file and its directory {state}, where "

@@ -56,6 +56,7 @@ from ..shares import ShareEnforcement, check_mps_accounts, share_env
 from ..usercode import (
     Account,
     UnsafeFile,
+    become,
     check_shared_mode,
     code_account,
     owned_size,
@@ -243,7 +244,7 @@ class LocalJobBackend(JobBackend):
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
-            **self._become(account),
+            **become(account),
         )  # fmt: skip
         self._procs[job.id] = proc
         problem = await self._prepared(proc, job.spec.script.encode())
@@ -307,13 +308,6 @@ class LocalJobBackend(JobBackend):
         """The pool's GPUs (the job manager that owns this backend holds the pool)."""
         pool = getattr(self.parent, "pool", None)
         return pool.inventory.gpus if pool is not None else ()
-
-    @staticmethod
-    def _become(account: Account) -> dict[str, Any]:
-        """``Popen`` arguments that run the child as ``account`` (none when that is us)."""
-        if account.uid == os.geteuid():
-            return {}
-        return {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups)}
 
     # -- watching ----------------------------------------------------------------------------
     def _owned(self, job: Job) -> tuple[Path, Account | None]:
