@@ -13,7 +13,9 @@ What it changes, and nothing else:
    first thing in ``JupyterHub.initialize``, inside the running loop) builds the config of a
    small pool, runs ``setup(c)`` on it and merges it into the hub's config: a simulated pool of
    2 H100s, offers ``cpu`` and ``h100``, no teams (every test user is in no team, so only
-   ``cpu`` applies), a fresh pool database per hub; as root, servers run as the shared account.
+   ``cpu`` applies), a fresh pool database per hub; as root, servers run as the shared account,
+   from the runtime (:mod:`tests.accounts`): the hub's Python in a spawner's command (the tests
+   write ``sys.executable``) is read as the runtime's, and its commands come first on PATH.
 3. **Stopping.** ``MockHub.stop`` stops the job manager and the reclaimer first, so no gpupool
    task outlives a module's event loop; the reconciler runs only its pass at start.
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -38,7 +41,7 @@ import jupyterhub.spawner as spawner_module
 import pytest
 from traitlets.config import Config
 
-from tests.accounts import shared_account
+from tests.accounts import RUNTIME_BIN, RUNTIME_PYTHON, shared_account
 
 BASELINE = os.environ.get("GPUPOOL_CONFORMANCE_BASELINE") == "1"
 
@@ -57,8 +60,22 @@ if not BASELINE:
     from gpupool.hub.objects import SETTINGS_KEY
     from gpupool_spawner.local import LocalGPUSpawner
 
+    class RuntimeSpawner(LocalGPUSpawner):  # type: ignore[misc]
+        """gpupool's spawner, with the hub's Python in a command read as the runtime's: the
+        same JupyterHub, installed where the account that runs user code can run it."""
+
+        async def start(self) -> Any:
+            if isinstance(self.cmd, list):
+                self.cmd = [RUNTIME_PYTHON if part == sys.executable else part for part in self.cmd]
+            return await super().start()
+
+        def get_env(self) -> dict[str, str]:
+            env: dict[str, str] = super().get_env()
+            env["PATH"] = f"{RUNTIME_BIN}:{env.get('PATH', os.defpath)}"
+            return env
+
     original = spawner_module.SimpleLocalProcessSpawner
-    spawner_module.SimpleLocalProcessSpawner = LocalGPUSpawner  # type: ignore[misc]
+    spawner_module.SimpleLocalProcessSpawner = RuntimeSpawner  # type: ignore[misc]
     try:
         from jupyterhub.tests import mocking
     finally:

@@ -29,6 +29,12 @@ from tests.conftest import TRAIN, TRAIN_CELL
 from tests.hub.conftest import PASSWORD, ROOT, Hub, running
 
 CHROMIUM = "/usr/bin/chromium"
+NEEDS_CHROMIUM = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(),
+    reason="needs Debian's chromium, which only root can install (make test does as root; or: "
+    "apt-get install chromium)",
+)
+pytestmark = NEEDS_CHROMIUM
 ARGS = [
     "--no-sandbox",
     "--disable-gpu",

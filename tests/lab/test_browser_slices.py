@@ -22,7 +22,7 @@ from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 from tests.accounts import homes
 from tests.hub.conftest import Hub, environ, running
 from tests.hub.test_mig_on_demand import A100, driver_instances, records
-from tests.lab.test_browser import ARGS, CHROMIUM, SLOW, log_in, offer_line
+from tests.lab.test_browser import ARGS, CHROMIUM, NEEDS_CHROMIUM, SLOW, log_in, offer_line
 
 MIG = ("nlp", "a100-mig-3g.40gb")
 SHARE = ("vision", "share-12gb")
@@ -30,6 +30,8 @@ WATCHED = re.compile(  # the demo's enforcement of shares (no MPS): gpupool.shar
     r"Shared; capped in PyTorch and watched; over the cap you are warned, then stopped after "
     r"[0-9.]+ minutes"
 )
+
+pytestmark = NEEDS_CHROMIUM
 
 
 @pytest.fixture(scope="module")
