@@ -22,20 +22,20 @@ from tests.accounts import IS_ROOT, ROOT, RUNTIME, shared_account
 PACKAGES = ("hub", "spawner", "labextension/gpupool_lab")
 
 
-def runtime_is_current() -> str | None:
+def runtime_is_current(runtime: Path = RUNTIME, root: Path = ROOT) -> str | None:
     """A separate runtime (as root) must have been built from the sources as they are now."""
-    if Path(sys.prefix) == RUNTIME:
+    if runtime == Path(sys.prefix):
         return None
-    stamp = RUNTIME / ".installed"
+    stamp = runtime / ".installed"
     if not stamp.exists():
-        return f"the runtime {RUNTIME} (where user code runs from) is not built: run make install"
+        return f"the runtime {runtime} (where user code runs from) is not built: run make install"
     built = stamp.stat().st_mtime
     for folder in PACKAGES:
-        for path in (ROOT / folder).rglob("*"):
+        for path in (root / folder).rglob("*"):
             if path.is_file() and "__pycache__" not in path.parts and path.stat().st_mtime > built:
                 return (
-                    f"the runtime {RUNTIME} (where user code runs from) is older than "
-                    f"{path.relative_to(ROOT)}: run make install (it rebuilds the runtime)"
+                    f"the runtime {runtime} (where user code runs from) is older than "
+                    f"{path.relative_to(root)}: run make install (it rebuilds the runtime)"
                 )
     return None
 

@@ -5,18 +5,22 @@ that account's groups and none of root's (:func:`gpupool.usercode.become`)."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from gpupool.usercode import account, become
 from tests.accounts import IS_ROOT, NOT_ROOT, ROOT, RUNTIME, RUNTIME_PYTHON, shared_account
+from tests.preflight import runtime_is_current
 
-pytestmark = pytest.mark.skipif(not IS_ROOT, reason=NOT_ROOT)
+as_root = pytest.mark.skipif(not IS_ROOT, reason=NOT_ROOT)
 
 
+@as_root
 def test_a_child_started_as_an_account_has_its_groups_and_none_of_roots() -> None:
     code_account = account(shared_account(), "the tests' account")
     probe = "import os; print(os.getuid(), os.getgid(), *sorted(os.getgroups()))"
@@ -34,6 +38,7 @@ def test_a_child_started_as_an_account_has_its_groups_and_none_of_roots() -> Non
     assert set(groups) == set(code_account.groups)
 
 
+@as_root
 def test_the_runtime_lies_outside_the_checkout_and_every_account_can_read_it() -> None:
     """The checkout may lie in a folder other accounts cannot enter (a clone under /root, a
     0700 temporary folder): the runtime must not depend on it, nor on root's umask."""
@@ -49,3 +54,44 @@ def test_the_runtime_lies_outside_the_checkout_and_every_account_can_read_it() -
             if not stat.S_ISLNK(mode) and mode & need != need:
                 unreadable.append(str(path))
     assert not unreadable[:10], f"{len(unreadable)} paths other accounts cannot read"
+
+
+@as_root
+def test_an_account_that_cannot_run_the_python_stops_make_once_saying_what_to_do() -> None:
+    """What ``make run`` and the tests' preflight run: one message, not a failure per test."""
+    private = Path(tempfile.mkdtemp(prefix="gpupool-private-"))  # 0700, root's
+    try:
+        (private / "python").symlink_to(RUNTIME_PYTHON)
+        done = subprocess.run(
+            [str(ROOT / "scripts" / "demo-account"), shared_account(), str(private / "python")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        shutil.rmtree(private)
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    assert lines[0] == (
+        f"gpupool: the account {shared_account()} cannot run {private}/python with gpupool, "
+        "gpupool_lab and"
+    )
+    assert "Permission denied" in lines[1]
+    assert "make builds it outside the checkout" in done.stderr
+
+
+def test_the_preflight_finds_a_runtime_older_than_the_sources(tmp_path: Path) -> None:
+    runtime, root = tmp_path / "runtime", tmp_path / "checkout"
+    source = root / "hub" / "gpupool" / "pool.py"
+    source.parent.mkdir(parents=True)
+    source.write_text("")
+    assert "is not built: run make install" in str(runtime_is_current(runtime, root))
+    runtime.mkdir()
+    (runtime / ".installed").touch()
+    os.utime(source, (0, 0))
+    assert runtime_is_current(runtime, root) is None
+    source.touch()
+    assert runtime_is_current(runtime, root) == (
+        f"the runtime {runtime} (where user code runs from) is older than hub/gpupool/pool.py: "
+        "run make install (it rebuilds the runtime)"
+    )
