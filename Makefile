@@ -125,15 +125,19 @@ run: node-check
 	@$(BIN)/python scripts/run-hub $(HUB_LOG) $(BIN)/jupyterhub -f jupyterhub_config.py
 
 # First what every test needs (tests/preflight.py): a failure stops here, once, saying what to do.
+# Last, the skipped tests of all its pytest runs, counted by reason (tests/skips.py).
+SKIPS := $(CURDIR)/.pytest_cache/gpupool-skips
 test: install
 	$(BIN)/python -m tests.preflight
+	mkdir -p .pytest_cache && rm -f $(SKIPS)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	cd labextension && $(JLPM) lint:check && $(JLPM) test
-	$(BIN)/python -m pytest -q
-	$(CONFORMANCE)
-	$(MAKE) --no-print-directory test-jh5
+	GPUPOOL_SKIPS=$(SKIPS) $(BIN)/python -m pytest -q
+	GPUPOOL_SKIPS=$(SKIPS) $(CONFORMANCE)
+	GPUPOOL_SKIPS=$(SKIPS) $(MAKE) --no-print-directory test-jh5
+	@$(BIN)/python -m tests.skips $(SKIPS)
 
 # JupyterHub's own tests (from the installed JupyterHub) with gpupool's spawner and setup(c) in
 # place of the mock spawner's base (tests/conformance/plugin.py); bounded: 15 minutes, 2 per test.

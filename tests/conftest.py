@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +21,7 @@ from traitlets.config import Config
 
 from gpupool.config import GPUPool
 from gpupool.pool import Pool
+from tests import skips
 from tests.accounts import RUNTIME_PYTHON, as_account, shared_account, shared_mode
 from tests.preflight import first_problem
 
@@ -50,16 +50,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """The run's last lines: how many tests were skipped, by reason."""
-    reasons: Counter[str] = Counter()
-    for report in terminalreporter.stats.get("skipped", []):
-        longrepr = report.longrepr
-        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
-        reasons[reason.removeprefix("Skipped: ")] += 1
-    if reasons:
-        terminalreporter.section(f"{sum(reasons.values())} skipped, by reason")
-        for reason, count in reasons.most_common():
-            terminalreporter.write_line(f"{count:5d}  {reason}")
+    """The run's last lines: how many tests were skipped, by reason (:mod:`tests.skips`)."""
+    skips.terminal_summary(terminalreporter)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -41,6 +41,7 @@ import jupyterhub.spawner as spawner_module
 import pytest
 from traitlets.config import Config
 
+from tests import skips
 from tests.accounts import RUNTIME_BIN, RUNTIME_PYTHON, shared_account
 
 BASELINE = os.environ.get("GPUPOOL_CONFORMANCE_BASELINE") == "1"
@@ -139,3 +140,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         reason = EXPECTED.get((module, getattr(item, "originalname", item.name)))
         if reason:
             item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Skipped tests counted by reason, as in gpupool's own runs (:mod:`tests.skips`)."""
+    skips.terminal_summary(terminalreporter)
