@@ -77,7 +77,8 @@ RUNTIME = (
     Path(_RECORD.read_text().strip()) / "bin" if _RECORD.is_file() else Path(sys.executable).parent
 )
 c.Spawner.cmd = [str(RUNTIME / "jupyterhub-singleuser")]
-c.LocalJobBackend.python = str(RUNTIME / "python")
+if "python" not in c.LocalJobBackend:  # unless set before this file runs (the tests do)
+    c.LocalJobBackend.python = str(RUNTIME / "python")
 # A terminal in JupyterLab finds the runtime's commands (`gpupool submit`) first.
 c.Spawner.environment = {"PATH": f"{RUNTIME}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
 c.Spawner.default_url = "/lab"
