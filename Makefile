@@ -126,8 +126,10 @@ run: node-check
 
 # First what every test needs (tests/preflight.py): a failure stops here, once, saying what to do.
 # Last, the skipped tests of all its pytest runs, counted by reason (tests/skips.py).
+# The installs run side by side (the venvs, the runtimes, the tools are independent).
 SKIPS := $(CURDIR)/.pytest_cache/gpupool-skips
-test: install
+test:
+	@$(MAKE) --no-print-directory -j$(shell nproc) install $(JH5_STAMP) $(JH5_RUNTIME)
 	$(BIN)/python -m tests.preflight
 	mkdir -p .pytest_cache && rm -f $(SKIPS)
 	$(BIN)/ruff check .
