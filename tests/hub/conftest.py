@@ -62,14 +62,20 @@ def wait_for(condition: Callable[[], T], timeout: float = 60, what: str = "condi
 
 
 def demo_config(in_same_config: bool) -> str:
-    """Config text that loads the demo's ``jupyterhub_config.py``: as a subconfig (its own fresh
-    ``c``, merged afterwards), or run in this file's ``c`` so that what was set before it is
-    what its ``setup(c)`` sees."""
+    """Config text that runs the demo's ``jupyterhub_config.py``: as a subconfig (its own fresh
+    ``c``, merged afterwards), or in this file's ``c`` so that what was set before it is what its
+    ``setup(c)`` sees. The demo's text is written into the config, not read from the checkout:
+    a hub run as another account (:func:`exits`) may not be able to enter the checkout."""
     path = str(ROOT / "jupyterhub_config.py")
+    code = f"compile({Path(path).read_text()!r}, {path!r}, 'exec')"
     if in_same_config:
-        code = f"compile(open({path!r}).read(), {path!r}, 'exec')"
         return f"exec({code}, dict(globals(), __file__={path!r}))\n"
-    return f"load_subconfig({path!r})\n"
+    return (
+        "from traitlets.config import Config as _Config\n"
+        "_demo = _Config()\n"
+        f"exec({code}, dict(globals(), c=_demo, get_config=lambda: _demo, __file__={path!r}))\n"
+        "c.merge(_demo)\n"
+    )
 
 
 class Hub:
