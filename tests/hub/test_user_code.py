@@ -20,7 +20,8 @@ from tests.accounts import IS_ROOT
 from tests.hub.conftest import FINAL, Hub, log, spawn, stop_all, submit, uid_of, wait_job
 
 pytestmark = pytest.mark.skipif(
-    not IS_ROOT, reason="not root: the demo runs user code as the hub's own user, by design"
+    not IS_ROOT,
+    reason="needs root: as an ordinary user the demo runs user code as the hub's own account",
 )
 HUB_FILES = [
     "admin-password",
