@@ -65,8 +65,10 @@ $(LABEXT): $(VENV)/.base $(LABSRC) | node-check
 	cd labextension && $(JLPM) install --immutable && $(JLPM) build:prod
 	touch $@
 
+# The demo's hub: as root its servers and jobs run from the runtime, so the hub's venv needs no
+# notebook side (PyTorch and the rest come with the tests' extras).
 $(DEMO_STAMP): pyproject.toml constraints.txt $(LABEXT)
-	$(PIP) install --quiet -c constraints.txt --no-build-isolation -e '.[hub,lab]'
+	$(PIP) install --quiet -c constraints.txt --no-build-isolation -e '.[$(if $(ROOT),hub,hub,lab)]'
 	touch $@
 
 $(STAMP): $(DEMO_STAMP)
