@@ -28,25 +28,23 @@ def test_reasons_are_counted_most_frequent_first() -> None:
     assert skips.summary([]) == []
 
 
+def make_test_summary(file: Path) -> str:
+    """What ``make test`` prints last: ``python -m tests.skips FILE``."""
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.skips", str(file)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout
+
+
 def test_the_runs_of_one_make_test_add_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     file = tmp_path / "skips"
     monkeypatch.setenv("GPUPOOL_SKIPS", str(file))
     skips.record(["needs root", "needs root"])
     skips.record(["needs root"])
-    out = subprocess.run(
-        [sys.executable, "-m", "tests.skips", str(file)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert out.stdout.splitlines() == ["make test: 3 skipped, by reason:", "    3  needs root"]
+    assert make_test_summary(file) == "make test: 3 skipped, by reason:\n    3  needs root\n"
     file.unlink()
-    out = subprocess.run(
-        [sys.executable, "-m", "tests.skips", str(file)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert out.stdout == "make test: no test was skipped\n"
+    assert make_test_summary(file) == "make test: no test was skipped\n"
