@@ -18,8 +18,10 @@ Vocabulary
 Contract: an allocation is taken before the server starts and released when it stops, when a
 start fails, and when ``poll`` finds the server gone. Refusals become 4xx HTTP errors carrying
 the pool's sentence (see :mod:`gpupool.hub.errors`); nothing waits out ``start_timeout``.
-Options over ``max_user_options_bytes`` are refused (413) before anything reads them, and a
-refused start leaves no options in JupyterHub's database (it stores them before ``start``).
+Options over ``max_user_options_bytes`` are refused (413) before anything reads them, options
+holding text no page can show (a lone surrogate, a NUL, in any key or value, anyone's) or nested
+too deep are refused (400, :func:`gpupool.core.parse.check_texts`), and a refused start leaves
+no options in JupyterHub's database (it stores them before ``start``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from traitlets import Int, TraitError, Unicode, default, validate
 from gpupool.core.errors import InvalidRequest, PoolError, TooLarge, UnknownAllocation
 from gpupool.core.ledger import Allocation
 from gpupool.core.offers import MIG_NOTEBOOK_NOTE, Offer
-from gpupool.core.parse import check_size, json_size
+from gpupool.core.parse import check_size, check_texts, json_size
 from gpupool.core.quota import EVERYONE
 from gpupool.hub.compat import query_options
 from gpupool.hub.errors import http_error
@@ -236,6 +238,7 @@ class GPUSpawnerMixin(Spawner):
         pool = self.gpupool
         try:
             options = dict(self.user_options or {})
+            check_texts(options, "user_options")  # every key, anyone's, as pages show them
             check_size(json_size(options), self.max_user_options_bytes, "user_options")
             limit = await self.gpupool_offer_limit(options)
             if not options.get("offer"):

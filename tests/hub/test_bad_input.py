@@ -207,3 +207,114 @@ def test_a_refusal_is_one_info_line_not_an_error_with_a_traceback(hub: Hub) -> N
     ]:
         assert sum(who in line and why in line for line in refused) == 1, (who, why)
     assert "k" * 1000 not in text  # no 5 MB key in the log (other tests' long URLs may be)
+
+
+# -- text that can break a page, or a start after its GPUs were granted ------------------------
+def job_ids(hub: Hub, token: str) -> set[str]:
+    r = hub.as_user(token, "GET", "/jobs")
+    assert r.status_code == 200, r.text[:300]
+    return {j["id"] for j in r.json()["jobs"]}
+
+
+def pages_answer(hub: Hub) -> None:
+    """The admin page and ada's "My GPUs" answer 200."""
+    password = (hub.state / "admin-password").read_text().strip()
+    for who, path in [
+        (hub.login("admin", password), "/hub/gpupool"),
+        (hub.login("ada"), "/hub/gpupool/mine"),
+    ]:
+        r = who.get(f"{hub.url}{path}", timeout=30)
+        assert r.status_code == 200, f"{path}: {r.status_code} {r.text[-300:]}"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ('"name": "\\ud800"', "name contains a lone surrogate (U+D800 at character 0)"),
+        ('"name": "ok\\udfff"', "name contains a lone surrogate (U+DFFF at character 2)"),
+        ('"workdir": "a\\ud83d"', "workdir contains a lone surrogate (U+D83D at character 1)"),
+        ('"args": ["x", "\\ude00y"]', "args[1] contains a lone surrogate (U+DE00 at character 0)"),
+        ('"env": {"A": "\\ud800"}', "env['A'] contains a lone surrogate (U+D800 at character 0)"),
+        (
+            '"env": {"\\ud800": "1"}',
+            "A key of env contains a lone surrogate (U+D800 at character 0)",
+        ),
+        ('"args": ["a\\u0000b"]', "args[0] contains a NUL character (at character 1)"),
+        ('"workdir": "dir\\u0000"', "workdir contains a NUL character (at character 3)"),
+        ('"filename": "a\\u0000.py"', "filename contains a NUL character (at character 1)"),
+        ('"env": {"A": "\\u0000"}', "env['A'] contains a NUL character (at character 0)"),
+        ('"env": {"A=B": "1"}', "env name 'A=B' is not a portable name"),
+        ('"env": {"": "1"}', "env name '' is not a portable name"),
+        ('"env": {"1A": "1"}', "env name '1A' is not a portable name"),
+        ('"env": {"A B": "1"}', "env name 'A B' is not a portable name"),
+    ],
+)
+def test_text_no_page_or_start_can_hold_gets_400_and_nothing_is_stored(
+    hub: Hub, ada: str, fields: str, message: str
+) -> None:
+    before = job_ids(hub, ada)
+    body = '{"script": "print(1)", "offer": "cpu", ' + fields + "}"
+    r = hub.as_user(ada, "POST", "/jobs", data=body.encode())
+    assert r.status_code == 400, r.text[:300]
+    assert r.json()["message"].startswith(message), r.json()["message"]
+    assert job_ids(hub, ada) == before
+    pages_answer(hub)
+
+
+def test_a_nul_in_the_script_gets_400(hub: Hub, ada: str) -> None:
+    before = job_ids(hub, ada)
+    r = hub.as_user(ada, "POST", "/jobs", json={"script": "print(1)\0", "offer": "cpu"})
+    assert r.status_code == 400, r.text[:300]
+    assert r.json()["message"].startswith("script contains a NUL character (at character 8)")
+    assert job_ids(hub, ada) == before
+
+
+@pytest.mark.parametrize("depth", [33, 1000, 10_000, 100_000])
+@pytest.mark.parametrize("where", ["args", "unknown"])
+def test_deeply_nested_json_gets_400_without_a_traceback(
+    hub: Hub, ada: str, depth: int, where: str
+) -> None:
+    mark = hub.log.stat().st_size
+    before = job_ids(hub, ada)
+    body = '{"script": "print(1)", "' + where + '": ' + "[" * depth + "]" * depth + "}"
+    r = hub.as_user(ada, "POST", "/jobs", data=body.encode())
+    assert r.status_code == 400, r.text[:300]
+    assert r.json()["message"] == (
+        "The request body nests arrays and objects deeper than 32 levels; send a flatter document."
+    )
+    assert job_ids(hub, ada) == before
+    text = hub.log.read_bytes()[mark:].decode("utf-8", "replace")
+    assert "Traceback" not in text and "RecursionError" not in text
+
+
+def test_nesting_inside_strings_is_only_text(hub: Hub, ada: str) -> None:
+    """Brackets in strings (escaped quotes too) are no nesting: such a job is accepted."""
+    name = '\\"[[[[' * 40 + "{" * 100
+    body = '{"script": "print(\'[[[[\' * 50)", "offer": "cpu", "name": "' + name + '"}'
+    r = hub.as_user(ada, "POST", "/jobs", data=body.encode())
+    assert r.status_code == 201, r.text[:300]
+    hub.as_user(ada, "DELETE", f"/jobs/{r.json()['id']}")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"offer": "h100", "note": "\ud800"}, "user_options['note'] contains a lone surrogate"),
+        ({"offer": "h100", "\udfff": 1}, "A key of user_options contains a lone surrogate (U+DFFF"),
+        ({"offer": "h100", "note": ["a", "b\0"]}, "user_options['note'][1] contains a NUL"),
+        ({"offer": "h100\0"}, "user_options['offer'] contains a NUL character (at character 4)"),
+        ({"offer": "h100", "deep": json.loads("[" * 33 + "]" * 33)}, "user_options nests"),
+        ({"offer": "h100", "deep": json.loads("[" * 900 + "]" * 900)}, "user_options nests"),
+    ],
+    ids=["surrogate value", "surrogate key", "NUL in a list", "NUL in the offer", "33", "900"],
+)
+def test_spawn_options_no_page_can_hold_get_400_and_are_not_kept(
+    hub: Hub, options: dict[str, Any], message: str
+) -> None:
+    r = spawn_rest(hub, "ben", options)
+    if r.status_code < 300:  # it started (the old code): stop it for the next case
+        hub.wait_ready("ben")
+        hub.stop_server("ben")
+    assert r.status_code == 400, r.text[:300]
+    assert r.json()["message"].startswith(message), r.json()["message"]
+    assert_nothing_kept(hub, "ben")

@@ -12,14 +12,26 @@ Vocabulary
   ``lost``. A queued job holds nothing. ``starting``/``running`` jobs may go back to ``queued``
   when preempted. ``lost``: the job's processes vanished without a word (e.g. while the hub was
   down, or a node went away). Every transition records its reason in words.
+- *submission*: the JSON fields a user sends for a spec. Every string in it, keys included, is
+  storable text (:func:`gpupool.core.parse.check_text`: no lone surrogate, no NUL), and every
+  ``env`` name is a portable name (:data:`ENV_NAME`: ASCII letters, digits and ``_``, not
+  starting with a digit), so nothing accepted can fail at start after its GPUs were granted, or
+  break a page that shows it.
 
-Contract: pure and frozen; :func:`transition` refuses a move the state machine does not allow.
+Contract: pure and frozen; :func:`transition` refuses a move the state machine does not allow;
+:func:`check_submission` refuses (:class:`~gpupool.core.errors.InvalidRequest`) what no job can
+store or run, before anything is stored or granted.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
+
+from .errors import InvalidRequest
+from .parse import check_texts, clip
 
 JobState = Literal["queued", "starting", "running", "succeeded", "failed", "cancelled", "lost"]
 ACTIVE: frozenset[str] = frozenset({"starting", "running"})
@@ -29,6 +41,22 @@ ALLOWED: dict[str, frozenset[str]] = {
     "starting": frozenset({"running", "queued", "succeeded", "failed", "cancelled", "lost"}),
     "running": frozenset({"queued", "succeeded", "failed", "cancelled", "lost"}),
 }
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""A portable environment variable name (POSIX's portable character set: ASCII letters, digits
+and ``_``, not starting with a digit). ``A=B`` would set ``A``, and ``""`` none at all."""
+
+
+def check_submission(fields: Mapping[str, Any]) -> None:
+    """Refuse a job submission holding text no job can store or run (see *submission* above),
+    naming the field; the fields' types and values are checked where the spec is built."""
+    check_texts(fields)
+    env = fields.get("env")
+    for name in env if isinstance(env, dict) else ():
+        if isinstance(name, str) and not ENV_NAME.fullmatch(name):
+            raise InvalidRequest(
+                f"env name {clip(name)!r} is not a portable name: use ASCII letters, digits and"
+                " _, not starting with a digit (like MY_SETTING)."
+            )
 
 
 @dataclass(frozen=True)

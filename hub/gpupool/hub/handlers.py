@@ -23,9 +23,9 @@ from typing import Any
 from jupyterhub.apihandlers.base import APIHandler
 from tornado import web
 
-from ..core.errors import InvalidRequest, PoolError
+from ..core.errors import PoolError
 from ..core.jobs import Job
-from ..core.parse import check_size, clip, whole_number
+from ..core.parse import clip, parse_json_object, whole_number
 from .errors import http_error
 from .models import allocation_model, job_model, offers_model, team_model
 from .objects import HubObjects, hub_objects
@@ -50,16 +50,9 @@ class GPUPoolHandler(APIHandler):
         return user.name, groups, admin
 
     def json_body(self, limit: int) -> dict[str, Any]:
-        """The request's JSON object; 413 over ``limit`` bytes (checked before parsing), 400 if
-        it is not a JSON object."""
-        check_size(len(self.request.body), limit, "The request body")
-        try:
-            body = json.loads(self.request.body or b"{}")
-        except ValueError:
-            raise InvalidRequest("The request body is not valid JSON.") from None
-        if not isinstance(body, dict):
-            raise InvalidRequest("The request body must be a JSON object.")
-        return body
+        """The request's JSON object (:func:`gpupool.core.parse.parse_json_object`): 413 over
+        ``limit`` bytes, 400 nested too deep (both before parsing), or not a JSON object."""
+        return parse_json_object(self.request.body, limit)
 
     def write_json(self, model: Any, status: int = 200) -> None:
         self.set_status(status)

@@ -33,7 +33,7 @@ from traitlets.config import LoggingConfigurable
 from .. import metrics
 from ..clock import utcnow
 from ..core.errors import InvalidRequest, PoolError, UnknownAllocation
-from ..core.jobs import Job, JobSpec, transition
+from ..core.jobs import Job, JobSpec, check_submission, transition
 from ..core.offers import check_ddp_backend
 from ..core.parse import check_size, clip, clip_names, whole_number
 from ..core.queue import Limits, Queued, Running, ScaleUp, order, scale_ups, schedule
@@ -201,6 +201,7 @@ class JobManager(LoggingConfigurable):
     ) -> Job:
         """Check and queue a job; ``admin`` (the caller holds ``custom:gpupool:admin``) may set
         any priority, others only one in their team's range."""
+        check_submission(fields)  # storable, runnable text, before anything else (core.jobs)
         spec = self._spec(fields)
         ledger = self.pool.ledger
         team = resolve_team(ledger.teams, ledger.everyone, groups, spec.team)
