@@ -2,16 +2,24 @@
 drives step by step.
 
 What it answers like the real API server (over HTTP, on its own thread, for
-``kubernetes_asyncio``): ConfigMaps, Services and Pods (``/api/v1``) and Jobs (``/apis/batch/v1``)
-per namespace: create (``201``; ``uid``, ``resourceVersion``, ``creationTimestamp`` and the
-defaults the API server adds; the body validated strictly against the 1.33 schemas, ``422
-Invalid`` if it fails; ``409 AlreadyExists``; ``400 BadRequest`` for a namespace that is not the
-URL's), get (``404 NotFound``), list and delete-collection with label selectors (``k=v``,
-``k!=v``, ``k``), patch (strategic-merge and merge patches of maps, JSON patch), delete with
-``propagationPolicy`` (Jobs default to ``Orphan`` as on a real cluster; ``Background`` lets the
-garbage collector delete the dependents named by ``ownerReferences``), and pod logs (``404`` for
-a missing pod, ``400`` while the container waits to start, else the bytes, ``limitBytes``
-honoured). Errors are ``Status`` objects with ``reason``, ``code``, ``message`` and ``details``.
+``kubernetes_asyncio``): ConfigMaps, Services and Pods (``/api/v1``), Jobs (``/apis/batch/v1``) and
+NetworkPolicies (``/apis/networking.k8s.io/v1``) per namespace: create (``201``; ``uid``,
+``resourceVersion``, ``creationTimestamp`` and the defaults the API server adds; the body validated
+strictly against the 1.33 schemas, ``422 Invalid`` if it fails; ``409 AlreadyExists``; ``400
+BadRequest`` for a namespace that is not the URL's), get (``404 NotFound``), list and
+delete-collection with label selectors (``k=v``, ``k!=v``, ``k``), patch (strategic-merge and merge
+patches of maps, JSON patch), delete with ``propagationPolicy`` (Jobs default to ``Orphan`` as on a
+real cluster; ``Background`` lets the garbage collector delete the dependents named by
+``ownerReferences``), and pod logs (``404`` for a missing pod, ``400`` while the container waits to
+start, else the bytes, ``limitBytes`` honoured). Errors are ``Status`` objects with ``reason``,
+``code``, ``message`` and ``details``. A NetworkPolicy gets the API server's defaults
+(``policyTypes`` from its rules, ``protocol: TCP`` on ports;
+``pkg/apis/networking/v1/defaults.go``) and its deletion answers a ``Status``, not the object (its
+REST storage does not set ``ReturnDeletedObject``;
+``pkg/registry/networking/networkpolicy/storage/storage.go``). RBAC: :meth:`StandIn.forbid` takes a
+verb on a resource away from the hub's service account, which then gets ``403 Forbidden`` with the
+authorizer's message (``forbiddenMessage``, wrapped by ``NewForbidden``, in
+``staging/src/k8s.io/apiserver/pkg/endpoints/handlers/responsewriters/errors.go``).
 
 Nodes, the scheduler and volume attachment, when the test registers nodes (:meth:`StandIn.add_node`,
 node objects as the API returns them; without any, pods are put on ``dgx-h100-<index + 1>`` as
@@ -68,6 +76,7 @@ RESOURCES: dict[str, tuple[str, str, str]] = {
     "services": ("", "v1", "Service"),
     "pods": ("", "v1", "Pod"),
     "jobs": ("batch", "batch/v1", "Job"),
+    "networkpolicies": ("networking.k8s.io", "networking.k8s.io/v1", "NetworkPolicy"),
 }
 RETURNS_OBJECT_ON_DELETE = ("pods", "services")
 PLURALS = {kind: plural for plural, (_, _, kind) in RESOURCES.items()} | {"Node": "nodes"}
@@ -81,6 +90,8 @@ POD_CONDITIONS = (
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 HOSTNAME_KEY = "kubernetes.io/hostname"
 TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
+HUB_USER = "system:serviceaccount:jhub:hub"
+"""Who the hub is to the API server (the JupyterHub chart's hub ServiceAccount)."""
 
 Reply = tuple[int, Any]
 T = TypeVar("T")
@@ -113,6 +124,7 @@ class StandIn:
         self.events: list[dict[str, Any]] = []
         self.history: list[tuple[int, str, str, str, dict[str, Any]]] = []
         self.compacted = 0
+        self.forbidden: set[tuple[str, str]] = set()
 
     # -- bookkeeping --------------------------------------------------------------------------
     def now(self) -> str:
@@ -217,6 +229,27 @@ class StandIn:
         message = f'{self._resource(plural)} "{name}" not found'
         return self._status(404, "NotFound", message, plural, name)
 
+    # -- RBAC ---------------------------------------------------------------------------------
+    @_locked
+    def forbid(self, verb: str, plural: str) -> None:
+        """The hub's Role no longer grants ``verb`` (``create``, ``get``, ``list``, ``patch``,
+        ``delete``, ``deletecollection``) on ``plural``."""
+        self.forbidden.add((verb, plural))
+
+    def authorize(self, verb: str, plural: str, namespace: str, name: str = "") -> Reply | None:
+        """``None`` if the hub may, else the API server's ``403``: ``NewForbidden`` of the
+        authorizer's ``forbiddenMessage`` (the object's name only where the request names one:
+        a create does not)."""
+        if (verb, plural) not in self.forbidden:
+            return None
+        group = RESOURCES[plural][0]
+        why = (
+            f'User "{HUB_USER}" cannot {verb} resource "{plural}" in API group "{group}" in the '
+            f'namespace "{namespace}"'
+        )
+        subject = f'{self._resource(plural)} "{name}"' if name else self._resource(plural)
+        return self._status(403, "Forbidden", f"{subject} is forbidden: {why}", plural, name)
+
     # -- the REST verbs -----------------------------------------------------------------------
     def create(self, plural: str, namespace: str, body: dict[str, Any]) -> Reply:
         _group, api_version, kind = RESOURCES[plural]
@@ -267,6 +300,16 @@ class StandIn:
             port.setdefault("protocol", "TCP")
             port.setdefault("targetPort", port["port"])
         obj["status"] = {"loadBalancer": {}}
+
+    def _defaults_networkpolicies(self, obj: dict[str, Any]) -> None:
+        """``SetDefaults_NetworkPolicy`` and ``SetDefaults_NetworkPolicyPort``."""
+        spec = obj.setdefault("spec", {})
+        if not spec.get("policyTypes"):
+            spec["policyTypes"] = ["Ingress", *(["Egress"] if spec.get("egress") else [])]
+        for direction in ("ingress", "egress"):
+            for rule in spec.get(direction) or []:
+                for port in rule.get("ports") or []:
+                    port.setdefault("protocol", "TCP")
 
     def _defaults_jobs(self, obj: dict[str, Any]) -> None:
         spec, uid, name = obj["spec"], obj["metadata"]["uid"], obj["metadata"]["name"]
@@ -1086,6 +1129,7 @@ class Served:
         for prefix, plurals in (
             ("/api/v1", "configmaps|services|pods"),
             ("/apis/batch/v1", "jobs"),
+            ("/apis/networking.k8s.io/v1", "networkpolicies"),
         ):
             many = f"{prefix}/namespaces/{{ns}}/{{plural:{plurals}}}"
             add("GET", many, self._list)
@@ -1163,9 +1207,17 @@ class Served:
             pass
         return response
 
+    def _refused(self, verb: str, plural: str, ns: str, name: str = "") -> web.Response | None:
+        with self.api.lock:
+            reply = self.api.authorize(verb, plural, ns, name)
+        return None if reply is None else web.json_response(reply[1], status=reply[0])
+
     async def _list(self, request: web.Request) -> web.StreamResponse:
         plural, ns, _ = self._seen(request)
-        if request.query.get("watch", "").lower() in ("true", "1"):
+        watching = request.query.get("watch", "").lower() in ("true", "1")
+        if refused := self._refused("watch" if watching else "list", plural, ns):
+            return refused
+        if watching:
             return await self._watch(request, plural, ns)
         with self.api.lock:
             reply = self.api.list_objects(plural, ns, request.query.get("labelSelector", ""))
@@ -1173,17 +1225,23 @@ class Served:
 
     async def _create(self, request: web.Request) -> web.Response:
         plural, ns, _ = self._seen(request)
+        if refused := self._refused("create", plural, ns):
+            return refused
         body = await request.json()
         with self.api.lock:
             return self._answer(request, copy.deepcopy(self.api.create(plural, ns, body)))
 
     async def _get(self, request: web.Request) -> web.Response:
         plural, ns, name = self._seen(request)
+        if refused := self._refused("get", plural, ns, name):
+            return refused
         with self.api.lock:
             return self._answer(request, copy.deepcopy(self.api.get(plural, ns, name)))
 
     async def _patch(self, request: web.Request) -> web.Response:
         plural, ns, name = self._seen(request)
+        if refused := self._refused("patch", plural, ns, name):
+            return refused
         body = await request.json()
         with self.api.lock:
             reply = self.api.patch(plural, ns, name, request.content_type, body)
@@ -1191,6 +1249,8 @@ class Served:
 
     async def _delete(self, request: web.Request) -> web.Response:
         plural, ns, name = self._seen(request)
+        if refused := self._refused("delete", plural, ns, name):
+            return refused
         text = await request.text()
         options = json.loads(text) if text.strip() else {}
         policy = request.query.get("propagationPolicy") or options.get("propagationPolicy", "")
@@ -1199,6 +1259,8 @@ class Served:
 
     async def _delete_collection(self, request: web.Request) -> web.Response:
         plural, ns, _ = self._seen(request)
+        if refused := self._refused("deletecollection", plural, ns):
+            return refused
         with self.api.lock:
             reply = self.api.delete_collection(plural, ns, request.query.get("labelSelector", ""))
             return self._answer(request, copy.deepcopy(reply))

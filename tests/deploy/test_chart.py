@@ -437,7 +437,8 @@ def test_the_hub_extra_config_loads_the_mounted_file(chart: helm.Chart) -> None:
 
 
 # -- RBAC --------------------------------------------------------------------------------------
-API_CALL = re.compile(r"\b(core|batch)\.(\w+)\b")
+API_CALL = re.compile(r"\b(core|batch|networking)\.(\w+)\b")
+GROUPS = {"core": "", "batch": "batch", "networking": "networking.k8s.io"}
 VERBS = {
     "create": "create",
     "read": "get",
@@ -450,7 +451,8 @@ VERBS = {
 
 
 def api_calls(path: Path) -> set[tuple[str, str, str]]:
-    """(API group, resource, verb) of every ``core.*``/``batch.*`` client call in a module."""
+    """(API group, resource, verb) of every ``core.*``/``batch.*``/``networking.*`` client call in
+    a module."""
     calls = set()
     for group_name, method in API_CALL.findall(path.read_text()):
         verb = next((v for prefix, v in VERBS.items() if method.startswith(prefix + "_")), None)
@@ -462,8 +464,10 @@ def api_calls(path: Path) -> set[tuple[str, str, str]]:
         plural = {"config": "configmaps", "node": "nodes"}.get(resource, resource + "s")
         if rest == "pod_log":
             plural, sub = "pods/log", ""
+        if rest == "network_policy":
+            plural, sub = "networkpolicies", ""
         assert not sub or rest.startswith("config_map"), f"unmapped API call {method}"
-        calls.add(("batch" if group_name == "batch" else "", plural, verb))
+        calls.add((GROUPS[group_name], plural, verb))
     return calls
 
 
@@ -525,13 +529,16 @@ def test_rbac_lets_the_reconciler_watch_nodes_cluster_wide_and_pods_in_its_names
     assert {verb for _, _, verb in cluster_wide} == {"get", "list", "watch"}
 
 
-def test_rendezvous_policy_selects_job_pods_both_ways(chart: helm.Chart) -> None:
+def test_the_release_wide_job_policy_admits_dns_only(chart: helm.Chart) -> None:
+    """Every job pod: no ingress, egress to the cluster DNS only; what a job's ranks need of
+    each other is the hub's per-job policy (``test_kube_job_network.py``)."""
     (policy,) = by_kind(render(chart, values_of("small")), "NetworkPolicy").values()
     job_pods = {"matchExpressions": [{"key": "gpupool.io/job", "operator": "Exists"}]}
+    assert policy["metadata"]["name"] == "gpupool-job-baseline"
     assert policy["spec"]["podSelector"] == job_pods
-    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": job_pods}]}]
-    ranks, dns = policy["spec"]["egress"]  # nothing else by default
-    assert ranks == {"to": [{"podSelector": job_pods}]}
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert not policy["spec"].get("ingress")  # no pod may reach a job pod through this one
+    (dns,) = policy["spec"]["egress"]  # nothing else by default
     assert dns == {
         "to": [
             {
@@ -547,6 +554,37 @@ def test_rendezvous_policy_selects_job_pods_both_ways(chart: helm.Chart) -> None
         render(chart, merge(values_of("small"), {"networkPolicy": {"enabled": False}})),
         "NetworkPolicy",
     )
+
+
+def test_the_hub_makes_per_job_policies_with_the_charts_dns_and_may_do_just_that(
+    chart: helm.Chart, tmp_path: Path
+) -> None:
+    from gpupool.jobs.kube import KubeJobBackend
+
+    dns = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "dns"}},
+        "podSelector": {"matchLabels": {"k8s-app": "node-local-dns"}},
+    }
+    values = merge(values_of("small"), {"networkPolicy": {"jobs": {"dns": dns}}})
+    objects = render(chart, values)
+    c = hub_config(objects, tmp_path)
+    c.KubeJobBackend.namespace = NAMESPACE  # not the service account's file
+    backend = KubeJobBackend(config=c)
+    assert backend.network_policy is True
+    assert backend.network_policy_dns == [dns]  # the release-wide policy's DNS, one definition
+    (policy,) = by_kind(objects, "NetworkPolicy").values()
+    assert policy["spec"]["egress"][0]["to"] == [dns]
+    hub = ROOT / "hub" / "gpupool" / "jobs" / "kube.py"
+    needed = {c for c in api_calls(hub) if c[1] == "networkpolicies"}
+    assert needed == {("networking.k8s.io", "networkpolicies", v) for v in ("create", "delete")}
+    assert {g for g in granted(objects) if g[1] == "networkpolicies"} == needed  # exactly
+    # without NetworkPolicies the hub makes none, and its Role may not
+    off = merge(values_of("small"), {"networkPolicy": {"enabled": False}})
+    objects = render(chart, off)
+    c = hub_config(objects, tmp_path)
+    c.KubeJobBackend.namespace = NAMESPACE
+    assert KubeJobBackend(config=c).network_policy is False
+    assert not {g for g in granted(objects) if g[1] == "networkpolicies"}
 
 
 # -- the defaults start a hub ------------------------------------------------------------------

@@ -6,10 +6,13 @@ release ``Chart.yaml`` names), checked with real tools.
 - The names gpupool's objects use are the JupyterHub chart's: the ServiceMonitor's Secret holds
   the Prometheus service's token; the hub ServiceAccount the RBAC binds exists.
 - The two idle reapers agree with the JupyterHub chart on: its culler waits longer than gpupool.
-- Connectivity, by network-config-analyzer (``nca``) over every NetworkPolicy rendered, for pods
-  labelled as the charts label them: job rank <-> rank and job -> cluster DNS allowed,
-  Prometheus -> hub metrics allowed; a notebook -> job pods, job -> hub, job -> the hub's
-  database (PostgreSQL in another namespace) and job -> the internet denied.
+- Connectivity, by network-config-analyzer (``nca``) over every NetworkPolicy rendered plus the
+  per-job policies the hub creates (built by ``kube_manifests.make_network_policy``) for two
+  jobs of two users, with pods labelled as the charts and the hub's Job label them:
+  rank <-> rank within a job (``j1-1 -> j1-0`` on 29500), job -> cluster DNS and Prometheus -> hub
+  metrics allowed; across jobs (``j2-0 -> j1-0`` on 29500, either way), a notebook -> job pods,
+  job -> hub, job -> the hub's database (PostgreSQL in another namespace) and job -> the internet
+  denied.
 - checkov finds no failed check but those listed, each with its reason, in
   ``tests/deploy/checkov-baseline.txt``; every listed one still occurs (no stale skips).
 
@@ -35,6 +38,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gpupool.core.jobs import Job, JobSpec
+from gpupool.core.ledger import Allocation
+from gpupool.jobs.kube_manifests import job_name, make_job, make_network_policy
 from tests.deploy.crd_schemas import SCHEMAS, validate_custom
 from tests.deploy.test_chart import (
     CHART,
@@ -230,7 +236,37 @@ def _policy(
     }
 
 
-JOB = {"gpupool.io/job": "j1", "gpupool.io/team": "vision"}
+def _two_jobs() -> tuple[Job, Job]:
+    """Two-node CPU jobs of two users in two teams."""
+    script = "import torch.distributed as dist\n"
+    return (
+        Job("0f3a9c2b7d41", "alice", "vision", JobSpec(script, nodes=2), state="starting"),
+        Job("7c1d2e9a0b33", "bob", "nlp", JobSpec(script, nodes=2), state="starting"),
+    )
+
+
+J1, J2 = _two_jobs()
+INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+def _job_pod_labels(job: Job, index: int) -> dict[str, str]:
+    """A job pod's labels: the hub's Job template's, plus those the Job controller adds."""
+    allocations = [
+        Allocation(f"{job.id}-{i}", job.owner, job.team, "cpu", "job", job.id, 1, 0, None, ())
+        for i in range(job.spec.nodes)
+    ]
+    built = make_job(
+        job, allocations, pod_template={}, namespace=NAMESPACE, script_configmap="s", image="i"
+    )
+    labels: dict[str, str] = built["spec"]["template"]["metadata"]["labels"]
+    return labels | {INDEX: str(index), "batch.kubernetes.io/job-name": built["metadata"]["name"]}
+
+
+JOB = {"gpupool.io/job": J1.id}
+OTHER_JOB = {"gpupool.io/job": J2.id}
+"""Whole jobs, not single pods: nca reads every scalar that parses as an integer as one, so a
+selector on ``batch.kubernetes.io/job-completion-index: "0"`` fails its parser."""
+RENDEZVOUS = [{"port": 29500, "protocol": "TCP"}]
 DNS = [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
 
 
@@ -253,6 +289,48 @@ SPECS = {
     "job-to-dns": (
         "permits",
         _policy("job-to-dns", JOB, "Egress", _ns_peer("kube-system", {"k8s-app": "kube-dns"}), DNS),
+    ),
+    "other-job-to-dns": (
+        "permits",
+        _policy(
+            "other-job-to-dns",
+            OTHER_JOB,
+            "Egress",
+            _ns_peer("kube-system", {"k8s-app": "kube-dns"}),
+            DNS,
+        ),
+    ),
+    "rank-to-rank-rendezvous": (  # j1-1 -> j1-0 (and j1-0 -> j1-1) on 29500
+        "permits",
+        _policy(
+            "rank-to-rank-rendezvous",
+            JOB,
+            "Ingress",
+            {"podSelector": {"matchLabels": JOB}},
+            RENDEZVOUS,
+        ),
+    ),
+    "other-job-to-rendezvous": (  # j2-0 -> j1-0 (and every other pair) on 29500
+        "forbids",
+        _policy(
+            "other-job-to-rendezvous",
+            JOB,
+            "Ingress",
+            {"podSelector": {"matchLabels": OTHER_JOB}},
+            RENDEZVOUS,
+        ),
+    ),
+    "other-job-egress-to-job": (
+        "forbids",
+        _policy(
+            "other-job-egress", OTHER_JOB, "Egress", {"podSelector": {"matchLabels": JOB}}, None
+        ),
+    ),
+    "job-to-other-job": (
+        "forbids",
+        _policy(
+            "job-to-other-job", JOB, "Egress", {"podSelector": {"matchLabels": OTHER_JOB}}, None
+        ),
     ),
     "prometheus-to-hub": (
         "permits",
@@ -319,13 +397,20 @@ connections of a NetworkPolicy written as the question."""
 
 @pytest.fixture(scope="module")
 def cluster(full_chart: helm.Chart, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Every NetworkPolicy of the large values, and pods labelled as the charts label them."""
+    """Every NetworkPolicy of the large values and the hub's for two jobs, and pods labelled as
+    the charts (and the hub's Jobs) label them."""
     objects = render_all(full_chart, values_with_hub("large"))
     folder = tmp_path_factory.mktemp("nca")
     policies = list(by_kind(objects, "NetworkPolicy").values())
-    assert {"hub", "proxy", "singleuser", "gpupool-job-rendezvous", "gpupool-hub-metrics"} <= {
+    assert {"hub", "proxy", "singleuser", "gpupool-job-baseline", "gpupool-hub-metrics"} <= {
         p["metadata"]["name"] for p in policies
     }
+    # the per-job policies as the hub makes them, with the DNS peers the chart hands the hub
+    hub = json.loads(by_kind(objects, "ConfigMap")["gpupool-config"]["data"]["gpupool.json"])
+    dns = hub["KubeJobBackend"]["network_policy_dns"]
+    for job in (J1, J2):
+        owner = {"metadata": {"name": job_name(job), "uid": f"uid-{job.id}"}}
+        policies.append(make_network_policy(job, NAMESPACE, owner, dns=dns))
     deployments = by_kind(objects, "Deployment")
     singleuser = {
         "component": "singleuser-server",
@@ -339,9 +424,11 @@ def cluster(full_chart: helm.Chart, tmp_path_factory: pytest.TempPathFactory) ->
             "proxy", NAMESPACE, deployments["proxy"]["spec"]["template"]["metadata"]["labels"], 8000
         ),
         _pod("jupyter-ada", NAMESPACE, singleuser, 8888),
-        # job pods carry gpupool's labels only (kube_manifests.job_labels), not the notebook's
-        _pod("j1-0", NAMESPACE, JOB),
-        _pod("j1-1", NAMESPACE, JOB),
+        # job pods carry the hub's Job labels only (kube_manifests.make_job), not the notebook's
+        _pod("j1-0", NAMESPACE, _job_pod_labels(J1, 0)),
+        _pod("j1-1", NAMESPACE, _job_pod_labels(J1, 1)),
+        _pod("j2-0", NAMESPACE, _job_pod_labels(J2, 0)),
+        _pod("j2-1", NAMESPACE, _job_pod_labels(J2, 1)),
         _pod("coredns", "kube-system", {"k8s-app": "kube-dns"}),
         _pod("prometheus", "monitoring", {"app.kubernetes.io/name": "prometheus"}),
         _pod("postgres", "db", {"app": "postgres"}),
@@ -405,6 +492,37 @@ def test_the_metrics_path_is_closed_without_gpupools_policy(
             str(cluster["prometheus-to-hub"]),
             "--base_np_list",
             str(closed),
+            "--pod_list",
+            str(cluster["pods"]),
+            "--ns_list",
+            str(cluster["ns"]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode != 0 and "does not permit" in result.stdout, result.stdout
+
+
+def test_ranks_reach_each_other_only_through_the_hubs_per_job_policy(
+    cluster: dict[str, Path], tmp_path: Path
+) -> None:
+    """Without the hub's per-job policies the chart's own admit no traffic between job pods,
+    not even within a job (and with them, only within: ``test_connectivity``)."""
+    policies = [
+        p
+        for p in yaml.safe_load_all(cluster["policies"].read_text())
+        if p["metadata"]["name"] not in (job_name(J1), job_name(J2))
+    ]
+    chart_only = tmp_path / "chart-only.yaml"
+    chart_only.write_text(yaml.safe_dump_all(policies))
+    result = subprocess.run(
+        [
+            tool("nca"),
+            "--permits",
+            str(cluster["rank-to-rank-rendezvous"]),
+            "--base_np_list",
+            str(chart_only),
             "--pod_list",
             str(cluster["pods"]),
             "--ns_list",

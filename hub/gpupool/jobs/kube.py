@@ -1,9 +1,9 @@
 """``KubeJobBackend``: jobs as Kubernetes Indexed Jobs, one pod per node.
 
 Vocabulary
-- *objects*: per job, a ``batch/v1`` Job, a headless Service and a ConfigMap with the script,
-  all named from the job id and labelled ``gpupool.io/job`` (see
-  :mod:`gpupool.jobs.kube_manifests`). The Service and ConfigMap are owned by the Job
+- *objects*: per job, a ``batch/v1`` Job, a headless Service, a ConfigMap with the script and
+  (with ``network_policy``) the job's NetworkPolicy, all named from the job id and labelled
+  ``gpupool.io/job`` (see :mod:`gpupool.jobs.kube_manifests`). The others are owned by the Job
   (``ownerReferences``), so they go when it goes (cancel, or ``ttlSecondsAfterFinished``).
 - *handle*: JSON with the namespace, the three names and the Job's ``uid``. A restarted hub
   finds the objects from the handle alone, or from the names (which depend only on the job id)
@@ -22,17 +22,18 @@ Vocabulary
   that node, interleaved by line (rank_log marks where each rank starts). Offsets are bytes of
   the log as the API returns it now; the kubelet's log rotation can shorten it.
 
-Contract: ``start`` creates the Job suspended, then its owned ConfigMap and Service, then resumes
-it (with a Kueue queue configured, Kueue's admission resumes it instead), so no pod starts
-before its script exists and nothing outlives the Job. ``check`` reads, never writes: the Job's
-conditions decide the end (``Complete``, or ``Failed`` with its reason: ``BackoffLimitExceeded``,
-``DeadlineExceeded``, ``PodFailurePolicy``); before that ``running`` means every node's pod runs
-(or has succeeded), ``starting`` says what the others wait for. A Job that is gone (404, or
-replaced by another object of that name) is ``lost`` once no pod of the job is left running;
-while its pods are still terminating the job is not over (its GPUs are still in use).
-API errors other than 404 leave the job as it is, with the error as the reason. ``cancel``
-deletes the Job (``propagationPolicy: Background``), the Service and the ConfigMap, and any
-pods left behind by a Job that is already gone. The API client is one seam
+Contract: ``start`` creates the Job suspended, then its owned NetworkPolicy, ConfigMap and Service,
+then resumes it (with a Kueue queue configured, Kueue's admission resumes it instead), so no pod
+starts before its script and its network policy exist, and nothing outlives the Job: when any of
+them cannot be created the Job is deleted and takes the others along. ``check`` reads, never
+writes: the Job's conditions decide the end (``Complete``, or ``Failed`` with its reason:
+``BackoffLimitExceeded``, ``DeadlineExceeded``, ``PodFailurePolicy``); before that ``running``
+means every node's pod runs (or has succeeded), ``starting`` says what the others wait for. A Job
+that is gone (404, or replaced by another object of that name) is ``lost`` once no pod of the job
+is left running; while its pods are still terminating the job is not over (its GPUs are still in
+use). API errors other than 404 leave the job as it is, with the error as the reason. ``cancel``
+deletes the Job (``propagationPolicy: Background``), the Service, the ConfigMap and the
+NetworkPolicy, and any pods left behind by a Job that is already gone. The API client is one seam
 (``api_client_factory``); the global ``kubernetes_asyncio`` configuration is never changed.
 """
 
@@ -64,6 +65,7 @@ from .kube_manifests import (
     JOB_LABEL,
     exact_binding,
     make_job,
+    make_network_policy,
     make_script_configmap,
     make_service,
 )
@@ -115,6 +117,10 @@ class KubeJobBackend(KubeJobSettings):
     @staticmethod
     def _apis(api: Any) -> tuple[Any, Any]:
         return client.BatchV1Api(api), client.CoreV1Api(api)
+
+    @staticmethod
+    def _networking(api: Any) -> Any:
+        return client.NetworkingV1Api(api)
 
     async def _pods(self, api: Any, namespace: str, selector: str) -> list[dict[str, Any]]:
         _, core = self._apis(api)
@@ -220,6 +226,13 @@ class KubeJobBackend(KubeJobSettings):
             owner = api.sanitize_for_serialization(created)
             ref = replace(ref, uid=owner["metadata"]["uid"])
             try:
+                if self.network_policy:
+                    networking = self._networking(api)
+                    await self._replace(
+                        networking.create_namespaced_network_policy,
+                        networking.delete_namespaced_network_policy,
+                        make_network_policy(job, ref.namespace, owner, dns=self.network_policy_dns),
+                    )
                 await self._replace(
                     core.create_namespaced_config_map,
                     core.delete_namespaced_config_map,
@@ -259,7 +272,7 @@ class KubeJobBackend(KubeJobSettings):
         try:
             return await create(namespace, body, _request_timeout=self.request_timeout)
         except ApiException as e:
-            hint = " (an earlier run of this job still being deleted?)" if e.status == 409 else ""
+            hint = _HINTS.get(e.status, "")
             raise KubeError(
                 f"Kubernetes refused to create {kind} {namespace}/{name}: {api_message(e)}{hint}"
             ) from None
@@ -273,7 +286,7 @@ class KubeJobBackend(KubeJobSettings):
             if e.status != 409:
                 raise KubeError(
                     f"Kubernetes refused to create {body['kind']} {namespace}/{name}: "
-                    f"{api_message(e)}"
+                    f"{api_message(e)}{_HINTS.get(e.status, '')}"
                 ) from None
             await self._delete(delete, name, namespace)
             await self._create(create, namespace, body)
@@ -364,6 +377,11 @@ class KubeJobBackend(KubeJobSettings):
                 )
             await self._delete(core.delete_namespaced_service, ref.service, ref.namespace)
             await self._delete(core.delete_namespaced_config_map, ref.configmap, ref.namespace)
+            if self.network_policy:  # named as the Job
+                networking = self._networking(api)
+                await self._delete(
+                    networking.delete_namespaced_network_policy, ref.job, ref.namespace
+                )
         self.log.info("gpupool: deleted Kubernetes Job %s/%s", ref.namespace, ref.job)
 
     # -- logs ---------------------------------------------------------------------------------
@@ -396,6 +414,12 @@ class KubeJobBackend(KubeJobSettings):
         if status >= 300:
             raise KubeError(f"Kubernetes refused the log of pod {pod['metadata']['name']}")
         return data[offset:], len(data)
+
+
+_HINTS = {
+    403: " (the hub's Role must grant it: the Helm chart's does)",
+    409: " (an earlier run of this job still being deleted?)",
+}
 
 
 def _live(pod: Mapping[str, Any]) -> bool:

@@ -14,6 +14,13 @@ Vocabulary
   ``127.0.0.1`` and needs no DNS.
 - *script config map*: the job's script as one key of a ConfigMap, mounted read-only at
   :data:`SCRIPT_DIR`.
+- *job network policy*: a NetworkPolicy named as the Job, selecting the job's pods
+  (``gpupool.io/job: <id>``): ingress only from the job's own pods, egress only to them and to
+  the cluster DNS (*DNS peers*, by default ``k8s-app: kube-dns`` pods in ``kube-system``, on
+  port 53 UDP and TCP). Policies add up, so this lets a job's ranks reach each other (the
+  rendezvous on :data:`MASTER_PORT`, NCCL/gloo on any port) and nothing of another job; the Helm
+  chart's release-wide policy for every job pod admits nothing but DNS. Owned by the Job, so the
+  garbage collector deletes it with the Job.
 - *notebook pod template*: the user's notebook pod as API JSON (a Pod, or just its PodSpec), e.g.
   what KubeSpawner built or the running pod read back from the API. The job pod keeps its image,
   volumes and mounts (claims only as *claims* says), security contexts, service account, node
@@ -122,6 +129,17 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "gpupool", "app.kubernetes.io/comp
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 CONTAINER = "job"
 MASTER_PORT = 29500
+DNS_PORTS: tuple[dict[str, Any], ...] = (
+    {"port": 53, "protocol": "UDP"},
+    {"port": 53, "protocol": "TCP"},
+)
+DEFAULT_DNS_PEERS: tuple[dict[str, Any], ...] = (
+    {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+        "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+    },
+)
+"""Where the cluster DNS runs (CoreDNS keeps kube-dns's label ``k8s-app: kube-dns``)."""
 SCRIPT_DIR = "/opt/gpupool/job"
 DEFAULT_LOG_DIR = "/opt/gpupool/logs"
 SCRIPT_VOLUME, LOG_VOLUME, SHM_VOLUME = "gpupool-script", "gpupool-logs", "gpupool-shm"
@@ -267,6 +285,39 @@ def make_service(
                     "protocol": "TCP",
                 }
             ],
+        },
+    }
+
+
+def network_policy_name(job: Job) -> str:
+    """The job network policy: named as the Job."""
+    return job_name(job)
+
+
+def make_network_policy(
+    job: Job,
+    namespace: str,
+    owner: Mapping[str, Any] | None = None,
+    dns: Sequence[Mapping[str, Any]] = DEFAULT_DNS_PEERS,
+) -> dict[str, Any]:
+    """The job network policy (see the module docstring): the job's pods reach each other and
+    the ``dns`` peers (NetworkPolicy peers) on port 53, and only the job's pods reach them."""
+    meta = _metadata(job, network_policy_name(job), namespace)
+    if owner is not None:
+        meta["ownerReferences"] = [owner_reference(owner)]
+    pods = {"podSelector": {"matchLabels": {JOB_LABEL: label_value(job.id)}}}
+    egress: list[dict[str, Any]] = [{"to": [copy.deepcopy(pods)]}]
+    if dns:
+        egress.append({"to": copy.deepcopy(list(dns)), "ports": copy.deepcopy(list(DNS_PORTS))})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": meta,
+        "spec": {
+            **copy.deepcopy(pods),
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [copy.deepcopy(pods)]}],
+            "egress": egress,
         },
     }
 

@@ -39,7 +39,12 @@ from gpupool.podspec import (
 )
 
 from .backend import JobBackend
-from .kube_manifests import DEFAULT_LOG_DIR, DEFAULT_PYTHON, DEFAULT_TORCHRUN
+from .kube_manifests import (
+    DEFAULT_DNS_PEERS,
+    DEFAULT_LOG_DIR,
+    DEFAULT_PYTHON,
+    DEFAULT_TORCHRUN,
+)
 from .kube_status import TERMINAL_PHASES, phase
 
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -115,6 +120,33 @@ class KubeJobSettings(JobBackend):
         job on several; default: ``KubeGPUSpawner.bind_to_node``). Turn off only when the
         pool's inventory is not the cluster's nodes. Example:
         ``c.KubeJobBackend.bind_to_node = False``""",
+    )
+    network_policy = Bool(
+        True,
+        config=True,
+        help="""Give each job its own NetworkPolicy, owned by its Job (see
+        :mod:`gpupool.jobs.kube_manifests`, *job network policy*): its pods reach each other and
+        the cluster DNS (``network_policy_dns``), and no other job's pods reach them. Needs
+        ``create`` and ``delete`` on ``networkpolicies.networking.k8s.io`` in the namespace (the
+        Helm chart's Role grants them); without it the job fails to start, saying so. Turn off
+        only where the cluster enforces no NetworkPolicy (the Helm chart does with
+        ``networkPolicy.enabled: false``). Example:
+        ``c.KubeJobBackend.network_policy = False``""",
+    )
+    network_policy_dns = List(
+        Dict(),
+        [dict(p) for p in DEFAULT_DNS_PEERS],
+        config=True,
+        help="""Where a job's pods may send DNS queries (port 53, UDP and TCP): NetworkPolicy
+        peers, as in an egress rule's ``to``. The default is CoreDNS (label ``k8s-app:
+        kube-dns``) in ``kube-system``; the Helm chart sets its ``networkPolicy.jobs.dns``.
+        Example::
+
+            c.KubeJobBackend.network_policy_dns = [{
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "dns"}},
+                "podSelector": {"matchLabels": {"app": "node-local-dns"}},
+            }]
+        """,
     )
     use_notebook_pod = Bool(
         True,
