@@ -146,6 +146,11 @@ def small_inventory() -> Inventory:
     )
 
 
+OUTSIDE_DEVICES = ["GPU-a-0", "GPU-a-2", "MIG-a-3-0", "MIG-a-4-2", "GPU-b-1", "GPU-c-0"]
+"""Devices a process that holds nothing may use: whole, dynamic MIG, flex and share GPUs, a
+fixed instance and an admin's instance on a managed GPU."""
+
+
 class LedgerMachine(RuleBasedStateMachine):
     teams: ClassVar[dict[str, Team]] = {**TEAMS, "roomy": Team("roomy", guarantee_milli=100_000)}
 
@@ -174,6 +179,8 @@ class LedgerMachine(RuleBasedStateMachine):
         try:
             a = ledger.allocate(Request(user, team, offer, count), next(self.ids))
             assert len({ledger.occ.node_of[ledger.occ.ordinal[d.gpu]] for d in a.devices}) <= 1
+            used = [x for d in a.devices for x in (d.gpu, d.instance) if x in ledger.outside]
+            assert not used, f"{a.id} was handed {used}, which something else uses"
         except PoolError as e:
             assert not now, f"admitted now, yet refused: {e.message}"
             after = (
@@ -201,6 +208,11 @@ class LedgerMachine(RuleBasedStateMachine):
                 self.ledger.release(held[pick])
             self.ledger.check_invariants()
 
+    @rule(devices=st.sets(st.sampled_from(OUTSIDE_DEVICES), max_size=4))
+    def outside_use(self, devices: set[str]) -> None:
+        """Processes that hold nothing come to (and leave) GPUs and fixed MIG instances."""
+        self.ledger.set_outside_use({d: f"{d} is in use" for d in devices})
+
     @precondition(lambda self: bool(self.ledger.allocations))
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
@@ -210,6 +222,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def restart(self) -> None:
         fresh = Ledger(small_inventory(), SHARE_OFFERS, self.teams, policy=self.policy)
         _restored, lost = fresh.restore(self.ledger.allocations.values())
+        fresh.set_outside_use(self.ledger.outside)
         assert lost == [] and fresh.allocations == self.ledger.allocations
         assert fresh.occ.mask == self.ledger.occ.mask
         assert fresh.occ.share_used == self.ledger.occ.share_used

@@ -5,11 +5,12 @@ Vocabulary
   offer, one share of a GPU without MIG, or processes of the CPU offer) on ``nodes`` nodes,
   charged to a team for a user.
 - *verdict*: ``now`` (grantable at this moment), ``wait`` (within the team's limit and the
-  user's cap, but the quota is in use or the devices are busy: a job queues, a notebook is
-  refused with the reason) or ``never`` (the team may not use the offer, the offer does not come
-  in that count, the request is larger than the team's limit or the user's cap, or larger than
-  any node of the pool can ever hold, or, when a job's nodes must be different machines, it asks
-  for more nodes than the pool has machines that can hold one).
+  user's cap, but the quota is in use or the devices are busy, or in use outside the pool: a
+  job queues, a notebook is refused with the reason) or ``never`` (the team may not use the
+  offer, the offer does not come in that count, the request is larger than the team's limit
+  or the user's cap, or larger than any node of the pool can ever hold, or, when a job's nodes
+  must be different machines, it asks for more nodes than the pool has machines that can hold
+  one).
 - *scale-up*: a declared autoscaled node pool (:class:`gpupool.core.inventory.NodePool`) whose
   node could hold what no present node can: the request *waits* for it, with that reason and
   cause ``scale-up`` (after the quota's own waits: a request the quota holds back asks for no
@@ -85,6 +86,9 @@ class Usage:
     """``machines`` once every declared node pool that holds the request is at its maximum."""
     unit_cost: int | None = None
     """What one unit of the offer costs on this pool (``None``: the offer's own cost)."""
+    outside: tuple[str, ...] = ()
+    """Why devices that could serve the offer are not handed out now: each is in use by a
+    process that does not hold it (:mod:`gpupool.core.holders`)."""
 
 
 def admit(team: Team, offer: Offer, count: int, nodes: int, usage: Usage) -> Admission:
@@ -135,5 +139,5 @@ def admit(team: Team, offer: Offer, count: int, nodes: int, usage: Usage) -> Adm
         return scale_up
     if devices and usage.free < count:
         why = "none free right now" if usage.free == 0 else f"only {usage.free} free on one node"
-        return Admission("wait", why, "capacity")
+        return Admission("wait", "; ".join((why, *usage.outside)), "capacity")
     return Admission("now")

@@ -17,6 +17,11 @@ Vocabulary
   An admin's instance known at start on a GPU whose instances the pool creates is not blocked:
   it is a fixed instance there (*reserved slots* in :mod:`gpupool.core.occupancy`), handed out
   as it is, and nothing, a blocked slot neither, is ever placed over it.
+- *outside use*: devices a process uses without holding them (:mod:`gpupool.core.holders`),
+  with why (:meth:`Ledger.set_outside_use`): nothing new is placed on such a GPU (*closed* in
+  :mod:`gpupool.core.occupancy`), and such a fixed MIG instance is blocked (``outside``) while
+  free, or as soon as its holder releases it. Capacity still counts them (a request waits for
+  them); refusals and verdicts name them.
 
 Invariants, checked by :meth:`Ledger.check_invariants` and kept by every operation:
 no slot has two owners; a whole GPU is never handed out while MIG instances or shares are on it
@@ -118,6 +123,8 @@ class Ledger:
         self.occ = Occupancy(inventory)
         self.allocations: dict[str, Allocation] = {}
         self.blocked: dict[tuple[str, int], Blocked] = {}
+        self.outside: dict[str, str] = {}
+        """Devices in outside use (GPU or MIG UUID -> why; see *outside use*)."""
         self.team_used: Counter[str] = Counter()
         self.user_used: Counter[tuple[str, str]] = Counter()
         self._capacity: dict[Offer, int] = {}
@@ -132,6 +139,7 @@ class Ledger:
         for b in self.blocked.values():
             twin.block(b)
         twin.restore(self.allocations.values())
+        twin.set_outside_use(self.outside)
         return twin
 
     # -- questions -------------------------------------------------------------------------
@@ -215,7 +223,8 @@ class Ledger:
         for g, gpu in enumerate(occ.gpus):
             geo = occ.geometry[g]
             p = geo.resolve(offer.profile) if geo and offer.profile else None
-            if p is None or geo is None or offer.model not in (None, gpu.model) or occ.whole[g]:
+            skip = occ.whole[g] or occ.closed[g]
+            if p is None or geo is None or offer.model not in (None, gpu.model) or skip:
                 continue
             if g in occ.fixed_instances:
                 out[occ.node_of[g]] += sum(
@@ -293,6 +302,7 @@ class Ledger:
             growing[0][0].name if growing else "",
             (machines or 0) + sum(p.max_nodes for p, _ in growing),
             self.unit_cost_milli(offer),
+            tuple(self.outside_for(offer)),
         )
 
     def admit(
@@ -308,6 +318,31 @@ class Ledger:
         not) never start, start now, or would it wait? (:mod:`gpupool.core.admission`)."""
         usage = self.usage(team, user, offer, count, distinct and nodes > 1)
         return admit(team, offer, count, nodes, usage)
+
+    def outside_for(self, offer: Offer) -> list[str]:
+        """Why devices that could serve ``offer`` are not handed out now (in outside use)."""
+        if not self.outside or offer.kind == "cpu":
+            return []
+        gpus = {g.uuid: g for g in self.inventory.gpus}
+        instances = {i.uuid: (g, i) for g in self.inventory.gpus for i in g.instances if i.uuid}
+        reasons = []
+        for device, reason in sorted(self.outside.items()):
+            gpu, inst = gpus.get(device), None
+            if gpu is None and device in instances:
+                gpu, inst = instances[device]
+            if gpu is None or offer.model not in (None, gpu.model):
+                continue
+            if offer.kind != "mig":
+                serves = inst is None and not gpu.mig_enabled
+            else:
+                geo = gpu.geometry
+                wanted = geo.resolve(offer.profile) if geo and offer.profile else None
+                serves = wanted is not None and gpu.mig_enabled
+                if inst is not None and geo is not None:
+                    serves = serves and geo.resolve(inst.profile) == wanted
+            if serves:
+                reasons.append(reason)
+        return reasons
 
     def free_now(self, team: Team, user: str) -> str:
         """``"2× 1g.10gb, 1× h100"``: what ``user`` could still get in ``team`` right now, within
@@ -396,7 +431,47 @@ class Ledger:
                 occ.free_slots(g, p, d.start)
         self.team_used[allocation.team] -= allocation.cost_milli
         self.user_used[allocation.team, allocation.user] -= allocation.cost_milli
+        for d in allocation.devices:  # a fixed instance in outside use: blocked once let go
+            if d.instance in self.outside:
+                self._close(d.instance)
         return allocation
+
+    def set_outside_use(self, reasons: Mapping[str, str]) -> tuple[set[str], set[str]]:
+        """The devices in outside use from now on (device UUID -> why), in place of the last
+        ones (see *outside use*); returns the devices newly in it and those free of it again."""
+        before, now = set(self.outside), set(reasons)
+        for device in before - now:
+            self._open(device)
+        self.outside = dict(reasons)
+        for device in now:
+            self._close(device)
+        return now - before, before - now
+
+    def _close(self, device: str) -> None:
+        """Close a GPU, or block a free fixed MIG instance (one held now waits for its
+        release; any other device, an instance made for an allocation, has nothing to block)."""
+        occ = self.occ
+        g = occ.ordinal.get(device)
+        if g is not None:
+            if not occ.closed[g]:
+                occ.close(g)
+            return
+        for g, instances in occ.fixed_instances.items():
+            for p, inst in instances:
+                free = not occ.whole[g] and not occ.mask[g] & p.mask_at(inst.start)
+                if inst.uuid == device and free:
+                    gpu = occ.gpus[g].uuid
+                    self.block(Blocked(gpu, inst.profile, inst.start, "outside", inst.uuid))
+                    return
+
+    def _open(self, device: str) -> None:
+        g = self.occ.ordinal.get(device)
+        if g is not None:
+            self.occ.reopen(g)
+            return
+        for (gpu, start), b in list(self.blocked.items()):
+            if b.reason == "outside" and b.instance == device:
+                self.unblock(gpu, start)
 
     def block(self, blocked: Blocked) -> None:
         """Take a MIG placement's slots for no allocation (see *blocked slots*); ``ValueError``
@@ -511,7 +586,7 @@ class Ledger:
                 picks.append(Pick(g, share=d.share_milli))
                 continue
             if d.profile is None:
-                if not occ.whole_free(g) or g in taken or g in shared:
+                if not occ.whole_empty(g) or g in taken or g in shared:
                     return None
                 taken[g] = occ.full(g)
                 picks.append(Pick(g))
@@ -550,10 +625,12 @@ class Ledger:
         if avoid:
             others = ", ".join(sorted(self.occ.node_names[n] for n in avoid))
             what = f"{what} on a machine other than {others}"
+        outside = self.outside_for(offer)
         return (
             f"No {what} free (team {team.name} uses {fmt(self.team_used[team.name])} of "
             f"{fmt(team.limit_milli)} GPU-eq). Free now: {self.free_now(team, user)}."
             + (self._larger_than_replicas(offer) if offer.kind == "share" else "")
+            + (f" Not handed out until nothing else uses it: {'; '.join(outside)}." * bool(outside))
         )
 
     def _larger_than_replicas(self, offer: Offer) -> str:
@@ -620,6 +697,8 @@ class Ledger:
                     )
                     masks[g] |= bits
         assert masks == occ.mask, "occupancy differs from the allocations"
+        closed = [g.uuid in self.outside for g in occ.gpus]
+        assert closed == occ.closed, "closed GPUs differ from the devices in outside use"
         assert whole == occ.whole, "whole-GPU flags differ from the allocations"
         assert shared == occ.share_used, "shares differ from the allocations"
         for name, used in team_used.items():

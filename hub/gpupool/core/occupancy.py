@@ -30,6 +30,9 @@ Vocabulary
   over its GPUs first, then file order).
 - *fixed bucket*: the free pre-created instances of one model and profile on GPUs with the same
   mask, each as ``ordinal * 16 + start`` (so the minimum is the first GPU, then the lowest start).
+- *closed* GPU: one in outside use (:mod:`gpupool.core.holders`): no new placement of any kind
+  goes on it (it is not whole-free, takes no share, no MIG instance), while what holds it keeps
+  it; reopened once nothing else uses it. Restoring an allocation onto it is still possible.
 - *reserved slots*: on a ``dynamic`` GPU, the slots of the instances it already has (an admin's,
   on a GPU whose instances the pool creates): each is a fixed instance there, handed out as it
   is, and no other placement (an instance to create, a blocked slot) ever overlaps it, held or
@@ -214,6 +217,10 @@ class Occupancy:
         self.share_used: list[int] = [0] * len(self.gpus)
         self.share_only: list[bool] = [bool(g.share_resource) for g in self.gpus]
         """GPUs the platform hands out as shares only (never whole)."""
+        self.closed: list[bool] = [False] * len(self.gpus)
+        """GPUs in outside use (see *closed*)."""
+        self._share_index: list[int | None] = [None] * len(self.gpus)
+        """What each share-taking GPU's group index holds for it (``None``: unavailable)."""
         members: dict[ShareKey, list[int]] = {}
         for g, gpu in enumerate(self.gpus):
             if gpu.mig_mode == "off" and gpu.share_resource != "":
@@ -228,7 +235,7 @@ class Occupancy:
         for group in self.share_groups.values():
             for g in group.members:
                 self.share_group_of[g] = group
-                group.set(g, None, 0)
+                self._sync_share(g)
         self.fixed_instances: dict[int, list[tuple[Profile, MigInstance]]] = {
             i: self._resolve_instances(i)
             for i, g in enumerate(self.gpus)
@@ -257,6 +264,11 @@ class Occupancy:
         return (1 << self.slots[g]) - 1
 
     def whole_free(self, g: int) -> bool:
+        """Whether a whole-GPU request may be placed on GPU ``g`` now (never a closed one)."""
+        return self.whole_empty(g) and not self.closed[g]
+
+    def whole_empty(self, g: int) -> bool:
+        """Whether GPU ``g`` can be held whole: nothing on it, whether closed or not."""
         return (
             self.gpus[g].mig_mode in ("off", "flex")
             and self.mask[g] == 0
@@ -314,7 +326,7 @@ class Occupancy:
 
     # -- changes ---------------------------------------------------------------------------
     def take_whole(self, g: int) -> None:
-        if not self.whole_free(g):
+        if not self.whole_empty(g):
             raise ValueError(f"GPU {self.gpus[g].uuid} is not whole-free")
         self.mask[g] = self.full(g)
         self.whole[g] = True
@@ -359,7 +371,7 @@ class Occupancy:
         ):
             raise ValueError(f"no {milli} milli share free on {self.gpus[g].uuid}")
         self.share_used[g] = used + milli
-        self.share_group_of[g].set(g, used, used + milli)
+        self._sync_share(g)
         self._reindex_node(self.node_of[g])
 
     def free_share(self, g: int, milli: int) -> None:
@@ -367,18 +379,33 @@ class Occupancy:
         if milli > used:
             raise ValueError(f"{self.gpus[g].uuid} holds {used} milli of shares, not {milli}")
         self.share_used[g] = used - milli
-        self.share_group_of[g].set(g, used, used - milli)
+        self._sync_share(g)
         self._reindex_node(self.node_of[g])
+
+    def close(self, g: int) -> None:
+        """Place nothing new on GPU ``g`` (see *closed*) until :meth:`reopen`."""
+        self.closed[g] = True
+        self._changed(g)
+
+    def reopen(self, g: int) -> None:
+        self.closed[g] = False
+        self._changed(g)
 
     # -- index upkeep ----------------------------------------------------------------------
     def _changed(self, g: int) -> None:
         self._reindex_gpu(g)
         self._reindex_node(self.node_of[g])
+        self._sync_share(g)
+
+    def _sync_share(self, g: int) -> None:
+        """Put a share-taking GPU's used milli into its group's index, or take it out while it
+        is held whole or closed."""
         group = self.share_group_of.get(g)
-        if group is not None:
-            held = self.whole[g]
-            # only a whole-GPU holder changes a share-taking GPU here (MIG is never on one)
-            group.set(g, 0 if held else None, None if held else 0)
+        if group is None:
+            return
+        new = None if self.whole[g] or self.closed[g] else self.share_used[g]
+        group.set(g, self._share_index[g], new)
+        self._share_index[g] = new
 
     def _reindex_gpu(self, g: int) -> None:
         gpu = self.gpus[g]
@@ -387,7 +414,8 @@ class Occupancy:
             if gpu.mig_mode == "fixed":
                 return
         key: MigKey | None = None
-        if gpu.mig_mode in ("dynamic", "flex") and not self.whole[g] and self.geometry[g]:
+        open_ = not self.whole[g] and not self.closed[g]
+        if gpu.mig_mode in ("dynamic", "flex") and open_ and self.geometry[g]:
             key = (gpu.model, gpu.mig_mode, self.mask[g] | self.reserved[g])
         old = self._gpu_key[g]
         if old == key:
@@ -423,7 +451,7 @@ class Occupancy:
         keys = [
             ((model, p.name, mask | self.reserved[g]), g * FIXED_CODE + inst.start)
             for p, inst in self.fixed_instances[g]
-            if not mask & p.mask_at(inst.start)
+            if not mask & p.mask_at(inst.start) and not self.closed[g]
         ]
         for key, code in keys:
             self.fixed_buckets.setdefault(key, MinSet()).add(code)
