@@ -9,11 +9,13 @@ skips: switching accounts needs root (CI runs as root).
 
 from __future__ import annotations
 
+import os
 import pwd
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from bs4 import BeautifulSoup
 
 from tests.accounts import IS_ROOT, NOT_ROOT, homes, remove_unix_user, unix_user
 from tests.hub.conftest import (
@@ -88,6 +90,8 @@ def test_a_two_rank_job_runs_logs_and_cancels_as_its_owner(hub: Hub) -> None:
     ann_uid = pwd.getpwnam(ANN).pw_uid
     assert {p.stat().st_uid for p in [jdir, *jdir.iterdir()]} == {ann_uid}
     assert {uid_of(pid) for pid in job_processes(job["id"])} == {ann_uid}
+    networks = {os.readlink(f"/proc/{pid}/ns/net") for pid in job_processes(job["id"])}
+    assert len(networks) == 1 and networks != {os.readlink("/proc/self/ns/net")}, networks
     bob = hub.token(BOB)  # another user of the same team sees nothing of it
     assert hub.as_user(bob, "GET", f"/jobs/{job['id']}/logs").status_code == 404
     r = hub.as_user(token, "DELETE", f"/jobs/{job['id']}")
@@ -95,3 +99,13 @@ def test_a_two_rank_job_runs_logs_and_cancels_as_its_owner(hub: Hub) -> None:
     assert wait_job(hub, token, job["id"], FINAL)["state"] == "cancelled"
     assert job_processes(job["id"]) == []
     assert hub.allocations() == {}
+
+
+def test_the_admin_page_says_jobs_have_a_network_of_their_own(hub: Hub) -> None:
+    password = os.environ.get("GPUPOOL_ADMIN_PASSWORD") or (
+        (hub.state / "admin-password").read_text().strip()
+    )
+    page = hub.login("admin", password).get(f"{hub.url}/hub/gpupool", timeout=30)
+    assert page.status_code == 200
+    line = BeautifulSoup(page.content.decode(), "html.parser").select_one("#gp-job-network")
+    assert line is not None and "private: each job has a network namespace" in line.get_text()

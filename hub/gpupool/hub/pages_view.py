@@ -363,6 +363,10 @@ def admin_view(
         team_rows.append(row)
     return {
         "pool": _pool_header(pool),
+        "job_network": {
+            "private": jobs.backend.private_network,
+            "text": jobs.backend.network_note,
+        },
         "mig": pool.mig.view(ledger) if pool.mig is not None else None,
         "activity": reclaimer.activity(),
         "nodes": nodes,

@@ -47,6 +47,11 @@ class JobBackend(LoggingConfigurable):
     distinct_nodes = False
     """Whether every node of a multi-node job must be a different machine (the job manager
     then grants each node on a machine the job's other nodes are not on)."""
+    network_note = ""
+    """What keeps a job's network (its rendezvous, its ranks' traffic) from other tenants', in
+    one sentence for the admin page; ``""`` when the backend has nothing to say."""
+    private_network = False
+    """Whether each job's network is out of every other tenant's reach."""
     marker = ""
     """This hub's marker (``GPUPOOL_HUB``), which every job process carries, so reconciliation
     finds this hub's processes and only those (set by the job manager from its pool)."""

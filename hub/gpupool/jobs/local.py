@@ -9,10 +9,12 @@ Vocabulary
 - *code account*: who runs the job (:mod:`gpupool.usercode`): the owner's own unix account in
   the per-user mode, else the shared account; never root.
 
-Contract: one ``torchrun --nnodes 1 --nproc-per-node N`` per job, c10d rendezvous on a free
-loopback port, ``CUDA_VISIBLE_DEVICES`` = the allocated UUIDs (a job on N MIG instances: each
-rank gets its own one, through ``GPUPOOL_RANK_DEVICES``, and the ranks use gloo:
-:func:`gpupool.core.offers.rank_env`), its own session (process group),
+Contract: one ``torchrun --nnodes 1 --nproc-per-node N`` per job, c10d rendezvous on the job's
+own loopback (a private network per job, :mod:`gpupool.jobs.private_network`, unless
+``job_network`` is ``host`` or the machine cannot: then a free port on the shared loopback, and
+the hub says so at start and on the admin page), ``CUDA_VISIBLE_DEVICES`` = the allocated
+UUIDs (a job on N MIG instances: each rank gets its own one, through ``GPUPOOL_RANK_DEVICES``,
+and the ranks use gloo: :func:`gpupool.core.offers.rank_env`), its own session (process group),
 so cancel reaches every rank: SIGTERM to the group (torchrun passes it on), then SIGKILL after
 ``kill_grace`` seconds to the group and to every process started with the job's
 ``GPUPOOL_JOB`` variable (torchrun starts each rank in a session of its own). The
@@ -43,7 +45,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from traitlets import Bool, Float, Int, List, Unicode, default
+from traitlets import Bool, CaselessStrEnum, Float, Int, List, Unicode, default
 
 from ..core.errors import InvalidRequest
 from ..core.inventory import GPU
@@ -63,6 +65,7 @@ from ..usercode import (
     read_owned,
     spawner_setting,
 )
+from . import private_network
 from .backend import JobBackend, Observation
 
 PREPARE_AND_RUN = """\
@@ -94,6 +97,10 @@ def job_pids(job_id: str, uid: int | None = None) -> list[int]:
     with ``uid``, only processes of that account (another user cannot claim a job's marker).
     Scans ``/proc``: the backend calls it in a worker thread."""
     return [pid for pid, _ in with_item(f"GPUPOOL_JOB={job_id}", uid)]
+
+
+RENDEZVOUS_PORT = 29400
+"""torchrun's own default c10d port, used inside a job's private network (nobody else is there)."""
 
 
 def free_port() -> int:
@@ -157,6 +164,18 @@ class LocalJobBackend(JobBackend):
         config=True,
         help="The most bytes of a rank's log one read returns. Example: ``262144``",
     )
+    job_network = CaselessStrEnum(
+        ["private", "host"],
+        "private",
+        config=True,
+        help="""``private``: each job gets a network namespace of its own with only a loopback,
+        so its rendezvous and its ranks' traffic are out of every other account's reach (and the
+        job has no other network: no internet, no hub). ``host``: jobs share the machine's
+        network; any account on the machine can connect to a job's rendezvous. Needs the hub to
+        run as root; left at its default where the machine cannot, the hub warns at start and
+        uses ``host``; set explicitly, it stops the hub. Example:
+        ``c.LocalJobBackend.job_network = "host"``""",
+    )
 
     @default("home_dir_template")
     def _default_home(self) -> str:
@@ -187,6 +206,27 @@ class LocalJobBackend(JobBackend):
                 "False runs each job as its owner's unix account, which needs the hub to run "
                 "as root; set it to True (jobs run as the hub's account) or run the hub as root",
             )
+        self.private_network, self.network_note = self._network()
+
+    def _network(self) -> tuple[bool, str]:
+        """Whether jobs get a private network, and the sentence that says so (admin page)."""
+        if self.job_network == "host":
+            return False, (
+                "shared: jobs use the machine's network (LocalJobBackend.job_network = host); "
+                "any account on this machine can reach a job's rendezvous"
+            )
+        why = private_network.unavailable()
+        if not why:
+            return True, "private: each job has a network namespace of its own (loopback only)"
+        if "job_network" in self.config.get("LocalJobBackend", {}):
+            raise ConfigError("LocalJobBackend.job_network", f"private is not possible: {why}")
+        note = f"shared, because a private network is not possible here: {why}"
+        self.log.warning(
+            "gpupool: jobs' network is %s; any account on this machine can reach a job's "
+            "rendezvous (LocalJobBackend.job_network)",
+            note,
+        )
+        return False, note
 
     def _key(self, name: str) -> str:
         """The setting an admin should fix: this class's, or the spawner's it defaulted from."""
@@ -228,7 +268,7 @@ class LocalJobBackend(JobBackend):
         account = self.account(job.owner)
         jdir = self.job_dir(job)
         home = jdir.parents[2]
-        port = free_port()
+        port = RENDEZVOUS_PORT if self.private_network else free_port()
         torchrun = [
             self.python, "-m", "torch.distributed.run",
             "--nnodes", "1", "--nproc-per-node", str(job.spec.gpus),
@@ -236,18 +276,27 @@ class LocalJobBackend(JobBackend):
             "--max-restarts", "0",
             "-m", "gpupool_lab.rank_log", str(jdir), str(jdir / "script.py"), *job.spec.args,
         ]  # fmt: skip
+        command = ["/bin/sh", "-c", PREPARE_AND_RUN, "gpupool-job", *torchrun]
+        env = self._env(job, allocations, jdir, home, account)
+        stdin = job.spec.script.encode()
+        if self.private_network:  # root starts the launcher, clean; it becomes the account
+            command = [*private_network.launcher(account.uid, account.gid, account.groups),
+                       "--", *command]  # fmt: skip
+            env, stdin, how = {}, private_network.header(env) + stdin, {}
+        else:
+            how = become(account)
         proc = await asyncio.create_subprocess_exec(
-            "/bin/sh", "-c", PREPARE_AND_RUN, "gpupool-job", *torchrun,
+            *command,
             cwd="/",
-            env=self._env(job, allocations, jdir, home, account),
+            env=env,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
-            **become(account),
+            **how,
         )  # fmt: skip
         self._procs[job.id] = proc
-        problem = await self._prepared(proc, job.spec.script.encode())
+        problem = await self._prepared(proc, stdin)
         if problem:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(proc.wait(), 10)
@@ -278,6 +327,8 @@ class LocalJobBackend(JobBackend):
         self, job: Job, allocations: list[Allocation], jdir: Path, home: Path, account: Account
     ) -> dict[str, str]:
         env = {k: os.environ[k] for k in self.env_keep if k in os.environ}
+        if self.private_network:
+            env.update(private_network.LOOPBACK_ENV)
         env.update(dict(job.spec.env))
         env.update(
             HOME=str(home),
