@@ -33,6 +33,15 @@ Vocabulary
 - *gpupool labels*: ``gpupool.io/team``, ``gpupool.io/offer``, ``gpupool.io/allocation`` on every
   pod, and on GPU pods the Kueue label ``kueue.x-k8s.io/queue-name`` when a queue template (such
   as ``"{team}"``) is configured, so a Kueue ``LocalQueue`` can take over the team's quota.
+- *hardening*: the security context fields of :data:`HARDENING` (those the restricted Pod
+  Security Standard asks for): ``runAsNonRoot: true``, ``allowPrivilegeEscalation: false``,
+  ``capabilities: {drop: [ALL]}``, ``seccompProfile: {type: RuntimeDefault}``. A job container
+  always gets all of them over whatever its template says (:func:`hardened_context`, which also
+  takes away ``privileged`` and added capabilities); the notebook container gets the configured
+  ones where the admin's settings leave them unset (:func:`harden_notebook`): a field the
+  container's securityContext sets, or for the fields a pod may set for all its containers
+  (:data:`POD_LEVEL_FIELDS`) the pod's, is the admin's, and so is ``runAsNonRoot`` where the
+  container is set to run as user 0 (the kubelet would refuse to start it).
 
 Contract: no I/O and no spawner: :func:`apply_allocation` returns a deep copy of the pod
 KubeSpawner built, never touching its input, and gpupool owns everything GPU-specific in it.
@@ -69,6 +78,7 @@ from kubernetes_asyncio.client import (
     V1NodeSelectorTerm,
     V1Pod,
     V1ResourceRequirements,
+    V1SecurityContext,
     V1Toleration,
 )
 from kubespawner.slugs import is_valid_label, safe_slug
@@ -106,6 +116,26 @@ VISIBILITY_ENV = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 QUEUE_FIELDS = ("team", "offer", "user")
 DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 EXTENDED_RESOURCE = DNS_SUBDOMAIN + r"/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+
+HARDENING: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""A hardened container's securityContext fields (see *hardening*)."""
+POD_LEVEL_FIELDS = (
+    "runAsNonRoot",
+    "runAsUser",
+    "runAsGroup",
+    "seccompProfile",
+    "seLinuxOptions",
+    "appArmorProfile",
+    "windowsOptions",
+)
+"""Fields of a pod's securityContext that hold for each container which does not set its own."""
+GRANTING_FIELDS = ("privileged", "procMount")
+"""Container securityContext fields that grant more than a hardened container may have."""
 
 DEFAULT_GPU_TOLERATIONS: tuple[dict[str, str], ...] = (
     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
@@ -479,6 +509,97 @@ def apply_allocation(
     labels.update(gpu_labels(allocation, kueue_queue_template, kueue_priority_class))
     meta.labels = labels
     return out
+
+
+# -- hardening ----------------------------------------------------------------------------------
+def run_as_user(container: Mapping[str, Any] | None, pod: Mapping[str, Any] | None) -> int | None:
+    """The user a container is set to run as (its own ``runAsUser``, else the pod's); None
+    where neither says (the image's ``USER`` decides)."""
+    for context in (container or {}, pod or {}):
+        if context.get("runAsUser") is not None:
+            return int(context["runAsUser"])
+    return None
+
+
+def hardened_context(container: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A job container's securityContext: ``container``'s (user, groups, SELinux, read-only
+    root...) with :data:`HARDENING` over it, without :data:`GRANTING_FIELDS`; capabilities are
+    all dropped, none added."""
+    out = {k: copy.deepcopy(v) for k, v in (container or {}).items() if k not in GRANTING_FIELDS}
+    return out | copy.deepcopy(HARDENING)
+
+
+def hardened_pod_context(pod: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A job pod's securityContext: ``pod``'s (fsGroup, supplemental groups, user...) with the
+    pod-level fields of :data:`HARDENING` over it."""
+    forced = {k: v for k, v in HARDENING.items() if k in POD_LEVEL_FIELDS}
+    return copy.deepcopy(dict(pod or {})) | copy.deepcopy(forced)
+
+
+def filled_context(
+    container: Mapping[str, Any] | None,
+    pod: Mapping[str, Any] | None,
+    fields: Mapping[str, Any] = HARDENING,
+) -> dict[str, Any]:
+    """A notebook container's securityContext: ``container``'s, plus each of ``fields`` that
+    neither it nor (for :data:`POD_LEVEL_FIELDS`) ``pod`` sets (see *hardening*)."""
+    out = copy.deepcopy(dict(container or {}))
+    pod = pod or {}
+    for key, value in fields.items():
+        if value is None or out.get(key) is not None or (key in POD_LEVEL_FIELDS and pod.get(key) is not None):
+            continue  # the admin's
+        if key == "runAsNonRoot" and run_as_user(out, pod) == 0:
+            continue  # the admin's too: root, said outright
+        out[key] = copy.deepcopy(value)
+    return out
+
+
+def harden_notebook(pod: V1Pod, fields: Mapping[str, Any] = HARDENING) -> V1Pod:
+    """A copy of ``pod`` whose notebook container has ``fields`` filled in
+    (:func:`filled_context`); init and other containers are left as they are (z2jh's
+    ``block-cloud-metadata`` must run as root)."""
+    out = copy.deepcopy(pod)
+    container = notebook_container(out)
+    context = filled_context(
+        to_json(container.security_context), to_json(out.spec.security_context), fields
+    )
+    container.security_context = context or None  # type: ignore[assignment]  # as KubeSpawner
+    return out
+
+
+def check_hardening(value: Any, key: str) -> dict[str, Any]:
+    """``value`` if it is a map of container securityContext fields (camelCase), else a
+    :class:`gpupool.settings.ConfigError` naming ``key``."""
+    from .settings import ConfigError
+
+    known = set(V1SecurityContext.attribute_map.values())  # type: ignore[attr-defined]
+    if not isinstance(value, Mapping):
+        raise ConfigError(key, f"must be a map of securityContext fields, got {value!r}")
+    unknown = sorted(str(k) for k in value if k not in known)
+    if unknown:
+        raise ConfigError(
+            key,
+            f"{', '.join(unknown)}: no securityContext field (camelCase, such as runAsNonRoot "
+            "or seccompProfile)",
+        )
+    return dict(value)
+
+
+def to_json(obj: Any) -> Any:
+    """``kubernetes_asyncio`` models (or plain API JSON, or a mix, as KubeSpawner leaves them)
+    as API JSON (what ``ApiClient.sanitize_for_serialization`` sends), without an
+    ``ApiClient``."""
+    if obj is None or isinstance(obj, str | int | float | bool):
+        return obj
+    if isinstance(obj, list | tuple):
+        return [to_json(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: to_json(v) for k, v in obj.items()}
+    return {
+        obj.attribute_map[attr]: to_json(getattr(obj, attr))
+        for attr in obj.openapi_types
+        if getattr(obj, attr) is not None
+    }
 
 
 def _visibility_env(env: Sequence[V1EnvVar] | None, gpu: bool) -> list[V1EnvVar] | None:

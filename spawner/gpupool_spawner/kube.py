@@ -38,7 +38,11 @@ ledger counted its devices: a profile that pins it by name to another node
 refused (400) and the devices released, rather than left Pending. An offer whose model has no
 product labels is refused before any pod is made. The server's environment carries
 ``GPUPOOL_ALLOCATION``, ``GPUPOOL_OFFER``, ``GPUPOOL_TEAM`` and ``GPUPOOL_SIMULATED``, as the local
-spawner's does; ``CUDA_VISIBLE_DEVICES`` is left to the device plugin.
+spawner's does; ``CUDA_VISIBLE_DEVICES`` is left to the device plugin. The notebook container is
+hardened by default (``pod_hardening``; see *hardening* in :mod:`gpupool.podspec`): the
+fields the admin's KubeSpawner settings leave unset get the hardened values, and what the admin
+sets (``uid``, ``allow_privilege_escalation``, ``container_security_context``,
+``pod_security_context``, a profile's ``kubespawner_override``) wins.
 """
 
 from __future__ import annotations
@@ -61,12 +65,15 @@ from gpupool.podspec import (
     DEFAULT_GPU_TOLERATIONS,
     DEFAULT_HAMI_RESOURCES,
     DEFAULT_PRODUCT_LABELS,
+    HARDENING,
     HOSTNAME_LABEL,
     ShareRequests,
     apply_allocation,
     check_hami_resources,
+    check_hardening,
     check_priority_class,
     check_queue_template,
+    harden_notebook,
     product_values,
 )
 from gpupool.settings import ConfigError
@@ -168,6 +175,31 @@ class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner):
         """,
     )
 
+    pod_hardening = Dict(
+        dict(HARDENING),
+        config=True,
+        help="""securityContext fields (API JSON) of the notebook container where KubeSpawner's
+        settings (``uid``, ``allow_privilege_escalation``, ``container_security_context``,
+        ``pod_security_context``...) leave them unset; ``runAsNonRoot`` is also left out for a
+        container set to run as user 0. Default: ``runAsNonRoot: true``,
+        ``allowPrivilegeEscalation: false``, ``capabilities: {drop: [ALL]}``, ``seccompProfile:
+        {type: RuntimeDefault}``. ``{}`` adds none (an image that must start as root, e.g. to
+        switch users or use sudo); a profile's ``kubespawner_override`` merges into it, and a
+        key set to None there drops that field for the profile. Job pods are always hardened.
+        Example::
+
+            # allow images that start as root, keep the rest
+            c.KubeGPUSpawner.pod_hardening = {
+                "allowPrivilegeEscalation": False,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            }
+        """,
+    )
+
+    @validate("pod_hardening")
+    def _valid_pod_hardening(self, proposal: dict[str, Any]) -> dict[str, Any]:
+        return check_hardening(proposal["value"], "KubeGPUSpawner.pod_hardening")
+
     @validate("hami_resources")
     def _valid_hami_resources(self, proposal: dict[str, Any]) -> dict[str, str]:
         return check_hami_resources(proposal["value"], "KubeGPUSpawner.hami_resources")
@@ -226,6 +258,7 @@ class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner):
                 container.resources = get_k8s_model(V1ResourceRequirements, container.resources)
         allocation = self.gpupool_allocation
         self._gpupool_check_pins(pod, allocation)
+        pod = harden_notebook(pod, self.pod_hardening)
         return apply_allocation(
             pod,
             allocation,

@@ -261,6 +261,11 @@ BAD_VALUES = [
     ),
     pytest.param({"gpupool": {"bindToNode": "no"}}, "bindToNode", id="bind-not-a-boolean"),
     pytest.param(
+        {"gpupool": {"notebookHardening": {"runAsNonroot": True}}},
+        "runAsNonroot",
+        id="hardening-field-misspelt",
+    ),
+    pytest.param(
         {"metrics": {"prometheusRule": {"enabled": True, "idleMinutes": 0}}},
         "idleMinutes",
         id="alert-after-no-time",
@@ -391,6 +396,26 @@ def test_job_pod_settings_reach_the_hub_only_when_set(chart: helm.Chart, tmp_pat
     assert (backend.shared_volume_claim, backend.keep_claims) == ("", [])
 
 
+def test_notebook_hardening_reaches_the_hub_only_when_set(
+    chart: helm.Chart, tmp_path: Path
+) -> None:
+    """null: the hub's default (every field); a map: those fields; {}: none."""
+    from gpupool.podspec import HARDENING
+
+    small = hub_config(render(chart, values_of("small")), tmp_path)
+    assert "pod_hardening" not in small.KubeGPUSpawner
+    assert HARDENING == {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    for hardening in ({}, {"seccompProfile": {"type": "RuntimeDefault"}}):
+        values = merge(values_of("small"), {"gpupool": {"notebookHardening": hardening}})
+        c = hub_config(render(chart, values), tmp_path)
+        assert c.KubeGPUSpawner.pod_hardening == hardening
+
+
 def test_hub_settings_are_real_traits_of_the_hub_classes(chart: helm.Chart, tmp_path: Path) -> None:
     from jupyterhub.app import JupyterHub
 
@@ -421,8 +446,9 @@ def test_hub_settings_are_real_traits_of_the_hub_classes(chart: helm.Chart, tmp_
     assert c.KubeJobBackend.gpu_priority_class_name == f"{RELEASE}-job"
     assert by_kind(objects, "PriorityClass")[f"{RELEASE}-job"]["value"] == 500
     # the large values set every optional setting, so all of them were checked above
-    assert {"kueue_priority_class", "bind_to_node"} <= set(c.KubeGPUSpawner)
+    assert {"kueue_priority_class", "bind_to_node", "pod_hardening"} <= set(c.KubeGPUSpawner)
     assert {"kueue_priority_class", *JOB_POD_KEYS[1:]} <= set(c.KubeJobBackend)
+    assert {"network_policy", "network_policy_dns"} <= set(c.KubeJobBackend)
 
 
 def test_the_hub_extra_config_loads_the_mounted_file(chart: helm.Chart) -> None:

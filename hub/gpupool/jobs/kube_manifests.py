@@ -23,12 +23,23 @@ Vocabulary
   garbage collector deletes it with the Job.
 - *notebook pod template*: the user's notebook pod as API JSON (a Pod, or just its PodSpec), e.g.
   what KubeSpawner built or the running pod read back from the API. The job pod keeps its image,
-  volumes and mounts (claims only as *claims* says), security contexts, service account, node
-  selector, tolerations, affinity, image pull secrets and non-GPU resources; it drops what
-  belongs to the notebook server (other containers, ports, probes, lifecycle hooks,
-  ``JUPYTERHUB_*``/``JPY_*`` and ``GPUPOOL_*`` environment, labels and annotations) and what the
-  API server fills in (``nodeName``, ``priority``, ``overhead``, the ``kube-api-access-*``
-  token volume).
+  volumes and mounts (claims only as *claims* says), security contexts (hardened, see *job pod
+  hardening*), service account, node selector, tolerations, affinity, image pull secrets and
+  non-GPU resources; it drops what belongs to the notebook server (other containers, init
+  containers, ports, probes, lifecycle hooks, ``JUPYTERHUB_*``/``JPY_*`` and ``GPUPOOL_*``
+  environment, labels and annotations), what the API server fills in (``nodeName``,
+  ``priority``, ``overhead``, the ``kube-api-access-*`` token volume) and the host's namespaces
+  (``hostNetwork``, ``hostPID``, ``hostIPC``: a pod on the host's network is out of every
+  NetworkPolicy's reach).
+- *job pod hardening*: every job pod, from a notebook pod or not (no running notebook:
+  ``pod_template``, by default empty), runs with :data:`gpupool.podspec.HARDENING`:
+  ``runAsNonRoot`` and the ``RuntimeDefault`` seccomp profile on the pod and the job container,
+  ``allowPrivilegeEscalation: false`` and every capability dropped on the container, over
+  whatever the template says (its ``runAsUser``, groups, ``fsGroup``... are kept; ``privileged``
+  and added capabilities are not). A template set to run as user 0 cannot make a job pod
+  (``ValueError`` with the reason): the kubelet would refuse to start its container. z2jh's
+  ``block-cloud-metadata`` init container (privileged, user 0) is not needed: the *job network
+  policy* lets no job pod reach the metadata server.
 - *rank logs*: ``python -m gpupool_lab.rank_log LOG_DIR …`` points each rank's output at
   ``LOG_DIR/rank-<rank>.log``; here every such path is a symlink to ``/dev/stdout``, made by the
   container's ``sh`` wrapper, which then becomes torchrun (``exec``), so all ranks of a node land
@@ -116,7 +127,11 @@ from gpupool.podspec import (
     allocation_resources,
     apply_allocation,
     bound_nodes,
+    hardened_context,
+    hardened_pod_context,
     label_value,
+    run_as_user,
+    to_json,
 )
 
 JOB_LABEL = "gpupool.io/job"
@@ -167,6 +182,10 @@ DROPPED_POD_FIELDS = (
     "schedulingGates",
     "activeDeadlineSeconds",
     "shareProcessNamespace",
+    "initContainers",  # the notebook server's (z2jh's block-cloud-metadata runs as root)
+    "hostNetwork",
+    "hostPID",
+    "hostIPC",
 )
 KEPT_CONTAINER_FIELDS = (
     "image",
@@ -397,6 +416,14 @@ def make_job(
     if own:
         container["env"] = [e for e in container["env"] if e["name"] not in own]
         container["env"] += [{"name": k, "value": v} for k, v in own.items()]
+    if run_as_user(container.get("securityContext"), pod_spec.get("securityContext")) == 0:
+        raise ValueError(
+            f"job {job.id}: the notebook pod it is made from runs as root (runAsUser 0), and "
+            "job pods never do: set a user for notebooks (z2jh: singleuser.uid), or make job "
+            "pods from c.KubeJobBackend.pod_template (c.KubeJobBackend.use_notebook_pod = False)"
+        )
+    container["securityContext"] = hardened_context(container.get("securityContext"))
+    pod_spec["securityContext"] = hardened_pod_context(pod_spec.get("securityContext"))
     pod_spec |= {
         "containers": [container],
         "restartPolicy": "Never",
@@ -549,12 +576,11 @@ def _template_parts(
         spec["volumes"] = volumes
     else:
         spec.pop("volumes", None)
-    for c in [kept, *spec.get("initContainers", [])]:
-        mounts = [m for m in c.get("volumeMounts") or [] if m["name"] in names]
-        if mounts:
-            c["volumeMounts"] = mounts
-        else:
-            c.pop("volumeMounts", None)
+    mounts = [m for m in kept.get("volumeMounts") or [] if m["name"] in names]
+    if mounts:
+        kept["volumeMounts"] = mounts
+    else:
+        kept.pop("volumeMounts", None)
     return spec, kept
 
 
@@ -744,19 +770,3 @@ def to_model(klass: type | str, data: Any) -> Any:
             if k in attrs
         }
     )
-
-
-def to_json(obj: Any) -> Any:
-    """``kubernetes_asyncio`` models as API JSON (what ``ApiClient.sanitize_for_serialization``
-    sends), without an ``ApiClient``."""
-    if obj is None or isinstance(obj, str | int | float | bool):
-        return obj
-    if isinstance(obj, list | tuple):
-        return [to_json(x) for x in obj]
-    if isinstance(obj, dict):
-        return {k: to_json(v) for k, v in obj.items()}
-    return {
-        obj.attribute_map[attr]: to_json(getattr(obj, attr))
-        for attr in obj.openapi_types
-        if getattr(obj, attr) is not None
-    }
