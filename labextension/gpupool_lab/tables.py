@@ -5,6 +5,11 @@ Vocabulary and contract:
 - :func:`table`: aligned columns, two spaces apart; a column whose values are all numbers (or
   unset) is right-aligned, any other left-aligned; unset (``None``) shows as ``-``, booleans as
   ``yes``/``no``, floats in their shortest form (``2.5``, ``4``).
+- Text from the hub is another user's text (an admin lists everyone's jobs), so it is shown
+  :func:`visible`: a control character (a terminal escape, a carriage return, a line break) or
+  a bidirectional control (which reorders what follows it) prints as its escape (``\\x1b``,
+  ``\\u202e``), never raw: one job is one line, and no table can move the cursor, retitle the
+  terminal or disguise what follows.
 - Times are the hub's ISO 8601 timestamps shown as ``YYYY-MM-DD HH:MM:SS`` in the hub's zone.
 - A job's **state** reads ``queued #N`` while it has a queue position; its **GPUs** read
   ``G×N`` (GPUs per node × nodes) when it spans more than one node.
@@ -17,6 +22,7 @@ Vocabulary and contract:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,6 +36,7 @@ __all__ = [
     "format_teams",
     "state",
     "table",
+    "visible",
 ]
 
 Json = Mapping[str, Any]
@@ -62,7 +69,22 @@ def cell(value: object) -> str:
         return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:g}"
-    return str(value)
+    return visible(str(value))
+
+
+_RAW = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""Control characters (C0, DEL, C1), the line and paragraph separators, and the bidirectional
+controls."""
+
+
+def visible(text: str) -> str:
+    """``text`` with each character a terminal would obey (see the module docstring) as its
+    escape: ``\\x1b``, ``\\u202e``."""
+    return _RAW.sub(lambda m: _escape(ord(m.group())), text)
+
+
+def _escape(code: int) -> str:
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def when(value: str | None) -> str:
@@ -148,14 +170,14 @@ def availability(line: Json) -> str:
 
 
 def format_offers(doc: Json) -> str:
-    out = [f"Inventory: {doc.get('inventory', '?')}"]
+    out = [f"Inventory: {cell(doc.get('inventory', '?'))}"]
     if doc.get("simulated"):
         out[0] += "  (SIMULATED: no real GPUs behind these offers)"
     for team in doc.get("teams", []):
         out.append("")
         cap = team.get("user_cap")
         out.append(
-            f"Team {team.get('team')}: {cell(team.get('used'))} of {cell(team.get('limit'))} "
+            f"Team {cell(team.get('team'))}: {cell(team.get('used'))} of {cell(team.get('limit'))} "
             f"GPU-eq used (guarantee {cell(team.get('guarantee'))}, may borrow "
             f"{cell(team.get('borrow_limit'))}), {cell(team.get('left'))} left; "
             f"you use {cell(team.get('user_used'))}"
