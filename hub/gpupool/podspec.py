@@ -546,7 +546,9 @@ def filled_context(
     out = copy.deepcopy(dict(container or {}))
     pod = pod or {}
     for key, value in fields.items():
-        if value is None or out.get(key) is not None or (key in POD_LEVEL_FIELDS and pod.get(key) is not None):
+        if value is None:
+            continue  # dropped (as a profile's override drops a key)
+        if out.get(key) is not None or (key in POD_LEVEL_FIELDS and pod.get(key) is not None):
             continue  # the admin's
         if key == "runAsNonRoot" and run_as_user(out, pod) == 0:
             continue  # the admin's too: root, said outright

@@ -241,6 +241,9 @@ def test_hardening_notebooks_is_a_setting(pool: Pool) -> None:
         "allowPrivilegeEscalation": False,
         "seccompProfile": RUNTIME_DEFAULT,
     }
+    # a null field (Helm keeps `runAsNonRoot: null` of gpupool.notebookHardening) is none
+    nulls = notebook_pod(pool, z2jh_config(), pod_hardening={"runAsNonRoot": None, **seccomp_only})
+    assert notebook_context(nulls) == notebook_context(some)
     bare = notebook_pod(pool, Config(), pod_hardening=seccomp_only)  # no z2jh, KubeSpawner's own
     assert notebook_context(bare) == {"allowPrivilegeEscalation": False, **seccomp_only}
 
