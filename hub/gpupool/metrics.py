@@ -84,3 +84,12 @@ SHARE_OVERUSE = PromCounter(
     "(the server was stopped, or the job cancelled, after ShareEnforcement.grace_minutes).",
     ["kind", "action"],
 )
+
+DEVICE_MISUSE = PromCounter(
+    "gpupool_device_misuse",
+    "Processes NVML found on a device of the pool that they do not hold, each counted once per "
+    "action: warn (user code, warned), stop (SIGTERM after DeviceWatch.grace_minutes), kill "
+    "(SIGKILL: still there at the next look), log (user code left running: the log policy), "
+    "outside (another account's: never stopped; its device is not handed out while it runs).",
+    ["action"],
+)

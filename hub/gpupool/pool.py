@@ -226,6 +226,22 @@ class Pool:
             self.ledger.release(allocation.id)
             raise
 
+    def set_outside_use(self, reasons: dict[str, str]) -> tuple[set[str], set[str]]:
+        """The devices in use by processes that do not hold them (device -> why), from the
+        device watch (:mod:`gpupool.hub.device_watch`): nothing is handed out on them until
+        they are free again (:meth:`Ledger.set_outside_use`). Each change is logged; when a
+        device is free again the ``on_inventory`` listeners hear it (a queued job may fit)."""
+        with self._lock:
+            closed, reopened = self.ledger.set_outside_use(reasons)
+        for device in sorted(closed):
+            self.log.warning("gpupool: not handed out: %s", reasons[device])
+        for device in sorted(reopened):
+            self.log.info("gpupool: %s is handed out again: nothing else uses it now", device)
+        if reopened:
+            for listener in self.on_inventory:
+                listener()
+        return closed, reopened
+
     def retry_draining(self) -> int:
         """Try again to destroy MIG instances left draining (processes ran on them at release);
         returns how many were destroyed. The hub calls this periodically."""

@@ -6,6 +6,10 @@ Vocabulary
   zombie (or a pid that is gone) has no start (``None``): it holds nothing any more.
 - *environment item*: one ``KEY=value`` entry of ``/proc/<pid>/environ``. gpupool finds what it
   started by items it put there (``GPUPOOL_JOB=<id>``, ``GPUPOOL_HUB=<marker>``).
+- *account* of a process: its real and effective uids (``/proc/<pid>/status``; the owner of
+  ``/proc/<pid>`` is root for a process that made itself non-dumpable, whoever runs it).
+- *claim*: the ``GPUPOOL_ALLOCATION`` (or else ``GPUPOOL_JOB``) of the process, or of its nearest
+  parent, whose environment carries a given hub's marker.
 
 Contract: every function reads, never signals, and answers "gone" (``None`` or leaving the pid
 out) for a process that vanishes or cannot be read while it looks. A scan of ``/proc`` reads
@@ -78,3 +82,44 @@ def with_item(item: str, uid: int | None = None) -> list[tuple[int, list[bytes]]
         if want in items:
             found.append((int(entry.name), items))
     return found
+
+
+def uids(pid: int) -> tuple[int, int] | None:
+    """The real and effective uid of ``pid`` (``None`` if gone or unreadable)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            fields = line.split()
+            return int(fields[1]), int(fields[2])
+    return None
+
+
+def command(pid: int) -> str:
+    """The command name of ``pid`` (``/proc/<pid>/comm``; ``""`` if gone)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+ANCESTORS = 64
+"""How far up a process's parents :func:`claim` looks for gpupool's variables."""
+
+
+def claim(pid: int, marker: str) -> str:
+    """What ``pid``, or its nearest parent whose environment carries ``GPUPOOL_HUB=<marker>``,
+    belongs to: its ``GPUPOOL_ALLOCATION``, else its ``GPUPOOL_JOB`` (``""``: none)."""
+    for _ in range(ANCESTORS):
+        env = environ(pid)
+        if env is not None and env.get("GPUPOOL_HUB") == marker:
+            found = env.get("GPUPOOL_ALLOCATION") or env.get("GPUPOOL_JOB")
+            if found:
+                return found
+        fields = stat_fields(pid)
+        if fields is None or int(fields[1]) <= 1:
+            return ""
+        pid = int(fields[1])
+    return ""

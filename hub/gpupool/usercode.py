@@ -8,6 +8,8 @@ Vocabulary
   ``shared_account`` (the demo's ``gpupool-demo``). Users are not isolated from each other in
   this mode, but never run as root and never read the hub's files.
 - *code account*: the :class:`Account` a user's code runs as, in either mode.
+  :class:`CodeAccounts` says it for a hub's servers and jobs (which may differ in mode), and
+  which allocation a process of an account may count for (:mod:`gpupool.core.holders`).
 - *becoming* an account: a child process that runs as it takes its uid, its primary group and
   exactly its supplementary groups (:func:`become`); a child of a root hub that kept root's group
   or supplementary groups would reach what group root may (a venv or checkout under a folder
@@ -32,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .core.holders import Holding
+from .core.ledger import Allocation
 from .settings import ConfigError
 
 DEMO_ACCOUNT = "gpupool-demo"
@@ -119,6 +123,71 @@ def spawner_setting(config: Any, name: str, fallback: Any) -> Any:
         if section in config and name in config[section]:
             return config[section][name]
     return fallback
+
+
+@dataclass(frozen=True)
+class CodeAccounts:
+    """Who runs user code, for servers and for jobs: each user's own account (``per_user``)
+    or one shared account (its uid; ``None`` where none could be named, e.g. a root hub whose
+    shared mode has no ``shared_account``: it starts no local code then)."""
+
+    servers_per_user: bool
+    jobs_per_user: bool
+    servers_uid: int | None = None
+    jobs_uid: int | None = None
+
+    @property
+    def per_user(self) -> bool:
+        """Whether any user code runs as its user's own account."""
+        return self.servers_per_user or self.jobs_per_user
+
+    @property
+    def shared_uids(self) -> frozenset[int]:
+        """The shared accounts' uids (never root's)."""
+        shared = (
+            None if self.servers_per_user else self.servers_uid,
+            None if self.jobs_per_user else self.jobs_uid,
+        )
+        return frozenset(u for u in shared if u)
+
+    def holding(self, allocation: Allocation) -> Holding:
+        """How processes count for ``allocation`` (:class:`gpupool.core.holders.Holding`):
+        any of its user's own account in the per-user mode, the shared account's with a claim
+        of it otherwise."""
+        per_user = self.jobs_per_user if allocation.kind == "job" else self.servers_per_user
+        if per_user:
+            try:
+                uid: int | None = pwd.getpwnam(allocation.user).pw_uid or None  # never root
+            except KeyError:
+                uid = None
+        else:
+            uid = self.jobs_uid if allocation.kind == "job" else self.servers_uid
+        return Holding(allocation.id, allocation.ref, uid, per_user)
+
+
+def code_accounts(config: Any, jobs: Any = None) -> CodeAccounts:
+    """The hub's :class:`CodeAccounts`: servers as the local spawner's settings say, jobs as the
+    job backend ``jobs`` runs them (a :class:`gpupool.jobs.local.LocalJobBackend`; else as the
+    servers). Never raises: the spawner and the backend check their own settings at start."""
+    servers_shared = bool(spawner_setting(config, "run_as_hub_user", True))
+    servers_account = str(spawner_setting(config, "shared_account", ""))
+    jobs_shared = bool(getattr(jobs, "run_as_hub_user", servers_shared))
+    jobs_account = str(getattr(jobs, "shared_account", servers_account))
+    return CodeAccounts(
+        not servers_shared,
+        not jobs_shared,
+        _shared_uid(servers_account) if servers_shared else None,
+        _shared_uid(jobs_account) if jobs_shared else None,
+    )
+
+
+def _shared_uid(name: str) -> int | None:
+    """The shared mode's account (:func:`check_shared_mode`) as a uid; ``None`` where it would
+    be root or does not exist (the hub refuses to start such code)."""
+    try:
+        return check_shared_mode(name, "shared_account").uid
+    except ConfigError:
+        return None
 
 
 def read_owned(

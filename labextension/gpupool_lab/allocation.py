@@ -33,9 +33,10 @@ __all__ = [
 
 #: the fields of the hub's idle warning passed on to the lab
 WARNING_FIELDS = ("reclaim_at", "action", "message")
-WARNING_REASONS = ("idle", "memory")
-"""Why the hub warns: the GPUs are idle, or a share's processes use more memory than the share
-(a hub that does not say is warning about idleness)."""
+WARNING_REASONS = ("idle", "memory", "device")
+"""Why the hub warns: the GPUs are idle, a share's processes use more memory than the share, or a
+process of this server uses a device it does not hold (a hub that does not say is warning about
+idleness)."""
 #: ``NVIDIA_VISIBLE_DEVICES`` values that name no device list
 NO_DEVICE_LIST = frozenset({"", "all", "none", "void"})
 

@@ -152,9 +152,10 @@ export interface IReclaimWarning {
   reclaim_at: string;
   action: ReclaimAction;
   /**
-   * Why: the GPUs are idle, or a share's processes use more GPU memory than the share.
+   * Why: the GPUs are idle, a share's processes use more GPU memory than the share, or a
+   * process of this server uses a GPU it does not hold (that process is stopped).
    */
-  reason: 'idle' | 'memory';
+  reason: 'idle' | 'memory' | 'device';
   /**
    * The hub's full text, for people.
    */

@@ -33,12 +33,16 @@ export function formatClock(iso: string | null | undefined): string {
 /**
  * The status bar text while the hub warns that the GPUs will be reclaimed: idle, "GPU idle ·
  * stops 14:05" or "GPU idle · to CPU 14:05"; a share over its memory, "GPU memory over share ·
- * stops 14:05" (local time).
+ * stops 14:05"; a process on a GPU it does not hold, "Process on a GPU not yours · stops 14:05"
+ * (local time).
  */
 export function reclaimLabel(warning: IReclaimWarning): string {
   const when = formatClock(warning.reclaim_at) || 'soon';
   if (warning.reason === 'memory') {
     return `GPU memory over share · stops ${when}`;
+  }
+  if (warning.reason === 'device') {
+    return `Process on a GPU not yours · stops ${when}`;
   }
   return warning.action === 'cpu' ? `GPU idle · to CPU ${when}` : `GPU idle · stops ${when}`;
 }

@@ -217,7 +217,9 @@ def test_a_job_is_found_by_its_marker_and_cancelled_through_the_stop_seam(
         async def stop(a: Allocation, reason: str) -> None:
             stops.append((a.ref, reason))
 
-        watch = ShareWatch(s.pool, s.watch.enforcement, stop=stop, log=LOG)
+        watch = ShareWatch(
+            s.pool, s.watch.enforcement, stop=stop, log=LOG, accounts=s.watch.accounts
+        )
         with holders() as started:
             rank = holder(started, GPUPOOL_HUB=s.pool.hub_marker, GPUPOOL_JOB="job123")
             s.sim.set_processes(s.gpus[1], [rank.pid], used_mib=30000)
@@ -254,8 +256,9 @@ def test_memory_nvml_does_not_report_counts_as_nothing_and_is_said_once(
         s.watch.enforcement,
         stop=lambda a, r: asyncio.sleep(0),
         log=LOG,
+        accounts=s.watch.accounts,
         read=lambda node, uuids: {s.gpus[0]: [(10, None), (11, None)]},
-        holder_of=lambda pid: ("allocation", ada.id),
+        facts=lambda pid: (s.watch.accounts.servers_uid or 0, ada.id),
     )
     with caplog.at_level(logging.WARNING):
         assert asyncio.run(watch.look()) == []

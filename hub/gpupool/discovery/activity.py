@@ -4,6 +4,9 @@ Vocabulary
 - *sample*: one reading of one device (by UUID): utilisation in percent (``None`` where NVML
   measures none: MIG devices, and GPUs in MIG mode), memory used and total in bytes, and the PIDs
   of its compute processes.
+- *processes* of a device: its compute processes, ``nvmlDeviceGetComputeRunningProcesses``, as
+  ``(pid, usedGpuMemory in bytes or None where NVML does not know it)``
+  (:meth:`DeviceMonitor.processes`; for the share watch and the device watch).
 - *monitor*: :class:`DeviceMonitor`, the one seam through which the hub reads activity; it holds
   an ``nvml`` (``pynvml`` or a :class:`~gpupool.discovery.simulated.SimulatedNVML` view) per node
   it can read. Nodes it has none for (Kubernetes nodes: NVML is on the node, not in the hub pod)
@@ -71,6 +74,33 @@ class DeviceMonitor:
                 nvml.nvmlShutdown()
         return out
 
+    def processes(self, node: str, uuids: Iterable[str]) -> dict[str, list[tuple[int, int | None]]]:
+        """The compute processes of the devices ``uuids`` on ``node`` with their GPU memory in
+        bytes (``None`` where NVML does not report it); a device NVML cannot read is left out."""
+        nvml = self.nvml_by_node.get(node)
+        wanted = list(uuids)
+        if nvml is None or not wanted:
+            return {}
+        try:
+            nvml.nvmlInit()
+        except pynvml.NVMLError as e:
+            self._once(node, f"NVML on {node} cannot be read: {e}")
+            return {}
+        out: dict[str, list[tuple[int, int | None]]] = {}
+        try:
+            for uuid in wanted:
+                try:
+                    handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+                    procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                except pynvml.NVMLError as e:
+                    self._once(uuid, f"NVML cannot read the processes of {uuid} on {node}: {e}")
+                    continue
+                out[uuid] = [(int(p.pid), _used(p)) for p in procs]
+        finally:
+            with contextlib.suppress(pynvml.NVMLError):
+                nvml.nvmlShutdown()
+        return out
+
     def _once(self, key: str, message: str) -> None:
         if key not in self._failed:
             self._failed.add(key)
@@ -86,3 +116,12 @@ def _read(nvml: Any, uuid: str) -> DeviceSample:
     memory = nvml.nvmlDeviceGetMemoryInfo(handle)
     pids = tuple(sorted(int(p.pid) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)))
     return DeviceSample(uuid, utilisation, int(memory.used), int(memory.total), pids)
+
+
+def _used(process: Any) -> int | None:
+    """A process's ``usedGpuMemory`` in bytes; ``None`` where NVML does not know it (NVML reports
+    ``NVML_VALUE_NOT_AVAILABLE``: no permission, or a container without the host's PIDs)."""
+    used = getattr(process, "usedGpuMemory", None)
+    if used is None or used == pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value:
+        return None
+    return int(used)

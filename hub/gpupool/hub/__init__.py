@@ -9,7 +9,8 @@ Vocabulary
   away (a bad key stops the hub at start, named), builds the pool, reconciles it with what runs,
   adds the REST API (``/hub/api/gpupool/...``), its custom scopes and roles, the pages, the
   metrics collector and the reclaimer's service, and starts the job manager and the reclaimer
-  (and, for a Kubernetes inventory, :class:`gpupool.hub.kube_reconcile.KubeReconciler`);
+  (and, for a Kubernetes inventory, :class:`gpupool.hub.kube_reconcile.KubeReconciler`), the
+  share watch and the device watch (which first closes what something else uses, at once);
   it also keeps JupyterHub from logging refused spawns as errors (:mod:`gpupool.hub.refusals`).
 
 Contract: nothing here blocks on the network; NVML discovery and SQLite are local and quick.
@@ -64,6 +65,8 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
     reconciler.at_start()
     kube = _kube_reconciler(pool, settings.inventory, reconciler, c, logger)
     hub = build(pool, c, logger, kube)
+    if hub.devices is not None:  # what something else uses is not handed out from the start
+        hub.devices.close_now()
     c.JupyterHub.tornado_settings = {**c.JupyterHub.get("tornado_settings", {}), SETTINGS_KEY: hub}
     _add_api(c)
     _add_pages(c)
@@ -78,6 +81,8 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
     hub.reclaimer.start()
     if hub.shares is not None:
         hub.shares.start()
+    if hub.devices is not None and hub.devices.view()["watching"]:
+        hub.devices.start()
     reconciler.start()
     stops = [hub.jobs.shutting_down, reconciler.shutting_down]
     if pool.mig is not None:  # draining MIG instances: destroyed once their processes end

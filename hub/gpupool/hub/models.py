@@ -59,7 +59,10 @@ def job_model(job: Job, position: int | None) -> dict[str, Any]:
 
 
 def allocation_model(a: Allocation, reclaimer: IdleReclaimer) -> dict[str, Any]:
-    """One allocation, with what the idle reclaimer knows of a GPU notebook."""
+    """One allocation, with what the idle reclaimer knows of a GPU notebook (and of a CPU one
+    while it is warned: a process of it uses a GPU it does not hold)."""
+    status = reclaimer.status(a) if a.kind == "notebook" else None
+    idle = status if status is not None and (a.devices or status["warning"]) else None
     return {
         "id": a.id,
         "user": a.user,
@@ -72,7 +75,7 @@ def allocation_model(a: Allocation, reclaimer: IdleReclaimer) -> dict[str, Any]:
         "node": a.node,
         "devices": [d.visible_id for d in a.devices],
         "since": iso(a.created),
-        **({"idle": reclaimer.status(a)} if a.kind == "notebook" and a.devices else {}),
+        **({"idle": idle} if idle is not None else {}),
     }
 
 

@@ -1,9 +1,9 @@
 """The hub's objects, built once at start and handed to whoever needs them.
 
 Vocabulary
-- *hub objects* (:class:`HubObjects`): the pool, the job manager, the idle reclaimer and the
-  share watch of one hub process, and on a Kubernetes inventory the reconciler that follows the
-  cluster.
+- *hub objects* (:class:`HubObjects`): the pool, the job manager, the idle reclaimer, the
+  share watch and the device watch of one hub process, and on a Kubernetes inventory the
+  reconciler that follows the cluster.
   ``setup(c)`` builds them and puts them into JupyterHub's tornado settings under
   :data:`SETTINGS_KEY`; REST handlers and pages read ``self.settings``, spawners
   ``self.user.settings`` (JupyterHub hands every ``User`` the same settings dict). Tests build
@@ -28,6 +28,7 @@ from traitlets.config import Config
 
 from ..jobs.manager import JobManager
 from ..pool import Pool
+from .device_watch import DeviceWatch, build_device_watch
 from .reclaim import IdleReclaimer, hub_urls
 from .share_watch import ShareWatch, build_watch
 
@@ -47,6 +48,8 @@ class HubObjects:
     """On a Kubernetes inventory: what keeps the pool in step with the cluster's nodes and pods."""
     shares: ShareWatch | None = None
     """What keeps shares of GPUs without MIG within their memory (:mod:`.share_watch`)."""
+    devices: DeviceWatch | None = None
+    """What keeps every device to its holders (:mod:`.device_watch`)."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> HubObjects:
         return self  # one pool per hub: configuration copies must share it
@@ -64,7 +67,8 @@ def build(
         pool, secrets.token_hex(32), api_url, public_url, config=config, log=log
     )
     shares = build_watch(pool, reclaimer, jobs, config, log)
-    return HubObjects(pool, jobs, reclaimer, kube, shares)
+    devices = build_device_watch(pool, reclaimer, jobs, config, log)
+    return HubObjects(pool, jobs, reclaimer, kube, shares, devices)
 
 
 def hub_objects(settings: Mapping[str, Any]) -> HubObjects:

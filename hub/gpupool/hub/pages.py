@@ -88,6 +88,7 @@ class AdminPage(_Page):
         hub = self.gpupool
         view = admin_view(hub.pool, hub.jobs, hub.reclaimer, hub.pool.clock().timestamp())
         view["shares"] = hub.shares.view() if hub.shares is not None else None
+        view["devices"] = hub.devices.view() if hub.devices is not None else None
         html = await self.render_template(
             "gpupool-admin.html", view=view, flash=self.flash(), pool_admin=True
         )

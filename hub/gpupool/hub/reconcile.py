@@ -51,10 +51,13 @@ actions out):
 5. A process of this hub claiming no allocation and no job but holding devices is stopped.
 6. Reported: a record naming an allocation the ledger does not know, with no process of it to
    read (not a local server, or started before servers carried the marker); a process of this
-   hub that NVML finds on a device its allocation does not hold; processes on a pool device that
-   carry no marker of this hub (not its to stop); a process of this hub running as root (user
-   code never does; not stopped). And once, at start, a pool database that holds no allocation
-   while JupyterHub records running servers that hold some: deleted or emptied, not an empty pool.
+   hub running as root (user code never does; not stopped). And once, at start, a pool database
+   that holds no allocation while JupyterHub records running servers that hold some: deleted
+   or emptied, not an empty pool.
+Processes NVML finds on a device they do not hold (this hub's, of a device their allocation
+does not hold, or anyone's without its marker) are the device watch's
+(:mod:`gpupool.hub.device_watch`): it warns and stops user code, and keeps such devices from
+being handed out.
 
 When and how atomic: :meth:`Reconciler.at_start` runs in ``setup(c)``, before JupyterHub loads
 its database or spawners or serves a request, so nothing is allocated while it decides, stops,
@@ -70,10 +73,10 @@ servers". Without an API URL (``api_url``) only the pass at start runs.
 
 Contract: JupyterHub's database is read only at start, through JupyterHub's ORM models
 (``users``, ``spawners``, ``groups``, ``user_group_map``; only the columns needed), never
-written, created or upgraded; while the hub runs, only its REST API is read. Only processes with
-this hub's marker (or the pid of an alive record) are ever signalled, never pid 1, the hub's own
-process group, or a process running as root; a process is signalled only while it is the very
-process scanned (pid and start time).
+written, created or upgraded; while the hub runs, only its REST API is read. Reconciliation
+signals only processes with this hub's marker (or the pid of an alive record), never pid 1, the
+hub's own process group, or a process running as root; a process is signalled only while it is
+the very process scanned (pid and start time).
 """
 
 from __future__ import annotations
@@ -177,12 +180,10 @@ def plan(
     records: Sequence[Record],
     procs: Sequence[Proc],
     jobs: Iterable[str] = (),
-    foreign: Mapping[str, Sequence[int]] | None = None,
     *,
     at_start: bool,
 ) -> list[Action]:
-    """What to do (the module docstring's rules); ``jobs``: the ids the job store knows;
-    ``foreign``: device -> pids NVML finds on it that carry no marker of this hub."""
+    """What to do (the module docstring's rules); ``jobs``: the ids the job store knows."""
     known_jobs = set(jobs)
     allocations = ledger.allocations
     named = {r.allocation: r for r in records if r.allocation}
@@ -226,18 +227,7 @@ def plan(
     for alloc_id, claim_list in sorted(by_alloc.items()):
         claim = tuple(claim_list)
         if alloc_id in allocations:
-            granted = set(allocations[alloc_id].visible_devices.split(",")) - {""}
-            for p in claim:
-                extra = [d for d in p.on_devices if d not in granted]
-                if extra:
-                    actions.append(
-                        Action(
-                            "reported",
-                            f"process {p.pid} of allocation {alloc_id} uses {', '.join(extra)}, "
-                            "which the allocation does not hold (NVML): left running",
-                        )
-                    )
-            continue
+            continue  # a process of it on another device: the device watch's
         record = named.get(alloc_id)
         devices = ", ".join(dict.fromkeys(d for p in claim for d in p.devices)) or "no device"
         head = f"processes {_pids(claim)} hold {devices} under allocation {alloc_id}"
@@ -294,12 +284,6 @@ def plan(
                 "devices may be handed out twice; stop the server or restore the pool database"
             )
             actions.append(Action("reported", message, level=logging.ERROR))
-    for device, pids in sorted((foreign or {}).items()):
-        message = (
-            f"processes {', '.join(map(str, sorted(pids)))} on {device} were not started by "
-            "this hub (no marker of it): left alone"
-        )
-        actions.append(Action("reported", message))
     return actions
 
 
@@ -688,12 +672,10 @@ class Reconciler(LoggingConfigurable):
             self._warned.add(key)
             self.log.warning(message)
 
-    def on_devices(self, procs: list[Proc]) -> tuple[list[Proc], dict[str, list[int]]]:
-        """``procs`` with the devices NVML finds each on, and the live processes NVML finds on
-        the pool's devices that are none of them (device -> pids)."""
+    def on_devices(self, procs: list[Proc]) -> list[Proc]:
+        """``procs`` with the devices NVML finds each on."""
         ours = {p.pid for p in procs}
         found: dict[int, list[str]] = defaultdict(list)
-        foreign: dict[str, list[int]] = defaultdict(list)
         monitor = self.pool.monitor
         for node in self.pool.inventory.nodes:
             if not monitor.can_read(node.name):
@@ -704,10 +686,7 @@ class Reconciler(LoggingConfigurable):
                 for pid in sample.pids:
                     if pid in ours:
                         found[pid].append(uuid)
-                    elif process_start(pid) is not None:
-                        foreign[uuid].append(pid)
-        full = [replace(p, on_devices=tuple(found[p.pid])) if p.pid in found else p for p in procs]
-        return full, dict(foreign)
+        return [replace(p, on_devices=tuple(found[p.pid])) if p.pid in found else p for p in procs]
 
     def known_jobs(self, procs: list[Proc]) -> set[str]:
         """The job ids the job store knows (read only when a job's process is found)."""
@@ -723,13 +702,12 @@ class Reconciler(LoggingConfigurable):
         self._said, self._saying = self._saying, set()
         try:
             records = read_records(self.hub_db_url)
-            procs = self.processes(records)
-            procs, foreign = self.on_devices(procs)
+            procs = self.on_devices(self.processes(records))
             jobs = self.known_jobs(procs)
 
             def decide(ledger: Ledger) -> tuple[list[Record], list[Action]]:
                 lost = lost_database(ledger, records)
-                return lost, plan(ledger, records, procs, jobs, foreign, at_start=True)
+                return lost, plan(ledger, records, procs, jobs, at_start=True)
 
             lost, actions = cast(tuple[list[Record], list[Action]], self.pool.deciding(decide))
             if lost:
@@ -762,11 +740,11 @@ class Reconciler(LoggingConfigurable):
             return records, self.processes(records)
 
         records, procs = await asyncio.to_thread(look)
-        procs, foreign = self.on_devices(procs)
+        procs = self.on_devices(procs)
         jobs = self.known_jobs(procs)
 
         def decide(ledger: Ledger) -> list[Action]:
-            return plan(ledger, records, procs, jobs, foreign, at_start=False)
+            return plan(ledger, records, procs, jobs, at_start=False)
 
         actions = cast(list[Action], self.pool.deciding(decide))
         await self._stop_soon([p for a in actions for p in a.stop])

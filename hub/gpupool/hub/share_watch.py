@@ -6,12 +6,15 @@ Vocabulary
   a node whose NVML the pool's :class:`~gpupool.discovery.activity.DeviceMonitor` reads (this
   machine, or the simulated NVML).
 - *reading*: per-process GPU memory of the shared GPUs, ``nvmlDeviceGetComputeRunningProcesses``
-  (``pid``, ``usedGpuMemory``), through the monitor's NVML.
-- *holder of a process*: the allocation it belongs to, from its environment or, when it has
-  none of gpupool's, its parents' (``/proc``, :mod:`gpupool.procfs`): a process carrying this
-  hub's marker ``GPUPOOL_HUB`` and ``GPUPOOL_ALLOCATION=<id>`` (a notebook server and its kernels)
-  or ``GPUPOOL_JOB=<job id>`` (a job's ranks). Processes of no allocation are reconciliation's
-  business (:mod:`gpupool.hub.reconcile`), not this watch's.
+  (``pid``, ``usedGpuMemory``), through the monitor's NVML (:meth:`DeviceMonitor.processes`).
+- *holder of a process*: every process on a share's GPU counts for the share it holds it under
+  (:func:`gpupool.core.holders.holder_of`): in the per-user mode every process of the share's
+  user's own account (a kernel, a terminal's command, a job it started outside the hub); in
+  the shared mode one of the shared account that this hub's marker ``GPUPOOL_HUB`` and
+  ``GPUPOOL_ALLOCATION=<id>`` (a server, its kernels) or ``GPUPOOL_JOB=<job id>`` (a job's
+  ranks) name, in its environment or its parents' (``/proc``, :mod:`gpupool.procfs`). Every
+  other process on the GPU holds none of it: the device watch's (:mod:`.device_watch`), which
+  warns and stops user code and keeps the GPU from new shares while something else uses it.
 - *over*: the processes of one share use more than its cap (summed over them, in MiB). The
   first look that finds it *warns*: the user sees it in JupyterLab (the same channel as the idle
   reclaimer's warning: ``idle.warning`` of ``GET /hub/api/gpupool/allocations``, which the lab's
@@ -22,9 +25,9 @@ Vocabulary
   Every warning and stop goes into ``gpupool_share_overuse_total{kind, action}`` and into the
   admin page's list of recent ones, with the reason.
 
-Seams: the clock (the pool's), how processes are read (``read`` and ``holder_of``) and how an
-allocation is stopped (``stop``), so tests drive it against the simulated NVML with real
-processes.
+Seams: the clock (the pool's), how processes are read (``read``, and ``facts``: a process's
+account and claim) and how an allocation is stopped (``stop``), so tests drive it against the
+simulated NVML with real processes.
 
 Contract: one look never fails the loop (errors are logged); a device NVML cannot read, or a
 process whose memory NVML does not report (``usedGpuMemory`` not available), counts as nothing
@@ -44,21 +47,20 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-import pynvml
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from .. import metrics
 from ..clock import iso
+from ..core.holders import Holding, OnDevice, holder_of
 from ..core.ledger import Allocation
 from ..jobs.manager import JobManager
 from ..pool import Pool
-from ..procfs import environ, stat_fields
+from ..procfs import claim, uids
 from ..shares import ShareEnforcement, cap_mib, share_devices
+from ..usercode import CodeAccounts, code_accounts
 from .reclaim import IdleReclaimer
 
 MIB = 1 << 20
-ANCESTORS = 64
-"""How far up a process's parents the watch looks for gpupool's variables."""
 EVENTS_KEPT = 50
 """How many recent warnings and stops the admin page lists."""
 
@@ -103,17 +105,20 @@ class ShareWatch:
         *,
         stop: Callable[[Allocation, str], Awaitable[None]],
         log: logging.Logger,
+        accounts: CodeAccounts,
         read: Callable[[str, list[str]], Reading] | None = None,
-        holder_of: Callable[[int], tuple[str, str] | None] | None = None,
+        facts: Callable[[int], tuple[int, str] | None] | None = None,
     ) -> None:
-        """``stop(allocation, reason)`` stops a notebook's server or cancels a job; ``read``
-        and ``holder_of`` default to NVML through the pool's monitor and to ``/proc``."""
+        """``stop(allocation, reason)`` stops a notebook's server or cancels a job;
+        ``accounts``: who runs user code; ``read`` and ``facts`` (a process's account and claim,
+        ``None`` when gone) default to NVML through the pool's monitor and to ``/proc``."""
         self.pool = pool
         self.enforcement = enforcement
         self.stop = stop
         self.log = log
-        self.read = read or self._read_nvml
-        self.holder_of = holder_of or self._holder_from_proc
+        self.accounts = accounts
+        self.read = read or pool.monitor.processes
+        self.facts = facts or self._facts_from_proc
         self.over: dict[str, Over] = {}
         self.stopped: set[str] = set()
         """Allocations this watch stopped, until the pool releases them (never stopped twice)."""
@@ -204,8 +209,11 @@ class ShareWatch:
         for node, uuids in by_node.items():
             readings.update(self.read(node, sorted(uuids)))
         pids = sorted({pid for procs in readings.values() for pid, _ in procs})
-        holders = await asyncio.to_thread(lambda: {pid: self.holder_of(pid) for pid in pids})
-        jobs = {a.ref: a.id for a in watched if a.kind == "job"}
+        facts = await asyncio.to_thread(lambda: {pid: self.facts(pid) for pid in pids})
+        holdings: dict[str, list[Holding]] = defaultdict(list)
+        for held in list(self.pool.ledger.allocations.values()):
+            for d in share_devices(held):
+                holdings[d.gpu].append(self.accounts.holding(held))
         done: list[tuple[Allocation, str]] = []
         for a in watched:
             used, cap, gpu = 0, 0, ""
@@ -216,7 +224,9 @@ class ShareWatch:
                 gpu = gpu or g.uuid
                 cap += cap_mib(g.memory_mib, d.share_milli or 0)
                 for pid, used_bytes in readings.get(d.gpu, []):
-                    if self._holds(a, holders.get(pid), jobs):
+                    found = facts.get(pid)
+                    process = OnDevice(pid, d.gpu, found[0], claim=found[1]) if found else None
+                    if process and holder_of(process, holdings[d.gpu]) == a.id:
                         used += self._bytes(pid, used_bytes)
             used_mib = used // MIB
             before = self.over.get(a.id)
@@ -252,14 +262,6 @@ class ShareWatch:
             done.append((a, "stop"))
         return done
 
-    def _holds(self, a: Allocation, holder: tuple[str, str] | None, jobs: dict[str, str]) -> bool:
-        if holder is None:
-            return False
-        key, value = holder
-        if key == "allocation":
-            return value == a.id
-        return a.kind == "job" and jobs.get(value) == a.id
-
     def _bytes(self, pid: int, used: int | None) -> int:
         if used is None:
             self._once(
@@ -291,56 +293,13 @@ class ShareWatch:
             self._said.add(key)
             self.log.warning("gpupool: %s", message)
 
-    # -- the default seams ---------------------------------------------------------------------
-    def _read_nvml(self, node: str, uuids: list[str]) -> Reading:
-        """Per-process GPU memory of ``uuids`` on ``node``, through the monitor's NVML."""
-        nvml = self.pool.monitor.nvml_by_node.get(node)
-        if nvml is None:
-            return {}
-        try:
-            nvml.nvmlInit()
-        except pynvml.NVMLError as e:
-            self._once(f"init-{node}", f"NVML on {node} cannot be read for shares: {e}")
-            return {}
-        out: Reading = {}
-        try:
-            for uuid in uuids:
-                try:
-                    handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
-                    procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                except pynvml.NVMLError as e:
-                    self._once(uuid, f"NVML cannot read the processes of {uuid}: {e}")
-                    continue
-                out[uuid] = [(int(p.pid), _used(p)) for p in procs]
-        finally:
-            with contextlib.suppress(pynvml.NVMLError):
-                nvml.nvmlShutdown()
-        return out
-
-    def _holder_from_proc(self, pid: int) -> tuple[str, str] | None:
-        """``("allocation", id)`` or ``("job", id)`` of the process ``pid`` or of its nearest
-        parent carrying this hub's marker, or ``None``."""
-        marker = self.pool.hub_marker
-        for _ in range(ANCESTORS):
-            env = environ(pid)
-            if env is not None and env.get("GPUPOOL_HUB") == marker:
-                if env.get("GPUPOOL_ALLOCATION"):
-                    return "allocation", env["GPUPOOL_ALLOCATION"]
-                if env.get("GPUPOOL_JOB"):
-                    return "job", env["GPUPOOL_JOB"]
-            fields = stat_fields(pid)
-            if fields is None or int(fields[1]) <= 1:
-                return None
-            pid = int(fields[1])
-        return None
-
-
-def _used(process: Any) -> int | None:
-    """A process's ``usedGpuMemory`` in bytes; ``None`` where NVML does not know it."""
-    used = getattr(process, "usedGpuMemory", None)
-    if used is None or used == pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value:
-        return None
-    return int(used)
+    # -- the default seam -----------------------------------------------------------------------
+    def _facts_from_proc(self, pid: int) -> tuple[int, str] | None:
+        """The account (0 when its real or effective uid is root) and claim of ``pid``."""
+        ids = uids(pid)
+        if ids is None:
+            return None
+        return (0 if 0 in ids else ids[0]), claim(pid, self.pool.hub_marker)
 
 
 def _clock(ts: float) -> str:
@@ -412,6 +371,8 @@ def build_watch(
 
     enforcement = ShareEnforcement(config=config, log=log)
     check_mps_accounts(enforcement, config)
-    watch = ShareWatch(pool, enforcement, stop=stopper(reclaimer, jobs, log), log=log)
+    accounts = code_accounts(config, jobs.backend)
+    stop = stopper(reclaimer, jobs, log)
+    watch = ShareWatch(pool, enforcement, stop=stop, log=log, accounts=accounts)
     reclaimer.warnings.append(watch.warning)
     return watch

@@ -77,6 +77,9 @@ describe('format', () => {
     expect(reclaimLabel({ reclaim_at: reclaimAt, action: 'stop', reason: 'memory', message })).toBe(
       'GPU memory over share · stops 14:05'
     );
+    expect(reclaimLabel({ reclaim_at: reclaimAt, action: 'stop', reason: 'device', message })).toBe(
+      'Process on a GPU not yours · stops 14:05'
+    );
     expect(formatClock(new Date(2025, 0, 1, 9, 0).toISOString())).toBe('09:00');
     expect(formatClock(null)).toBe('');
   });
