@@ -17,7 +17,15 @@ from traitlets import Dict, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
 from .core.placement import POLICIES
-from .settings import ConfigError, Settings, parse_offers, parse_settings, parse_team, parse_teams
+from .settings import (
+    ConfigError,
+    Settings,
+    parse_offers,
+    parse_settings,
+    parse_team,
+    parse_teams,
+    parse_user_limits,
+)
 
 INVENTORY_SOURCES = ("nvml", "simulated:<spec>", "kubernetes", "kubernetes:<label selector>")
 
@@ -53,12 +61,14 @@ class GPUPool(LoggingConfigurable):
         (default: all); ``min_priority`` (-100..0, default -100) and ``max_priority`` (0..100,
         default 0): the priorities its members may give their jobs, which order only the team's
         own queued jobs (across teams the queue goes by fair share, then submission time); by
-        default members may lower a job, not raise it; admins may set any from -100 to 100.
+        default members may lower a job, not raise it; admins may set any from -100 to 100;
+        ``user_limits``: keys of ``GPUPool.user_limits`` that differ for the team.
         Example::
 
             c.GPUPool.teams = {
                 "vision": {"guarantee": 2, "borrow_limit": 1, "user_cap": 1,
-                           "offers": ["cpu", "h100", "mig-3g.40gb"], "max_priority": 10},
+                           "offers": ["cpu", "h100", "mig-3g.40gb"], "max_priority": 10,
+                           "user_limits": {"jobs": 100}},
                 "nlp": {"guarantee": 1, "offers": ["cpu", "mig-1g.10gb"]},
             }
         """,
@@ -72,6 +82,21 @@ class GPUPool(LoggingConfigurable):
 
             c.GPUPool.everyone = {"guarantee": 0.25, "offers": ["cpu", "mig-1g.10gb"],
                                   "max_priority": 0}
+        """,
+    )
+
+    user_limits = Dict(
+        {"jobs": 32, "log_followers": 8, "spawns": 2},
+        config=True,
+        help="""What one user may have in flight at once, whatever their quota, so one user
+        cannot starve the others: ``jobs`` queued or running, ``log_followers`` (job logs
+        followed live, ``?follow=1``, open at once) and ``spawns`` (notebook servers starting at
+        once; matters with named servers). Beyond one, the hub answers 429 naming the limit and
+        what is in use, before anything is stored. 0: no limit. A team's ``user_limits``
+        overrides keys for requests charged to it; keys left out here keep their defaults.
+        Example::
+
+            c.GPUPool.user_limits = {"jobs": 50, "log_followers": 4, "spawns": 1}
         """,
     )
 
@@ -178,6 +203,11 @@ class GPUPool(LoggingConfigurable):
         parse_team("everyone", proposal["value"], "GPUPool.everyone")
         return proposal["value"]
 
+    @validate("user_limits")
+    def _valid_user_limits(self, proposal: dict[str, Any]) -> Any:
+        parse_user_limits("GPUPool.user_limits", proposal["value"])
+        return proposal["value"]
+
     @validate("policy")
     def _valid_policy(self, proposal: dict[str, Any]) -> str:
         value = str(proposal["value"]).strip()
@@ -242,7 +272,8 @@ class GPUPool(LoggingConfigurable):
         return value
 
     def settings(self) -> Settings:
-        """The validated offers, teams and ``everyone``, checked across parts.
+        """The validated offers, teams and ``everyone``, checked across parts; every team with
+        the per-user limits (the keys of ``user_limits`` given, the others' defaults).
 
         The default ``everyone`` (CPU only) follows the offers: where no ``cpu`` offer is
         defined, users in no team get nothing rather than an error.
@@ -250,4 +281,5 @@ class GPUPool(LoggingConfigurable):
         everyone = self.everyone
         if "everyone" not in self.config.get("GPUPool", {}):
             everyone = {**everyone, "offers": [o for o in everyone["offers"] if o in self.offers]}
-        return parse_settings(self.offers, self.teams, everyone)
+        limits = {**self.trait_defaults("user_limits"), **self.user_limits}
+        return parse_settings(self.offers, self.teams, everyone, limits)

@@ -25,6 +25,7 @@ from traitlets import TraitError
 
 from .core.inventory import GPU, Inventory
 from .core.ledger import Ledger
+from .core.limits import LIMIT_KEYS, NO_LIMITS, UserLimits
 from .core.mig import GEOMETRIES
 from .core.offers import Offer, fmt_mib, mig_costs, model_memory_mib
 from .core.quota import EVERYONE, Team
@@ -42,7 +43,15 @@ _OFFER_KEYS = {
     "fraction",
 }
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GB|GiB|MB|MiB)\s*$", re.I)
-_TEAM_KEYS = {"guarantee", "borrow_limit", "user_cap", "offers", "min_priority", "max_priority"}
+_TEAM_KEYS = {
+    "guarantee",
+    "borrow_limit",
+    "user_cap",
+    "offers",
+    "min_priority",
+    "max_priority",
+    "user_limits",
+}
 
 
 class ConfigError(TraitError):
@@ -88,6 +97,19 @@ def _priority(path: str, value: Any, low: int, high: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise ConfigError(path, f"must be a whole number from {low} to {high}, got {value!r}")
     return value
+
+
+def parse_user_limits(path: str, value: Any) -> dict[str, int]:
+    """Per-user limits given as ``{"jobs": 20, "log_followers": 4, "spawns": 2}`` (any of the
+    keys; each a whole number, 0 for no limit): the keys given, checked."""
+    value = _mapping(path, value, '{"jobs": 20, "log_followers": 4, "spawns": 2}')
+    _unknown_keys(path, value, set(LIMIT_KEYS))
+    for key, limit in value.items():
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise ConfigError(
+                f"{path}.{key}", f"must be a whole number >= 0 (0: no limit), got {limit!r}"
+            )
+    return dict(value)
 
 
 def parse_memory(path: str, value: Any) -> int:
@@ -219,9 +241,12 @@ def parse_offers(offers: Any) -> dict[str, Offer]:
     return {name: parse_offer(name, spec) for name, spec in offers.items()}
 
 
-def parse_team(name: str, spec: Any, path: str | None = None) -> Team:
+def parse_team(
+    name: str, spec: Any, path: str | None = None, user_limits: UserLimits = NO_LIMITS
+) -> Team:
     """One team from ``{"guarantee": 2, "borrow_limit": 1, "user_cap": 1, "offers": [...],
-    "min_priority": -100, "max_priority": 0}`` (the priorities its users may give their jobs)."""
+    "min_priority": -100, "max_priority": 0, "user_limits": {"jobs": 50}}`` (the priorities its
+    users may give their jobs; its ``user_limits`` keys over the hub's, ``user_limits``)."""
     path = path or f"GPUPool.teams[{name!r}]"
     spec = _mapping(path, spec, '{"guarantee": 2, "borrow_limit": 1, "offers": ["mig-3g.40gb"]}')
     _unknown_keys(path, spec, _TEAM_KEYS)
@@ -231,6 +256,7 @@ def parse_team(name: str, spec: Any, path: str | None = None) -> Team:
     ):
         raise ConfigError(f"{path}.offers", f"must be a list of offer names, got {offers!r}")
     cap = spec.get("user_cap")
+    limits = parse_user_limits(f"{path}.user_limits", spec.get("user_limits", {}))
     return Team(
         name,
         _gpu_eq(f"{path}.guarantee", spec.get("guarantee", 0)),
@@ -239,23 +265,29 @@ def parse_team(name: str, spec: Any, path: str | None = None) -> Team:
         None if offers is None else frozenset(offers),
         _priority(f"{path}.min_priority", spec.get("min_priority", -100), -100, 0),
         _priority(f"{path}.max_priority", spec.get("max_priority", 0), 0, 100),
+        user_limits.overridden(limits),
     )
 
 
-def parse_teams(teams: Any) -> dict[str, Team]:
+def parse_teams(teams: Any, user_limits: UserLimits = NO_LIMITS) -> dict[str, Team]:
     teams = _mapping("GPUPool.teams", teams, '{"vision": {"guarantee": 2}}')
     if EVERYONE in teams:
         raise ConfigError(
             f"GPUPool.teams[{EVERYONE!r}]", "is reserved; configure it as GPUPool.everyone"
         )
-    return {name: parse_team(name, spec) for name, spec in teams.items()}
+    return {name: parse_team(name, spec, user_limits=user_limits) for name, spec in teams.items()}
 
 
-def parse_settings(offers: Any, teams: Any, everyone: Any) -> Settings:
-    """All of it, with the cross-checks: every offer a team names must be defined."""
+def parse_settings(
+    offers: Any, teams: Any, everyone: Any, user_limits: Any = None
+) -> Settings:
+    """All of it, with the cross-checks: every offer a team names must be defined. Every team
+    gets the per-user limits ``user_limits`` (the hub's, ``GPUPool.user_limits``; default: none)
+    with its own keys over them."""
+    limits = UserLimits(**parse_user_limits("GPUPool.user_limits", user_limits or {}))
     parsed_offers = parse_offers(offers)
-    parsed_teams = parse_teams(teams)
-    parsed_everyone = parse_team(EVERYONE, everyone, "GPUPool.everyone")
+    parsed_teams = parse_teams(teams, limits)
+    parsed_everyone = parse_team(EVERYONE, everyone, "GPUPool.everyone", limits)
     for path, team in [(f"GPUPool.teams[{t.name!r}]", t) for t in parsed_teams.values()] + [
         ("GPUPool.everyone", parsed_everyone)
     ]:

@@ -16,7 +16,9 @@ Vocabulary
 - *ref*: ``user/server-name``, what the allocation is for.
 
 Contract: an allocation is taken before the server starts and released when it stops, when a
-start fails, and when ``poll`` finds the server gone. Refusals become 4xx HTTP errors carrying
+start fails, and when ``poll`` finds the server gone. A user with as many servers starting as
+``user_limits.spawns`` allows (named servers) is refused at once (429), before anything is
+allocated. Refusals become 4xx HTTP errors carrying
 the pool's sentence (see :mod:`gpupool.hub.errors`); nothing waits out ``start_timeout``.
 Options over ``max_user_options_bytes`` are refused (413) before anything reads them, options
 holding text no page can show (a lone surrogate, a NUL, in any key or value, anyone's) or nested
@@ -37,7 +39,7 @@ from gpupool.core.errors import InvalidRequest, PoolError, TooLarge, UnknownAllo
 from gpupool.core.ledger import Allocation
 from gpupool.core.offers import MIG_NOTEBOOK_NOTE, Offer
 from gpupool.core.parse import check_size, check_texts, json_size
-from gpupool.core.quota import EVERYONE
+from gpupool.core.quota import EVERYONE, resolve_team
 from gpupool.hub.compat import query_options
 from gpupool.hub.errors import http_error
 from gpupool.hub.form import SPAWN_FORMS, render
@@ -246,6 +248,9 @@ class GPUSpawnerMixin(Spawner):
             offer, count, team = parse_user_options(options)
             if limit is not None:
                 limit.check(offer)
+            ledger = pool.ledger
+            charged = resolve_team(ledger.teams, ledger.everyone, self.gpupool_groups(), team)
+            charged.check_limit("spawns", self.gpupool_starting())  # 429, nothing allocated
             stale = [a.id for a in pool.ledger.allocations.values() if a.ref == self.gpupool_ref]
             for alloc_id in stale:  # left by a start the hub did not finish (e.g. a crash)
                 pool.release(alloc_id)
@@ -269,6 +274,12 @@ class GPUSpawnerMixin(Spawner):
         except BaseException:
             self.gpupool_release()
             raise
+
+    def gpupool_starting(self) -> int:
+        """How many of this user's other servers are starting now (JupyterHub's own count of
+        spawns in flight, which ``user_limits.spawns`` bounds)."""
+        spawners = getattr(self.user, "spawners", {})
+        return sum(1 for s in spawners.values() if s is not self and s.pending == "spawn")
 
     def gpupool_check_allocation(self, allocation: Allocation) -> None:
         """Hook: refuse an allocation this spawner cannot honour (raise ``web.HTTPError``)."""

@@ -56,3 +56,10 @@ class NoCapacity(PoolError):
     """Quota allows it but no device (or no node with enough devices) is free right now."""
 
     code = "no_capacity"
+
+
+class LimitReached(PoolError):
+    """One user already has as many jobs, followed logs or starting servers as a per-user limit
+    allows (:mod:`gpupool.core.limits`); says the limit, what is in use and what to do."""
+
+    code = "limit_reached"

@@ -7,6 +7,8 @@ Vocabulary
   its users may give their jobs (default -100 to 0: lower, not raise; admins may set any).
 - *everyone*: the pseudo-team for users in no team; by default it may request only ``cpu``.
 - *usage*: the GPU-equivalents a team (or user) holds now, in thousandths.
+- *user limits*: what one member may have in flight at once (jobs, followed logs, starting
+  servers; :mod:`gpupool.core.limits`), the hub's default with the team's own keys over it.
 
 Contract: no I/O; every check raises a :mod:`gpupool.core.errors` error with a full sentence.
 """
@@ -17,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from .errors import InvalidRequest, NotATeamMember, OfferNotAllowed, QuotaExceeded
+from .limits import NO_LIMITS, LimitKey, UserLimits, check_limit
 from .offers import Offer
 from .parse import clip
 from .units import fmt
@@ -33,6 +36,8 @@ class Team:
     offers: frozenset[str] | None = None
     min_priority: int = -100
     max_priority: int = 0
+    user_limits: UserLimits = NO_LIMITS
+    """What one member may have in flight at once (:mod:`gpupool.core.limits`)."""
 
     @property
     def limit_milli(self) -> int:
@@ -45,6 +50,11 @@ class Team:
 
     def allows(self, offer: str) -> bool:
         return self.offers is None or offer in self.offers
+
+    def check_limit(self, key: LimitKey, in_use: int) -> None:
+        """Refuse one more of ``key`` to a member who has ``in_use`` of it (HTTP 429)."""
+        whose = "user in no team" if self.name == EVERYONE else f"user in team {self.name}"
+        check_limit(self.user_limits, key, in_use, whose)
 
 
 def resolve_team(

@@ -20,6 +20,7 @@ STATUS: dict[type[errors.PoolError], int] = {
     errors.OfferNotAllowed: 403,
     errors.QuotaExceeded: 403,
     errors.NoCapacity: 409,
+    errors.LimitReached: 429,
     DeviceUnavailable: 503,
 }
 

@@ -17,14 +17,17 @@ JSON bodies come from :mod:`gpupool.hub.models`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
 from jupyterhub.apihandlers.base import APIHandler
 from tornado import web
+from tornado.iostream import StreamClosedError
 
 from ..core.errors import PoolError
 from ..core.jobs import Job
+from ..core.paging import page_limit
 from ..core.parse import clip, parse_json_object, whole_number
 from .errors import http_error
 from .models import allocation_model, job_model, offers_model, team_model
@@ -120,11 +123,13 @@ class AllocationsHandler(GPUPoolHandler):
 
 class JobsHandler(GPUPoolHandler):
     def get(self) -> None:
+        """A page of your jobs (an admin: everyone's), newest first: ``?limit=&cursor=``."""
         user, _, admin = self.caller()
         manager = self.gpupool.jobs
+        limit = page_limit(self.get_argument("limit", ""))
+        jobs, after = manager.listing(user, admin, limit, self.get_argument("cursor", "") or None)
         positions = manager.queue_positions()
-        jobs = manager.visible(user, admin)
-        self.write_json({"jobs": [job_model(j, positions.get(j.id)) for j in jobs]})
+        self.write_json({"jobs": [job_model(j, positions.get(j.id)) for j in jobs], "next": after})
 
     def post(self) -> None:
         user, groups, admin = self.caller()
@@ -146,20 +151,35 @@ class JobHandler(GPUPoolHandler):
 
 class JobLogsHandler(GPUPoolHandler):
     async def get(self, job_id: str) -> None:
-        job = self.job(job_id)
+        user, _, admin = self.caller()
+        manager = self.gpupool.jobs
+        job = manager.get(job_id, user, admin)
         rank = whole_number(self.get_argument("rank", "0"), "rank", 0, job.spec.ranks - 1)
         offset = whole_number(self.get_argument("offset", "0"), "offset", 0)
-        manager = self.gpupool.jobs
-        data, size = await manager.read_log(job, rank, offset)
-        self.set_header("Content-Type", "text/plain; charset=utf-8")
-        self.set_header("X-Gpupool-Log-Size", str(size))
-        self.set_header("X-Gpupool-Job-State", job.state)
-        if self.get_argument("follow", "") not in ("1", "true", "yes"):
-            self.finish(data)
-            return
-        async for chunk in manager.follow_log(job, rank, offset, self.client_left):
-            self.write(chunk)
-            await self.flush()
+        follow = self.get_argument("follow", "") in ("1", "true", "yes")
+        with manager.following(user, job) if follow else contextlib.nullcontext():
+            data, size = await manager.read_log(job, rank, offset)
+            self.set_header("Content-Type", "text/plain; charset=utf-8")
+            self.set_header("X-Gpupool-Log-Size", str(size))
+            self.set_header("X-Gpupool-Job-State", job.state)
+            if not follow:
+                self.finish(data)
+                return
+            await self._stream(job, rank, offset + len(data), data)
+
+    async def _stream(self, job: Job, rank: int, offset: int, first: bytes) -> None:
+        """Send ``first``, then the log as it grows until the job has ended; a client that
+        leaves (before or while a chunk is sent) ends it with one INFO line."""
+        chunks = self.gpupool.jobs.follow_log(job, rank, offset, self.client_left)
+        try:
+            async with contextlib.aclosing(chunks):
+                self.write(first)
+                await self.flush()
+                async for chunk in chunks:
+                    self.write(chunk)
+                    await self.flush()
+        except StreamClosedError:  # it left between our look and the write
+            self.client_left.set()
         if self.client_left.is_set():
             self.log.info("gpupool: the client following job %s's log left; stopped", job.id)
         else:

@@ -22,7 +22,8 @@ import contextlib
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections import Counter
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -35,9 +36,10 @@ from ..clock import utcnow
 from ..core.errors import InvalidRequest, PoolError, UnknownAllocation
 from ..core.jobs import Job, JobSpec, check_submission, transition
 from ..core.offers import check_ddp_backend
+from ..core.paging import page
 from ..core.parse import check_size, clip, clip_names, whole_number
 from ..core.queue import Limits, Queued, Running, ScaleUp, order, scale_ups, schedule
-from ..core.quota import PRIORITY_RANGE, check_offer, check_priority, resolve_team
+from ..core.quota import PRIORITY_RANGE, Team, check_offer, check_priority, resolve_team
 from ..pool import Pool
 from .backend import JobBackend, Observation
 from .local import LocalJobBackend
@@ -130,6 +132,8 @@ class JobManager(LoggingConfigurable):
         so the first pass also withdraws requests an earlier run left; see
         :meth:`_request_nodes`)."""
         self._locks: dict[str, asyncio.Lock] = {}
+        self._followers: Counter[str] = Counter()
+        """Per user, the job logs they follow now (see :meth:`following`)."""
         self._launching = asyncio.Semaphore(self.max_concurrent_launches)
         self.stopping = False
         """Set when the hub shuts down: no pass starts anything any more."""
@@ -205,6 +209,7 @@ class JobManager(LoggingConfigurable):
         spec = self._spec(fields)
         ledger = self.pool.ledger
         team = resolve_team(ledger.teams, ledger.everyone, groups, spec.team)
+        team.check_limit("jobs", self.open_jobs(owner))  # 429 before anything is stored
         offer = check_offer(team, ledger.offers, spec.offer, 1 if _cpu(ledger, spec) else spec.gpus)
         check_ddp_backend(offer, spec.gpus, dict(spec.env))  # nccl never spans MIG instances
         check_priority(team, spec.priority, admin)
@@ -266,9 +271,18 @@ class JobManager(LoggingConfigurable):
             priority=whole("priority", 0, *PRIORITY_RANGE),
         )
 
-    def visible(self, user: str, admin: bool) -> list[Job]:
-        jobs = sorted(self.jobs.values(), key=lambda j: j.created, reverse=True)
-        return [j for j in jobs if admin or j.owner == user]
+    def open_jobs(self, owner: str) -> int:
+        """How many of ``owner``'s jobs are queued or running (what ``user_limits.jobs``
+        bounds)."""
+        return sum(1 for j in self.jobs.values() if j.owner == owner and not j.final)
+
+    def listing(
+        self, user: str, admin: bool, limit: int, cursor: str | None = None
+    ) -> tuple[list[Job], str | None]:
+        """A page of the jobs ``user`` may see, newest first, and the next page's cursor
+        (:mod:`gpupool.core.paging`)."""
+        mine = (j for j in self.jobs.values() if admin or j.owner == user)
+        return page(mine, lambda j: (j.created, j.id), limit, cursor)
 
     def get(self, job_id: str, user: str, admin: bool) -> Job:
         job = self.jobs.get(job_id)
@@ -300,14 +314,34 @@ class JobManager(LoggingConfigurable):
         """A chunk of ``rank``'s log from ``offset``, and the log's size now (never blocks)."""
         return await self.backend.read_log(job, rank, offset)
 
+    @contextlib.contextmanager
+    def following(self, user: str, job: Job) -> Iterator[None]:
+        """Count a log ``user`` follows while it is open; beyond ``user_limits.log_followers``
+        of the job's team, :class:`~gpupool.core.errors.LimitReached` (429) at once."""
+        self._team(job.team).check_limit("log_followers", self._followers[user])
+        self._followers[user] += 1
+        try:
+            yield
+        finally:
+            self._followers[user] -= 1
+            if not self._followers[user]:
+                del self._followers[user]
+
+    def _team(self, name: str) -> Team:
+        """A job's team, or ``everyone`` for a team since removed from the config."""
+        ledger = self.pool.ledger
+        return ledger.teams.get(name, ledger.everyone)
+
     async def follow_log(
         self, job: Job, rank: int, offset: int, left: asyncio.Event
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """The log's chunks from ``offset`` as they come, until the job has ended and its log is
         drained, or ``left`` is set (the reader went away), whichever comes first."""
         while not left.is_set():
             now = self.jobs.get(job.id, job)  # its state before the read: final means drained
             data, _ = await self.backend.read_log(now, rank, offset)
+            if left.is_set():  # the reader went away during the read
+                return
             if data:
                 offset += len(data)
                 yield data
