@@ -350,13 +350,13 @@ class DeviceWatch(LoggingConfigurable):
 
     def _owners(self, p: OnDevice) -> tuple[str, ...]:
         """The allocations a stray belongs to, where its user is warned: its claim's (when it
-        runs as that allocation's account), else, in the per-user mode, its account's user's
-        notebooks."""
+        runs as that allocation's account; none when the claim is of an allocation released
+        already: a server being stopped, whose processes are reconciliation's), else, in the
+        per-user mode, its account's user's notebooks."""
         allocations = list(self.pool.ledger.allocations.values())
         mine = [a for a in allocations if self.accounts.holding(a).uid == p.uid]
-        claimed = [a.id for a in mine if p.claim and p.claim in (a.id, a.ref)]
-        if claimed:
-            return tuple(claimed)
+        if p.claim:
+            return tuple(a.id for a in mine if p.claim in (a.id, a.ref))
         return tuple(a.id for a in mine if a.kind == "notebook" and a.user == p.account)
 
     def _act(self, now: float, found: list[tuple[OnDevice, Facts, Kind]]) -> list[Any]:
