@@ -184,3 +184,11 @@ def test_the_stand_in_defaults_network_policies_as_the_api_server_does(kube: Ser
             "Status",
             "networking.k8s.io",
         )
+
+
+def test_the_admin_page_sentence_says_whether_jobs_have_a_network_of_their_own(
+    kube: Served,
+) -> None:
+    on, off = backend(kube), backend(kube, network_policy=False)
+    assert on.private_network and on.network_note.startswith("private: each job has a Network")
+    assert not off.private_network and "network_policy is off" in off.network_note

@@ -88,6 +88,13 @@ class KubeJobBackend(KubeJobSettings):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._configuration: Any = None
+        self.private_network = bool(self.network_policy)
+        self.network_note = (
+            "private: each job has a NetworkPolicy of its own (its pods and DNS only; the "
+            "cluster's network plugin must enforce NetworkPolicy)"
+            if self.network_policy
+            else "shared: no NetworkPolicy per job (KubeJobBackend.network_policy is off)"
+        )
 
     @property
     def distinct_nodes(self) -> bool:  # type: ignore[override]
