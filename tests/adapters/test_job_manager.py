@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import signal
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,17 +17,19 @@ from typing import Any
 import pytest
 from traitlets.config import Config
 
+from gpupool.clock import utcnow
 from gpupool.config import GPUPool
 from gpupool.core.errors import InvalidRequest
 from gpupool.jobs.local import group_alive, job_pids
 from gpupool.jobs.manager import JobManager
 from gpupool.pool import Pool
+from gpupool.settings import ConfigError
 from tests.accounts import shared_mode
 
 SLEEPER = "import time\nwhile True:\n    time.sleep(0.5)\n"
 
 
-def manager(tmp_path: Path) -> JobManager:
+def manager(tmp_path: Path, clock: Callable[[], datetime] = utcnow) -> JobManager:
     c = Config()
     c.GPUPool.inventory = "simulated:n: 2x H100-80GB"
     c.GPUPool.db_url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
@@ -36,7 +39,7 @@ def manager(tmp_path: Path) -> JobManager:
     c.LocalJobBackend.kill_grace = 2.0
     c.LocalJobBackend.max_ranks = 8  # preemption is about GPUs, whatever this machine's cores
     c.JobManager.watch_interval = 0.5
-    return JobManager(Pool.from_config(GPUPool(config=c)), config=c)
+    return JobManager(Pool.from_config(GPUPool(config=c)), clock=clock, config=c)
 
 
 async def until(m: JobManager, job_id: str, state: str, timeout: float = 60) -> None:
@@ -231,3 +234,79 @@ def test_cpu_job_limits_hold_real_jobs_in_the_queue_with_the_reason(tmp_path: Pa
             await m.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_jobs_script_lives_in_the_store_not_in_the_hubs_memory(tmp_path: Path) -> None:
+    """The script (up to 1 MiB) is read from the database when the job starts; the job the hub
+    keeps in memory, queued, running or ended, holds none of it."""
+    script = "# " + "x" * ((1 << 20) - 64) + "\nprint('ran', flush=True)\n"
+
+    async def scenario() -> None:
+        m = manager(tmp_path)
+        await m.start()
+        try:
+            job = m.submit("ann", ["a"], {"script": script, "offer": "cpu"})
+            assert m.jobs[job.id].spec.script == "" and job.spec.script == ""
+            assert m.pool.store.job_script(job.id) == script
+            await m.schedule_pass()
+            await until(m, job.id, "succeeded")
+            ran = m.backend.job_dir(m.jobs[job.id]) / "script.py"  # what the backend was given
+            assert ran.read_text() == script and m.jobs[job.id].spec.script == ""
+            log, _ = await m.read_log(m.jobs[job.id], 0, 0)
+            assert b"ran" in log
+        finally:
+            await m.stop()
+
+    asyncio.run(scenario())
+
+
+def test_finished_jobs_are_forgotten_after_the_retention_rows_scripts_and_logs(
+    tmp_path: Path,
+) -> None:
+    """``JobManager.retention_days`` after a job ended, its row, script and job directory (its
+    logs) go; younger ended jobs and jobs still queued or running stay, however old."""
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+
+    async def scenario() -> None:
+        m = manager(tmp_path, clock=lambda: now[0])
+        m.retention_days = 30
+        m.max_time_limit = 100 * 86400
+        await m.start()
+        try:
+            old = m.submit("ann", ["a"], {"script": "print('old')", "offer": "cpu"})
+            long = {"script": SLEEPER, "offer": "cpu", "time_limit": 90 * 86400}
+            sleeper = m.submit("bob", ["b"], long)
+            await m.schedule_pass()
+            await until(m, old.id, "succeeded")
+            await until(m, sleeper.id, "running")
+            old_dir = m.backend.job_dir(m.jobs[old.id])
+            assert (old_dir / "rank-0.log").is_file()
+            now[0] += timedelta(days=20)
+            young = m.submit("ann", ["a"], {"script": "print('young')", "offer": "cpu"})
+            await m.schedule_pass()
+            await until(m, young.id, "succeeded")
+            now[0] += timedelta(days=10, seconds=1)  # old ended 30 days ago, young 10
+
+            assert await m.prune() == [old.id]
+            assert old.id not in m.jobs and not old_dir.exists()
+            assert m.pool.store.job_script(old.id) is None
+            assert {j.id for j in m.pool.store.load_jobs()} == {young.id, sleeper.id}
+            assert (m.backend.job_dir(m.jobs[young.id]) / "rank-0.log").is_file()
+            assert m.jobs[sleeper.id].state == "running"  # 30 days old, but not ended
+
+            m.retention_days = 0  # keeps ended jobs for ever
+            now[0] += timedelta(days=365)
+            assert await m.prune() == []
+        finally:
+            await m.cancel(sleeper.id, "admin", True)
+            await m.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_negative_retention_stops_the_hub_naming_the_key(tmp_path: Path) -> None:
+    pool = queue_only(tmp_path, {}).pool
+    c = Config()
+    c.JobManager.retention_days = -1
+    with pytest.raises(ConfigError, match=r"^JobManager.retention_days: must be a number >= 0"):
+        JobManager(pool, config=c)

@@ -39,7 +39,7 @@ def test_migrations_create_the_schema_on_an_empty_sqlite(tmp_path: Path) -> None
         names = set(sa.inspect(conn).get_table_names())
         assert {"gpupool_allocations", "gpupool_allocation_devices", "gpupool_jobs"} <= names
         version = conn.execute(sa.text("select version_num from gpupool_alembic_version"))
-        assert version.scalar_one() == "0004"
+        assert version.scalar_one() == "0005"
         context = MigrationContext.configure(
             conn, opts={"version_table": "gpupool_alembic_version"}
         )
@@ -106,6 +106,8 @@ def test_refusals_are_not_persisted(tmp_path: Path) -> None:
 
 
 def test_jobs_round_trip(tmp_path: Path) -> None:
+    from dataclasses import replace
+
     from gpupool.core.jobs import Job, JobSpec, transition
 
     store = Store(f"sqlite:///{tmp_path / 'jobs.sqlite'}")
@@ -126,14 +128,18 @@ def test_jobs_round_trip(tmp_path: Path) -> None:
     )
     job = Job("j1", "ada", "vision", spec, created=10.0)
     store.save_job(job)
+    without_script = replace(job, spec=replace(spec, script=""))
     running = transition(
-        job, "starting", "GPUs granted", 11.0, allocations=("a1",), handle='{"pid": 42}'
+        without_script, "starting", "GPUs granted", 11.0, allocations=("a1",), handle='{"pid": 42}'
     )
     store.save_job(running)
-    assert store.load_jobs() == [running]
+    assert store.load_jobs() == [running]  # the script is read apart, when the job starts
+    assert store.job_script("j1") == "print(1)"
     done = transition(running, "failed", "rank 1 exited 1", 20.0, exit_codes=((0, 0), (1, 1)))
     store.save_job(done)
-    assert store.load_jobs() == [done]
+    assert store.load_jobs() == [done] and store.job_script("j1") == "print(1)"
+    store.delete_jobs(["j1"])
+    assert store.load_jobs() == [] and store.job_script("j1") is None
     store.close()
 
 

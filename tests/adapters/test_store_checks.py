@@ -126,7 +126,7 @@ def test_an_unknown_migration_is_refused(tmp_path: Path) -> None:
         conn.exec_driver_sql("UPDATE gpupool_alembic_version SET version_num = '0099'")
     assert refusal(db) == (
         f"{KEY} {db} is at migration '0099', which this gpupool does not know (its newest is "
-        "'0004'; written by a newer gpupool?): upgrade gpupool, or restore a backup made with "
+        "'0005'; written by a newer gpupool?): upgrade gpupool, or restore a backup made with "
         "this version"
     )
 
@@ -138,7 +138,8 @@ def test_gpupool_tables_without_their_migration_record_are_refused(tmp_path: Pat
         conn.exec_driver_sql("DROP TABLE gpupool_alembic_version")
     assert refusal(db) == (
         f"{KEY} {db} has gpupool tables (gpupool_allocation_devices, gpupool_allocations, "
-        "gpupool_jobs, gpupool_mig_instances) but no record of their migration "
+        "gpupool_job_scripts, gpupool_jobs, gpupool_mig_instances) but no record of their "
+        "migration "
         f"(table gpupool_alembic_version): {MOVE_AWAY}"
     )
 
@@ -149,7 +150,7 @@ def test_a_missing_table_is_refused(tmp_path: Path) -> None:
     with sa.create_engine(f"sqlite:///{db}").begin() as conn:
         conn.exec_driver_sql("DROP TABLE gpupool_jobs")
     assert refusal(db) == (
-        f"{KEY} {db} is at migration '0004' but lacks the table gpupool_jobs: {MOVE_AWAY}"
+        f"{KEY} {db} is at migration '0005' but lacks the table gpupool_jobs: {MOVE_AWAY}"
     )
 
 
@@ -159,7 +160,7 @@ def test_an_older_migration_is_upgraded(tmp_path: Path) -> None:
     build(f"sqlite:///{db}").store.close()
     with sa.create_engine(f"sqlite:///{db}").connect() as conn:
         version = conn.exec_driver_sql("SELECT version_num FROM gpupool_alembic_version")
-        assert version.scalar_one() == "0004"
+        assert version.scalar_one() == "0005"
 
 
 @pytest.mark.parametrize("content", [None, b""], ids=["no file", "empty file"])
@@ -196,6 +197,7 @@ def test_jupyterhubs_own_database_is_shared_not_refused(tmp_path: Path) -> None:
         "gpupool_allocations",
         "gpupool_allocation_devices",
         "gpupool_jobs",
+        "gpupool_job_scripts",
         "gpupool_mig_instances",
     }
 
@@ -376,7 +378,8 @@ def test_a_read_only_file_system_is_refused_even_as_root(tmpfs: Path) -> None:
 
 
 def test_jobs_of_a_database_at_0002_are_kept_by_the_upgrade(tmp_path: Path) -> None:
-    """0003 adds the devices a job ran on; jobs written before it load with none."""
+    """0003 adds the devices a job ran on; jobs written before it load with none; 0005 moves
+    their scripts to a table of their own."""
     db = tmp_path / "gpupool.sqlite"
     migrated_to(db, "0002")
     with sa.create_engine(f"sqlite:///{db}").begin() as conn:
@@ -386,5 +389,7 @@ def test_jobs_of_a_database_at_0002_are_kept_by_the_upgrade(tmp_path: Path) -> N
         )
     pool = build(f"sqlite:///{db}")
     [job] = pool.store.load_jobs()
+    script = pool.store.job_script("j1")
     pool.store.close()
     assert (job.id, job.state, job.devices) == ("j1", "succeeded", ())
+    assert script == "pass"  # 0005 moved it to gpupool_job_scripts

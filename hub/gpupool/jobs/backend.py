@@ -82,6 +82,11 @@ class JobBackend(LoggingConfigurable):
         """Stop every process of the job (politely, then for sure)."""
         raise NotImplementedError
 
+    async def forget(self, job: Job) -> None:
+        """Delete what the ended ``job`` left (its logs) when retention forgets it; raise when
+        that fails. Backends whose jobs leave nothing (or expire on their own: Kubernetes Jobs
+        go with ``ttlSecondsAfterFinished``) have nothing to do."""
+
     async def read_log(self, job: Job, rank: int, offset: int) -> tuple[bytes, int]:
         """Bytes of ``rank``'s log from ``offset`` (a bounded chunk), and the log's size now;
         never blocks the event loop (files are read in a worker thread, the API asynchronously)."""

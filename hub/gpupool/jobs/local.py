@@ -19,7 +19,8 @@ so cancel reaches every rank: SIGTERM to the group (torchrun passes it on), then
 ``kill_grace`` seconds to the group and to every process started with the job's
 ``GPUPOOL_JOB`` variable (torchrun starts each rank in a session of its own). The
 handle records pid and process start time, so a restarted hub re-attaches only to the very same
-process, never to a recycled pid. Subprocesses are started here and nowhere else.
+process, never to a recycled pid. Subprocesses are started here and nowhere else. Retention
+forgets an ended job's directory with ``rm -rf`` as the code account (:meth:`~.forget`).
 
 The hub never follows a path the user controls: the job's first process, already running as the
 code account, makes the job directory, writes the script it reads from its stdin and opens its
@@ -482,6 +483,28 @@ class LocalJobBackend(JobBackend):
         except UnsafeFile as e:
             self.log.warning("gpupool: not reading %s for job %s: %s", path, job.id, e.strerror)
             return b"", 0
+
+    async def forget(self, job: Job) -> None:
+        """Remove the ended job's directory (script, logs, exit codes) as its code account,
+        which made it: ``rm -rf`` as that account, so nothing but what it may remove goes."""
+        jdir, account = self._owned(job)
+        if account is None:
+            return  # the account is gone: nothing of it is touched
+        if jdir.name != job.id:
+            raise RuntimeError(f"{jdir} is not the directory of job {job.id}")
+        proc = await asyncio.create_subprocess_exec(
+            "/bin/rm", "-rf", "--", str(jdir),
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin"},
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            **become(account),
+        )  # fmt: skip
+        _, said = await proc.communicate()
+        if proc.returncode:
+            why = said.decode(errors="replace").strip()[:300]
+            raise RuntimeError(f"rm -rf {jdir} as {account.name} failed: {why}")
 
 
 def _whole(text: str | None) -> int | None:

@@ -9,8 +9,13 @@ Vocabulary
   every job end, every release of a notebook's devices, and every ``schedule_interval`` seconds.
 - *watch*: one task per active job, asking the backend what its processes do; it ends the job
   (and frees its devices at once) when they end, and enforces the time limit.
+- *fair use*: a user's jobs queued or running and the logs they follow are capped per user
+  (``user_limits`` of the job's team, :mod:`gpupool.core.limits`): 429 before anything is stored.
+- *retention*: jobs that ended over ``retention_days`` ago are forgotten (:meth:`prune`: their
+  logs, rows and scripts); a job's script lives only in the database, read when it starts.
 
-Contract: every state change is persisted before anyone is told. Jobs and notebooks share the
+Contract: every state change is persisted before anyone is told; nothing large stays in memory
+(the jobs the manager keeps carry no script). Jobs and notebooks share the
 pool (``kind="job"`` allocations), so quotas hold across both doors. Time comes from ``clock``
 (default :func:`gpupool.clock.utcnow`), the one time seam.
 """
@@ -28,7 +33,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from traitlets import Float, Int, Type
+from traitlets import Float, Int, Type, validate
 from traitlets.config import LoggingConfigurable
 
 from .. import metrics
@@ -40,7 +45,9 @@ from ..core.paging import page
 from ..core.parse import check_size, clip, clip_names, whole_number
 from ..core.queue import Limits, Queued, Running, ScaleUp, order, scale_ups, schedule
 from ..core.quota import PRIORITY_RANGE, Team, check_offer, check_priority, resolve_team
+from ..core.retention import expired
 from ..pool import Pool
+from ..settings import ConfigError
 from .backend import JobBackend, Observation
 from .local import LocalJobBackend
 
@@ -118,6 +125,29 @@ class JobManager(LoggingConfigurable):
         be up to 1 MiB. Example: ``c.JobManager.max_submission_bytes = 4 << 20``""",
     )
 
+    retention_days = Float(
+        30.0,
+        config=True,
+        help="""Days a job is kept after it ended (its row, script and logs; it is listed until
+        then), so the database and the homes do not grow for ever; 0 keeps ended jobs for ever.
+        Jobs still queued or running are always kept. Example:
+        ``c.JobManager.retention_days = 90``""",
+    )
+    prune_interval = Float(
+        3600.0,
+        config=True,
+        help="""Seconds between looks for jobs to forget (``retention_days``); the first look is
+        right after the hub starts. Example: ``c.JobManager.prune_interval = 600``""",
+    )
+
+    @validate("retention_days", "prune_interval")
+    def _not_negative(self, proposal: Any) -> float:
+        value = float(proposal["value"])
+        if value < 0 or value != value:
+            name = proposal["trait"].name
+            raise ConfigError(f"JobManager.{name}", f"must be a number >= 0, got {value!r}")
+        return value
+
     def __init__(self, pool: Pool, clock: Callable[[], datetime] = utcnow, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pool = pool
@@ -132,6 +162,8 @@ class JobManager(LoggingConfigurable):
         so the first pass also withdraws requests an earlier run left; see
         :meth:`_request_nodes`)."""
         self._locks: dict[str, asyncio.Lock] = {}
+        self._next_prune = 0.0
+        """When the loop next forgets old jobs (:meth:`prune`; at once after a start)."""
         self._followers: Counter[str] = Counter()
         """Per user, the job logs they follow now (see :meth:`following`)."""
         self._launching = asyncio.Semaphore(self.max_concurrent_launches)
@@ -198,6 +230,11 @@ class JobManager(LoggingConfigurable):
                 await self.schedule_pass()
             except Exception:
                 self.log.exception("gpupool: scheduling pass failed")
+            if self.retention_days and self.now() >= self._next_prune:
+                try:
+                    await self.prune()
+                except Exception:
+                    self.log.exception("gpupool: forgetting old jobs failed")
 
     # -- the user's side ---------------------------------------------------------------------
     def submit(
@@ -225,7 +262,7 @@ class JobManager(LoggingConfigurable):
             raise admission.error(f"The job {admission.reason}; it could never start.")
         reason = f"waiting: {admission.reason}" if admission.reason else "waiting to start"
         job = Job(uuid.uuid4().hex[:12], owner, team.name, spec, reason=reason, created=self.now())
-        self._save(job)
+        job = self._save(job)  # the script goes to the store; the hub keeps the job without
         self.log.info("gpupool: job %s submitted by %s (team %s)", job.id, owner, team.name)
         self.kick()
         return job
@@ -468,7 +505,12 @@ class JobManager(LoggingConfigurable):
                 return  # cancelled before its processes were started
             allocations = [self.pool.ledger.allocations[a] for a in job.allocations]
             try:
-                handle = await self.backend.start(job, allocations)
+                script = self.pool.store.job_script(job_id)  # read now, never kept
+                if script is None:
+                    raise RuntimeError("its script is not in the database any more")
+                handle = await self.backend.start(
+                    replace(job, spec=replace(job.spec, script=script)), allocations
+                )
             except Exception as e:
                 self.log.warning("gpupool: job %s could not start: %s", job_id, e)
                 await self._stop_processes(job)  # whatever it started, found by its marker
@@ -577,9 +619,37 @@ class JobManager(LoggingConfigurable):
         return self._save(ended)
 
     def _save(self, job: Job) -> Job:
+        """Persist ``job`` (with its script, at submit), then keep it in memory without one."""
         self.pool.store.save_job(job)
+        if job.spec.script:
+            job = replace(job, spec=replace(job.spec, script=""))
         self.jobs[job.id] = job
         return job
+
+    # -- retention -----------------------------------------------------------------------------
+    async def prune(self) -> list[str]:
+        """Forget the jobs that ended more than ``retention_days`` ago: their logs (the
+        backend's :meth:`~gpupool.jobs.backend.JobBackend.forget`), then their rows and scripts;
+        returns their ids. Jobs still queued or running are never forgotten."""
+        now = self.now()
+        gone = expired(self.jobs.values(), now, self.retention_days * 86400)
+        for job in gone:
+            try:
+                await self.backend.forget(job)
+            except Exception as e:  # its row goes anyway; the files are the owner's
+                self.log.warning("gpupool: the files of job %s stay: %s", job.id, e)
+        self.pool.store.delete_jobs(j.id for j in gone)
+        for job in gone:
+            self.jobs.pop(job.id, None)
+            self._locks.pop(job.id, None)
+        if gone:
+            self.log.info(
+                "gpupool: forgot %d job(s) that ended over %g days ago",
+                len(gone),
+                self.retention_days,
+            )
+        self._next_prune = now + self.prune_interval
+        return [j.id for j in gone]
 
 
 _FIELDS = {

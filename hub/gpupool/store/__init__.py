@@ -3,6 +3,9 @@
 Vocabulary
 - *store*: the database side of the ledger; the pool writes to it before it answers, so a
   restart can rebuild the ledger exactly.
+- *jobs*: one row per job (its spec without the script), rewritten at each state change; the
+  script in a table of its own, written once and read when the job starts; both deleted when
+  retention forgets the job (:meth:`Store.delete_jobs`).
 - *upgrade*: Alembic migrations to the newest schema, run at open; the version lives in its own
   table (``gpupool_alembic_version``) so the store may share JupyterHub's database.
 - *checked open*: before and after the upgrade the store makes sure the database can be gpupool's
@@ -38,7 +41,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from ..core.jobs import Job, JobSpec
 from ..core.ledger import Allocation, Device
-from .schema import allocations, devices, jobs, metadata, mig_instances
+from .schema import allocations, devices, job_scripts, jobs, metadata, mig_instances
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "gpupool_alembic_version"
@@ -199,6 +202,7 @@ class Store:
                 conn.execute(
                     insert(jobs).values(id=PROBE, owner="", team="", state="", spec="", created=0)
                 )
+                conn.execute(insert(job_scripts).values(job_id=PROBE, script=""))
                 conn.execute(
                     insert(mig_instances).values(
                         node=PROBE, gpu="", start=0, profile="", state="", created=0
@@ -376,15 +380,37 @@ class Store:
 
     # -- jobs --------------------------------------------------------------------------------
     def save_job(self, job: Job) -> None:
-        """Insert or replace one job (one transaction)."""
+        """Insert or replace one job (one transaction). Its script goes to a table of its own
+        when the job carries one (at submit); a job saved without one keeps the stored script."""
         row = _job_row(job)
         with self.engine.begin() as conn:
             conn.execute(delete(jobs).where(jobs.c.id == job.id))
             conn.execute(insert(jobs).values(**row))
+            if job.spec.script:
+                conn.execute(delete(job_scripts).where(job_scripts.c.job_id == job.id))
+                conn.execute(insert(job_scripts).values(job_id=job.id, script=job.spec.script))
 
     def load_jobs(self) -> list[Job]:
+        """Every job, oldest first, without its script (:meth:`job_script` reads that)."""
         with self.engine.connect() as conn:
             return [_row_job(r) for r in conn.execute(select(jobs).order_by(jobs.c.created))]
+
+    def job_script(self, job_id: str) -> str | None:
+        """A job's script, or ``None`` if the store has none (the job was forgotten)."""
+        with self.engine.connect() as conn:
+            found = conn.execute(
+                select(job_scripts.c.script).where(job_scripts.c.job_id == job_id)
+            ).scalar_one_or_none()
+        return None if found is None else str(found)
+
+    def delete_jobs(self, job_ids: Iterable[str]) -> None:
+        """Forget jobs: their rows and scripts (one transaction)."""
+        ids = list(job_ids)
+        if not ids:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(delete(job_scripts).where(job_scripts.c.job_id.in_(ids)))
+            conn.execute(delete(jobs).where(jobs.c.id.in_(ids)))
 
 
 @dataclass(frozen=True)
@@ -414,6 +440,7 @@ def _mig_key(node: str, gpu: str, start: int) -> tuple[Any, ...]:
 
 def _job_row(job: Job) -> dict[str, Any]:
     spec = asdict(job.spec)
+    del spec["script"]  # in gpupool_job_scripts
     return {
         "id": job.id,
         "owner": job.owner,
@@ -434,6 +461,7 @@ def _job_row(job: Job) -> dict[str, Any]:
 
 def _row_job(r: Any) -> Job:
     spec = json.loads(r.spec)
+    spec["script"] = ""  # read apart, when the job starts (Store.job_script)
     spec["args"] = tuple(spec.get("args", ()))
     spec["env"] = tuple(tuple(kv) for kv in spec.get("env", ()))
     return Job(

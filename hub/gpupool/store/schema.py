@@ -66,10 +66,19 @@ jobs = Table(
     Column("spec", Text, nullable=False),
     Column("created", Float, nullable=False),
     Column("started", Float, nullable=True),
-    Column("finished", Float, nullable=True),
+    Column("finished", Float, nullable=True, index=True),
     Column("exit_codes", Text, nullable=False, server_default="{}"),
     Column("restarts", Integer, nullable=False, server_default="0"),
     Column("allocations", Text, nullable=False, server_default="[]"),
     Column("handle", Text, nullable=False, server_default=""),
     Column("devices", Text, nullable=False, server_default="[]"),
 )
+
+job_scripts = Table(
+    "gpupool_job_scripts",
+    metadata,
+    Column("job_id", String(64), primary_key=True),
+    Column("script", Text, nullable=False),
+)
+"""A job's script (up to 1 MiB), apart from its row: read when the job starts, never kept in
+the hub's memory, deleted with the job's row when retention forgets the job."""
