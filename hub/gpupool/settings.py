@@ -278,9 +278,7 @@ def parse_teams(teams: Any, user_limits: UserLimits = NO_LIMITS) -> dict[str, Te
     return {name: parse_team(name, spec, user_limits=user_limits) for name, spec in teams.items()}
 
 
-def parse_settings(
-    offers: Any, teams: Any, everyone: Any, user_limits: Any = None
-) -> Settings:
+def parse_settings(offers: Any, teams: Any, everyone: Any, user_limits: Any = None) -> Settings:
     """All of it, with the cross-checks: every offer a team names must be defined. Every team
     gets the per-user limits ``user_limits`` (the hub's, ``GPUPool.user_limits``; default: none)
     with its own keys over them."""

@@ -45,8 +45,7 @@ def parse_cursor(text: str) -> Key:
     m = _CURSOR.fullmatch(text)
     if not m:
         raise InvalidRequest(
-            "cursor must be the 'next' of a page you were given (or left out for the first "
-            "page)."
+            "cursor must be the 'next' of a page you were given (or left out for the first page)."
         )
     return float(m.group(1)), m.group(2)
 

@@ -37,9 +37,7 @@ def upgrade() -> None:
         spec = json.loads(row.spec)
         script = spec.pop("script", "")
         conn.execute(sa.insert(_scripts).values(job_id=row.id, script=script))
-        conn.execute(
-            sa.update(_jobs).where(_jobs.c.id == row.id).values(spec=json.dumps(spec))
-        )
+        conn.execute(sa.update(_jobs).where(_jobs.c.id == row.id).values(spec=json.dumps(spec)))
 
 
 def downgrade() -> None:
@@ -47,8 +45,6 @@ def downgrade() -> None:
     scripts = dict(conn.execute(sa.select(_scripts.c.job_id, _scripts.c.script)).all())
     for row in conn.execute(sa.select(_jobs.c.id, _jobs.c.spec)).all():
         spec = {**json.loads(row.spec), "script": scripts.get(row.id, "")}
-        conn.execute(
-            sa.update(_jobs).where(_jobs.c.id == row.id).values(spec=json.dumps(spec))
-        )
+        conn.execute(sa.update(_jobs).where(_jobs.c.id == row.id).values(spec=json.dumps(spec)))
     op.drop_index("ix_gpupool_jobs_finished", "gpupool_jobs")
     op.drop_table("gpupool_job_scripts")
