@@ -171,7 +171,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    jobs = _client(args).jobs()
+    jobs = _client(args).jobs(limit=args.limit)  # page by page
     _output(args, {"jobs": jobs}, lambda: format_jobs(jobs))
     return 0
 
@@ -287,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--poll", type=float, default=2.0, help="seconds between checks for --wait (default 2)"
     )
 
-    command("jobs", cmd_jobs, help="list your jobs (an admin: all jobs)")
+    jobs = command("jobs", cmd_jobs, help="list your jobs, newest first (an admin: all jobs)")
+    jobs.add_argument("--limit", type=positive, help="only the newest N (default: all)")
     command("show", cmd_show, help="show one job").add_argument("id", metavar="ID")
     command("cancel", cmd_cancel, help="cancel a job").add_argument("id", metavar="ID")
     logs = command("logs", cmd_logs, help="print a rank's log")

@@ -13,8 +13,10 @@ Contract with the hub (resources under ``/hub/api/gpupool/``):
 - ``GET allocations`` → ``{"allocations": [...]}``: the caller's own allocations (notebooks and
   jobs); a GPU notebook's has ``idle``, what the idle reclaimer knows (``idle_since``,
   ``action``, ``warning``: ``null`` or ``{"reclaim_at", "action", "message"}``).
-- ``POST jobs`` (JSON body; only the fields given are sent) → 201 and a job; ``GET jobs`` →
-  ``{"jobs": [...]}``; ``GET jobs/<id>`` → a job; ``DELETE jobs/<id>`` → the cancelled job.
+- ``POST jobs`` (JSON body; only the fields given are sent) → 201 and a job; ``GET
+  jobs?limit=&cursor=`` → ``{"jobs": [...], "next": <cursor> | null}``, a page newest first
+  (:meth:`Client.jobs` follows ``next`` to the last page); ``GET jobs/<id>`` → a job;
+  ``DELETE jobs/<id>`` → the cancelled job.
 - ``GET jobs/<id>/logs?rank=R&offset=N`` → ``text/plain`` bytes from byte offset N, with headers
   ``X-Gpupool-Log-Size`` and ``X-Gpupool-Job-State``; ``&follow=1`` streams (chunked) until the
   job has ended.
@@ -45,6 +47,8 @@ __all__ = [
 ]
 
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "lost"})
+PAGE = 200
+"""Jobs asked for per page when :meth:`Client.jobs` pages through them (the hub's most: 500)."""
 LOG_SIZE_HEADER = "X-Gpupool-Log-Size"
 JOB_STATE_HEADER = "X-Gpupool-Job-State"
 
@@ -203,9 +207,33 @@ class Client:
         body.update({key: value for key, value in optional.items() if value is not None})
         return dict(self._json("POST", "jobs", json=body))
 
-    def jobs(self) -> list[Job]:
-        """The user's jobs (an admin gets everyone's)."""
-        return list(self._json("GET", "jobs")["jobs"])
+    def jobs(self, limit: int | None = None) -> list[Job]:
+        """The user's jobs (an admin gets everyone's), newest first, page by page to the last
+        one (or to the newest ``limit``)."""
+        jobs: list[Job] = []
+        cursor = None
+        while limit is None or len(jobs) < limit:
+            want = PAGE if limit is None else min(PAGE, limit - len(jobs))
+            page, cursor = self.jobs_page(want, cursor)
+            jobs += page
+            if cursor is None:
+                break
+        return jobs
+
+    def jobs_page(
+        self, limit: int | str | None = None, cursor: str | None = None
+    ) -> tuple[list[Job], str | None]:
+        """One page of ``GET jobs`` (newest first; the hub's default size without ``limit``),
+        after the page whose ``next`` is ``cursor``, and this page's ``next`` (``None``: the
+        last page)."""
+        params: dict[str, Any] = {}
+        if limit is not None:
+            params["limit"] = limit
+        if cursor:
+            params["cursor"] = cursor
+        reply = self._json("GET", "jobs", params=params)
+        after = reply.get("next")
+        return list(reply["jobs"]), after if isinstance(after, str) and after else None
 
     def job(self, job_id: str | int) -> Job:
         return dict(self._json("GET", f"jobs/{_segment(job_id)}"))

@@ -28,8 +28,8 @@ Endpoints:
 ==========================================  ====================================================
 ``GET gpupool/offers``                      the hub's offers document as is
 ``POST gpupool/submit``                     convert a notebook and submit it → 201 and the job
-``GET gpupool/jobs``                        ``{"jobs": [...]}``: the hub's, with
-                                            ``resubmittable``
+``GET gpupool/jobs?limit&cursor``           ``{"jobs": [...], "next"}``: a page of the
+                                            hub's, newest first, with ``resubmittable``
 ``GET|DELETE gpupool/jobs/<id>``            the job / cancel it (→ the job as it is now)
 ``POST gpupool/jobs/<id>/resubmit``         submit a remembered request again → 201 and the job
 ``GET gpupool/jobs/<id>/logs?rank&offset``  ``{"text", "size", "state"}``: ``size`` is the byte
@@ -138,8 +138,13 @@ class SubmitHandler(GpupoolHandler):
 class JobsHandler(GpupoolHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
-        jobs, remembered = await asyncio.gather(hub(Client.jobs), self.remembered())
-        self.reply({"jobs": [resubmittable(job, remembered) for job in jobs]})
+        """One page of the hub's jobs, newest first (``limit`` and ``cursor`` passed on)."""
+        limit = self.get_argument("limit", "") or None
+        cursor = self.get_argument("cursor", "") or None
+        (jobs, after), remembered = await asyncio.gather(
+            hub(lambda client: client.jobs_page(limit, cursor)), self.remembered()
+        )
+        self.reply({"jobs": [resubmittable(job, remembered) for job in jobs], "next": after})
 
 
 class JobHandler(GpupoolHandler):

@@ -193,9 +193,32 @@ export function submitJob(request: ISubmitRequest): Promise<IJob> {
   });
 }
 
-export async function listJobs(): Promise<IJob[]> {
-  const reply = await requestAPI<{ jobs: IJob[] }>('jobs');
-  return Array.isArray(reply?.jobs) ? reply.jobs : [];
+/**
+ * Jobs asked for per page (the hub answers at most 500).
+ */
+export const JOBS_PAGE = 50;
+
+/**
+ * One page of the user's jobs, newest first, and the cursor of the next page (null: none).
+ */
+export interface IJobPage {
+  jobs: IJob[];
+  next: string | null;
+}
+
+/**
+ * The page of jobs after the page whose `next` is `cursor` (the newest without one).
+ */
+export async function listJobs(cursor?: string, limit = JOBS_PAGE): Promise<IJobPage> {
+  const query = new URLSearchParams({ limit: String(limit) });
+  if (cursor) {
+    query.set('cursor', cursor);
+  }
+  const reply = await requestAPI<Partial<IJobPage>>(`jobs?${query.toString()}`);
+  return {
+    jobs: Array.isArray(reply?.jobs) ? reply.jobs : [],
+    next: typeof reply?.next === 'string' && reply.next ? reply.next : null
+  };
 }
 
 export function getJob(jobId: string): Promise<IJob> {

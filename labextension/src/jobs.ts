@@ -1,7 +1,9 @@
 /**
  * The GPU jobs panel (left sidebar): the user's jobs, and for the selected one its details,
  * live per-rank logs (`joblog.ts`), cancel and resubmit. The texts it shows of a job come from
- * `jobview.ts`.
+ * `jobview.ts`. The hub answers the list a page at a time, newest first: the panel shows the
+ * first page and, on "Show older jobs", one more each time; every reload reads as many pages as
+ * are open.
  */
 import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
 import type { TranslationBundle } from '@jupyterlab/translation';
@@ -11,7 +13,7 @@ import { Widget } from '@lumino/widgets';
 
 import { element } from './dom';
 
-import { cancelJob, getJob, IJob, isFinal, listJobs, resubmitJob } from './api';
+import { cancelJob, getJob, IJob, IJobPage, isFinal, listJobs, resubmitJob } from './api';
 import { errorMessage } from './format';
 import { gpuIcon } from './icons';
 import { LogFollower } from './joblog';
@@ -70,6 +72,14 @@ export class JobsPanel extends Widget implements IGpupoolJobs {
     this._list.setAttribute('aria-label', trans.__('GPU jobs'));
     this._list.addEventListener('click', event => this._onListEvent(event));
     this._list.addEventListener('keydown', event => this._onListEvent(event));
+    this._older = element(
+      'button',
+      'jp-Button jp-mod-minimal gpupool-older',
+      trans.__('Show older jobs')
+    );
+    this._older.type = 'button';
+    this._older.hidden = true;
+    this._older.addEventListener('click', () => void this._showOlder());
 
     this._detail = element('section', 'gpupool-job-detail');
     this._detail.hidden = true;
@@ -107,7 +117,7 @@ export class JobsPanel extends Widget implements IGpupoolJobs {
     this._logs = new LogFollower({ trans, isVisible: () => this.isVisible });
     this._detail.append(detailHeader, this._detailInfo, actions, this._logs.status, this._logs.log);
 
-    this.node.append(header, this._errorNode, this._empty, this._list, this._detail);
+    this.node.append(header, this._errorNode, this._empty, this._list, this._older, this._detail);
 
     this._poll = new Poll({
       auto: false,
@@ -147,7 +157,7 @@ export class JobsPanel extends Widget implements IGpupoolJobs {
    */
   async refresh(): Promise<void> {
     try {
-      this._jobs = await listJobs();
+      this._jobs = await this._load(this._pages);
       this._listError = null;
     } catch (error) {
       this._listError = errorMessage(error);
@@ -163,6 +173,43 @@ export class JobsPanel extends Widget implements IGpupoolJobs {
       }
     }
     this._render();
+  }
+
+  /**
+   * The first `pages` pages of the list (fewer when it ends first), one after another; notes
+   * whether more follow.
+   */
+  private async _load(pages: number): Promise<IJob[]> {
+    const jobs: IJob[] = [];
+    const seen = new Set<string>();
+    let cursor: string | null = null;
+    for (let n = 0; n < pages; n++) {
+      const page: IJobPage = await listJobs(cursor ?? undefined);
+      for (const job of page.jobs) {
+        if (!seen.has(job.id)) {
+          seen.add(job.id);
+          jobs.push(job);
+        }
+      }
+      cursor = page.next;
+      if (cursor === null) {
+        break;
+      }
+    }
+    this._more = cursor !== null;
+    return jobs;
+  }
+
+  /**
+   * One more page of older jobs (kept open on later reloads).
+   */
+  private async _showOlder(): Promise<void> {
+    this._pages++;
+    try {
+      await this.refresh();
+    } catch {
+      this._pages--; // shown in the panel
+    }
   }
 
   /**
@@ -213,6 +260,7 @@ export class JobsPanel extends Widget implements IGpupoolJobs {
     this._errorNode.textContent = this._listError ?? '';
     this._errorNode.hidden = this._listError === null;
     this._empty.hidden = this._jobs.length > 0 || this._listError !== null;
+    this._older.hidden = !this._more || this._listError !== null;
 
     const now = Date.now();
     // Items are kept per job and updated in place, so that a click or the keyboard focus is not
@@ -345,6 +393,9 @@ export class JobsPanel extends Widget implements IGpupoolJobs {
   private _trans: TranslationBundle;
   private _poll: Poll;
   private _jobs: IJob[] = [];
+  private _pages = 1;
+  private _more = false;
+  private _older: HTMLButtonElement;
   private _items = new Map<string, HTMLLIElement>();
   private _listError: string | null = null;
   private _selected: string | null = null;

@@ -5,8 +5,9 @@
 that document): token auth (``Authorization: token …``; :data:`TOKENS`), JupyterHub's JSON error
 bodies ``{"status", "message"}`` with the matching status codes, 201 on submit, users seeing only
 their own jobs (an admin all) and their own allocations (``?all=1``: an admin everyone's; the idle
-reclaimer's ``idle``, set by tests), strict request validation (unknown fields refused, so
-contract drift shows), the hub's admission verdicts (:func:`judge`, the hub's rule on the
+reclaimer's ``idle``, set by tests), ``GET jobs`` in pages newest first (:func:`job_page`),
+strict request validation (unknown fields refused, so contract drift shows), the hub's admission
+verdicts (:func:`judge`, the hub's rule on the
 quota figures of :data:`OFFERS`: the offers document's ``admission``/``reason`` per line, and on
 submit a job that could never start refused with the reason, any other queued with
 ``waiting: <reason>``), and log reads with ``X-Gpupool-Log-Size``/``X-Gpupool-Job-State`` headers
@@ -191,6 +192,28 @@ class HttpError(Exception):
 
 def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+PAGE, MAX_PAGE = 50, 500  # the hub's gpupool.core.paging.DEFAULT_PAGE and MAX_PAGE
+
+
+def job_page(jobs: list[dict[str, Any]], query: dict[str, str]) -> dict[str, Any]:
+    """``GET jobs`` as the hub pages it: newest first (here: the highest id), at most ``limit``
+    (default :data:`PAGE`), after ``cursor`` (the ``next`` of the page before: opaque to
+    clients, here ``after-<id>``), with the next page's cursor or ``null``."""
+    limit_text, cursor = query.get("limit", ""), query.get("cursor", "")
+    digits = limit_text.isascii() and limit_text.isdigit()
+    limit = int(limit_text) if digits else PAGE
+    if limit_text and not (digits and 1 <= limit <= MAX_PAGE):
+        raise HttpError(400, f"limit must be a whole number from 1 to {MAX_PAGE}.")
+    ordered = sorted(jobs, key=lambda j: int(j["id"]), reverse=True)
+    if cursor:
+        if not cursor.startswith("after-") or not cursor[6:].isdigit():
+            raise HttpError(400, "cursor must be the 'next' of a page you were given.")
+        ordered = [j for j in ordered if int(j["id"]) < int(cursor[6:])]
+    shown = ordered[:limit]
+    more = len(ordered) > limit
+    return {"jobs": shown, "next": f"after-{shown[-1]['id']}" if more else None}
 
 
 class FakeHub:
@@ -420,7 +443,7 @@ class FakeHub:
                         jobs = [
                             j for j in hub.jobs.values() if j["owner"] == user or user in ADMINS
                         ]
-                        return self.send_json(200, {"jobs": jobs})
+                        return self.send_json(200, job_page(jobs, query))
                     if (method, parts) == ("POST", ["jobs"]):
                         try:
                             body = json.loads(raw or b"null")

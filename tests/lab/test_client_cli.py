@@ -89,6 +89,31 @@ def test_client_submit_sends_only_given_fields_and_users_see_their_own_jobs(hub:
     assert Client().cancel(job["id"])["state"] == "cancelled"
 
 
+def test_client_and_cli_page_through_every_job_newest_first(
+    hub: FakeHub, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The hub answers ``GET jobs`` a page at a time (50 by default): the client, and so the
+    command, follow ``next`` to the last page; ``--limit`` shows only the newest."""
+    made = [hub.add_job("alice", name=f"j{i}")["id"] for i in range(120)]
+    hub.add_job("bob")
+    newest_first = made[::-1]
+    assert [j["id"] for j in Client().jobs()] == newest_first
+    first, after = Client().jobs_page(limit=7)
+    assert [j["id"] for j in first] == newest_first[:7] and after
+    second, _ = Client().jobs_page(limit=7, cursor=after)
+    assert [j["id"] for j in second] == newest_first[7:14]
+    assert [j["id"] for j in Client().jobs(limit=60)] == newest_first[:60]
+    code, out, _ = run(capsys, "jobs", "--json")
+    assert code == 0 and [j["id"] for j in json.loads(out)["jobs"]] == newest_first
+    code, out, _ = run(capsys, "jobs", "--limit", "3")
+    assert code == 0 and [row.split()[1] for row in out.splitlines()[1:]] == [
+        "j119",
+        "j118",
+        "j117",
+    ]
+    assert run(capsys, "jobs", "--limit", "0")[0] == 2
+
+
 def test_client_logs_and_follow_stream_while_the_job_runs(hub: FakeHub) -> None:
     job = hub.add_job("alice", gpus=2)
     hub.start(job["id"])
@@ -212,9 +237,9 @@ def test_jobs_show_cancel(hub: FakeHub, capsys: pytest.CaptureFixture[str]) -> N
     rows = out.splitlines()
     assert code == 0 and len(rows) == 3
     assert rows[0].split() == ["ID", "NAME", "OWNER", "TEAM", "OFFER", "GPUS", "STATE", "CREATED"]
-    assert rows[1].split()[:7] == ["1", "train", "alice", "vision", "h100", "2×2", "running"]
-    assert rows[2].split()[:8] == ["2", "eval", "alice", "nlp", "h100-mig-3g", "1", "queued", "#2"]
-    assert rows[0].index("STATE") == rows[1].index("running") == rows[2].index("queued")
+    assert rows[1].split()[:8] == ["2", "eval", "alice", "nlp", "h100-mig-3g", "1", "queued", "#2"]
+    assert rows[2].split()[:7] == ["1", "train", "alice", "vision", "h100", "2×2", "running"]
+    assert rows[0].index("STATE") == rows[1].index("queued") == rows[2].index("running")
 
     code, out, _ = run(capsys, "show", first["id"])
     assert code == 0

@@ -151,7 +151,7 @@ def test_a_request_without_the_servers_token_is_refused(
 
 
 def test_jobs_job_and_cancel_are_the_hubs(api: Api, hub: FakeHub) -> None:
-    assert api("GET", "jobs") == (200, {"jobs": []})
+    assert api("GET", "jobs") == (200, {"jobs": [], "next": None})
     mine = hub.add_job("alice", name="train", gpus=2)
     hub.add_job("bob", name="hidden")
     status, reply = api("GET", "jobs")
@@ -163,6 +163,21 @@ def test_jobs_job_and_cancel_are_the_hubs(api: Api, hub: FakeHub) -> None:
     status, reply = api("DELETE", "jobs", mine["id"])
     assert (status, reply["state"], reply["reason"]) == (200, "cancelled", "cancelled by alice")
     assert hub.jobs[mine["id"]]["state"] == "cancelled"
+
+
+def test_jobs_come_a_page_at_a_time_as_the_hub_pages_them(api: Api, hub: FakeHub) -> None:
+    newest_first = [hub.add_job("alice", name=f"j{i}")["id"] for i in range(5)][::-1]
+    status, first = api("GET", "jobs", params={"limit": 2})
+    assert (status, [j["id"] for j in first["jobs"]]) == (200, newest_first[:2])
+    assert first["next"] and all(j["resubmittable"] is False for j in first["jobs"])
+    status, second = api("GET", "jobs", params={"limit": 3, "cursor": first["next"]})
+    assert (status, [j["id"] for j in second["jobs"]], second["next"]) == (
+        200,
+        newest_first[2:],
+        None,
+    )
+    status, reply = api("GET", "jobs", params={"limit": "0"})
+    assert (status, reply["message"]) == (400, "limit must be a whole number from 1 to 500.")
 
 
 def test_hub_errors_reach_the_user_word_for_word(
@@ -373,7 +388,7 @@ def test_resubmittable_says_which_jobs_resubmit_can_send_again(
         dialog["id"]: True,
         by_cli["id"]: False,
     }
-    assert reply["jobs"][1] == {**hub.jobs[by_cli["id"]], "resubmittable": False}
+    assert reply["jobs"][0] == {**hub.jobs[by_cli["id"]], "resubmittable": False}  # newest
     assert api("GET", "jobs", dialog["id"])[1]["resubmittable"] is True
     assert api("GET", "jobs", by_cli["id"])[1]["resubmittable"] is False
     status, cancelled = api("DELETE", "jobs", dialog["id"])

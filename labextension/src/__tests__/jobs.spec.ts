@@ -38,11 +38,15 @@ function job(partial: Partial<api.IJob>): api.IJob {
   };
 }
 
+function page(jobs: api.IJob[], next: string | null = null): api.IJobPage {
+  return { jobs, next };
+}
+
 describe('JobsPanel', () => {
   let panel: JobsPanel;
 
   beforeEach(() => {
-    mocked.listJobs.mockResolvedValue([]);
+    mocked.listJobs.mockResolvedValue(page([]));
     mocked.getLogs
       .mockResolvedValueOnce({ text: 'rank 0 says hi\n', size: 15, state: 'succeeded' })
       .mockResolvedValue({ text: '', size: 15, state: 'succeeded' });
@@ -56,7 +60,7 @@ describe('JobsPanel', () => {
   });
 
   it('says how to start when there are no jobs', async () => {
-    mocked.listJobs.mockResolvedValue([]);
+    mocked.listJobs.mockResolvedValue(page([]));
     await panel.refresh();
     const empty = panel.node.querySelector<HTMLElement>('.gpupool-empty');
     expect(empty?.hidden).toBe(false);
@@ -64,10 +68,17 @@ describe('JobsPanel', () => {
   });
 
   it('lists jobs with their state as text and a state class', async () => {
-    mocked.listJobs.mockResolvedValue([
-      job({ id: 'j2', state: 'queued', started: null, queue_position: 1 }),
-      job({ id: 'j1', state: 'failed', finished: new Date().toISOString(), exit_codes: { '0': 1 } })
-    ]);
+    mocked.listJobs.mockResolvedValue(
+      page([
+        job({ id: 'j2', state: 'queued', started: null, queue_position: 1 }),
+        job({
+          id: 'j1',
+          state: 'failed',
+          finished: new Date().toISOString(),
+          exit_codes: { '0': 1 }
+        })
+      ])
+    );
     await panel.refresh();
     expect(panel.node.querySelector<HTMLElement>('.gpupool-empty')?.hidden).toBe(true);
     const items = panel.node.querySelectorAll<HTMLElement>('.gpupool-job');
@@ -79,9 +90,9 @@ describe('JobsPanel', () => {
   });
 
   it('shows the selected job with ranks, cancel/resubmit and its log', async () => {
-    mocked.listJobs.mockResolvedValue([
-      job({ id: 'j1', state: 'succeeded', finished: new Date().toISOString() })
-    ]);
+    mocked.listJobs.mockResolvedValue(
+      page([job({ id: 'j1', state: 'succeeded', finished: new Date().toISOString() })])
+    );
     await panel.open('j1');
     const detail = panel.node.querySelector<HTMLElement>('.gpupool-job-detail');
     expect(detail?.hidden).toBe(false);
@@ -100,12 +111,14 @@ describe('JobsPanel', () => {
 
   it('shows Resubmit only for a job this server can resubmit, enabled once it ended', async () => {
     const finished = new Date().toISOString();
-    mocked.listJobs.mockResolvedValue([
-      job({ id: 'done', state: 'succeeded', finished, resubmittable: true }),
-      job({ id: 'running', state: 'running', resubmittable: true }),
-      job({ id: 'elsewhere', state: 'failed', finished, resubmittable: false }),
-      job({ id: 'old', state: 'failed', finished })
-    ]);
+    mocked.listJobs.mockResolvedValue(
+      page([
+        job({ id: 'done', state: 'succeeded', finished, resubmittable: true }),
+        job({ id: 'running', state: 'running', resubmittable: true }),
+        job({ id: 'elsewhere', state: 'failed', finished, resubmittable: false }),
+        job({ id: 'old', state: 'failed', finished })
+      ])
+    );
     const resubmit = () => panel.node.querySelector<HTMLButtonElement>('.gpupool-resubmit');
 
     await panel.open('done');
@@ -126,9 +139,16 @@ describe('JobsPanel', () => {
   });
 
   it('shows the devices a finished job ran on', async () => {
-    mocked.listJobs.mockResolvedValue([
-      job({ id: 'j1', state: 'succeeded', finished: new Date().toISOString(), devices: ['2', '3'] })
-    ]);
+    mocked.listJobs.mockResolvedValue(
+      page([
+        job({
+          id: 'j1',
+          state: 'succeeded',
+          finished: new Date().toISOString(),
+          devices: ['2', '3']
+        })
+      ])
+    );
     await panel.open('j1');
     const info = panel.node.querySelector('.gpupool-detail-info');
     const rows = Array.from(info?.querySelectorAll('dt') ?? []).map(dt => [
@@ -139,19 +159,21 @@ describe('JobsPanel', () => {
   });
 
   it('never says a CPU job waits for GPUs', async () => {
-    mocked.listJobs.mockResolvedValue([
-      job({
-        id: 'cpu1',
-        offer: 'cpu',
-        gpus: 2,
-        ranks: 2,
-        state: 'queued',
-        started: null,
-        queue_position: 1,
-        devices: [],
-        reason: 'CPU-only job limit reached: 2 of 2 processes per node'
-      })
-    ]);
+    mocked.listJobs.mockResolvedValue(
+      page([
+        job({
+          id: 'cpu1',
+          offer: 'cpu',
+          gpus: 2,
+          ranks: 2,
+          state: 'queued',
+          started: null,
+          queue_position: 1,
+          devices: [],
+          reason: 'CPU-only job limit reached: 2 of 2 processes per node'
+        })
+      ])
+    );
     mocked.getLogs.mockReset();
     mocked.getLogs.mockResolvedValue({ text: '', size: 0, state: 'queued' });
     await panel.open('cpu1');
@@ -159,6 +181,44 @@ describe('JobsPanel', () => {
     expect(panel.node.textContent).toContain('CPU · 2 ranks');
     expect(panel.node.textContent).toContain('Waiting for the job to start…');
     expect(panel.node.textContent).not.toMatch(/waiting for GPUs/i);
+  });
+
+  it('pages through older jobs on demand and keeps the pages open on reload', async () => {
+    const pages: Record<string, api.IJobPage> = {
+      first: page([job({ id: 'j4' }), job({ id: 'j3' })], 'after-j3'),
+      'after-j3': page([job({ id: 'j2' }), job({ id: 'j1' })], 'after-j1'),
+      'after-j1': page([job({ id: 'j0' })])
+    };
+    mocked.listJobs.mockImplementation(async cursor => pages[cursor ?? 'first']);
+    const ids = () =>
+      Array.from(panel.node.querySelectorAll<HTMLElement>('.gpupool-job')).map(
+        li => li.dataset.jobId
+      );
+    const older = () => panel.node.querySelector<HTMLButtonElement>('.gpupool-older');
+
+    await panel.refresh();
+    expect(ids()).toEqual(['j4', 'j3']);
+    expect(mocked.listJobs).toHaveBeenCalledTimes(1);
+    expect(older()?.hidden).toBe(false);
+    expect(older()?.textContent).toBe('Show older jobs');
+
+    older()?.click();
+    await new Promise(resolve => setTimeout(resolve, 10));
+    expect(ids()).toEqual(['j4', 'j3', 'j2', 'j1']);
+    expect(older()?.hidden).toBe(false);
+
+    pages.first = page([job({ id: 'j5' }), job({ id: 'j4' })], 'after-j4');
+    pages['after-j4'] = page([job({ id: 'j3' }), job({ id: 'j2' })], 'after-j2');
+    pages['after-j2'] = page([job({ id: 'j1' }), job({ id: 'j0' })]);
+    mocked.listJobs.mockClear();
+    await panel.refresh(); // a new job came: the same two pages, now one later
+    expect(ids()).toEqual(['j5', 'j4', 'j3', 'j2']);
+    expect(mocked.listJobs.mock.calls.map(c => c[0])).toEqual([undefined, 'after-j4']);
+
+    older()?.click();
+    await new Promise(resolve => setTimeout(resolve, 10));
+    expect(ids()).toEqual(['j5', 'j4', 'j3', 'j2', 'j1', 'j0']);
+    expect(older()?.hidden).toBe(true); // the last page
   });
 
   it('shows what the server said when the list fails', async () => {
@@ -170,7 +230,7 @@ describe('JobsPanel', () => {
   });
 
   it('follows a running rank from the offset the server gives', async () => {
-    mocked.listJobs.mockResolvedValue([job({ id: 'j3', state: 'running', ranks: 1 })]);
+    mocked.listJobs.mockResolvedValue(page([job({ id: 'j3', state: 'running', ranks: 1 })]));
     mocked.getLogs.mockReset();
     mocked.getLogs
       // "é" cut in half: the server holds its first byte back and says where to go on from.
