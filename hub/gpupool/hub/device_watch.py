@@ -223,13 +223,12 @@ class DeviceWatch(LoggingConfigurable):
     def view(self) -> dict[str, Any]:
         """What the admin page shows: the policy in force and why, the processes on devices
         they do not hold, what is not handed out, and the recent warnings and stops."""
-        now = self.now()
         return {
             "policy": self.in_force,
             "policy_why": self.why,
             "grace_minutes": f"{self.grace_minutes:g}",
             "watching": any(self.pool.monitor.can_read(n.name) for n in self.pool.inventory.nodes),
-            "processes": [_row(s, now) for s in sorted(self.seen.values(), key=_order)],
+            "processes": [_row(s) for s in sorted(self.seen.values(), key=_order)],
             "closed": [self.pool.ledger.outside[d] for d in sorted(self.pool.ledger.outside)],
             "events": [
                 replace(e, when=_clock(e.at, "%Y-%m-%d %H:%M UTC")).__dict__
@@ -488,7 +487,7 @@ def _clock(ts: float, fmt: str = "%H:%M UTC") -> str:
     return datetime.fromtimestamp(ts, UTC).strftime(fmt)
 
 
-def _row(s: Seen, now: float) -> dict[str, Any]:
+def _row(s: Seen) -> dict[str, Any]:
     p = s.process
     if s.kind == "outside":
         state = "never stopped: not an account that runs user code"
