@@ -45,6 +45,7 @@ from traitlets.config import Config
 
 from gpupool.config import GPUPool
 from gpupool.core.ledger import Allocation
+from gpupool.core.limits import UserLimits
 from gpupool.core.mig import GEOMETRIES
 from gpupool.discovery.kubernetes import ClusterAPI
 from gpupool.discovery.node_pools import parse_node_pools
@@ -184,6 +185,10 @@ BAD_VALUES = [
         "/gpupool/teams/lab/max_priority': maximum: got 101, want 100",
         id="priority-range",
     ),
+    pytest.param(
+        {"gpupool": {"teams": {"lab": {"user_limits": {"job": 3}}}}}, "job", id="typo-limit"
+    ),
+    pytest.param({"gpupool": {"userLimits": {"jobs": -1}}}, "jobs", id="negative-limit"),
     pytest.param({"gpupol": {}}, "gpupol", id="typo-top"),
     pytest.param({"kueue": {"enabeld": True}}, "enabeld", id="typo-kueue"),
     pytest.param({"gpupool": {"offers": {"h100": {"kind": "tpu"}}}}, "kind", id="bad-kind"),
@@ -318,6 +323,28 @@ def test_a_team_priority_range_reaches_the_hub(chart: helm.Chart, tmp_path: Path
     teams = GPUPool(config=hub_config(render(chart, values), tmp_path)).settings().teams
     assert (teams["vision"].min_priority, teams["vision"].max_priority) == (-10, 20)
     assert (teams["nlp"].min_priority, teams["nlp"].max_priority) == (-100, 0)
+
+
+def test_per_user_limits_and_retention_reach_the_hub(chart: helm.Chart, tmp_path: Path) -> None:
+    values = merge(
+        values_of("large"),
+        {
+            "gpupool": {
+                "userLimits": {"jobs": 10, "spawns": 1},
+                "teams": {"vision": {"user_limits": {"jobs": 40}}},
+                "everyone": {"user_limits": {"log_followers": 2}},
+                "jobs": {"retentionDays": 90},
+            }
+        },
+    )
+    c = hub_config(render(chart, values), tmp_path)
+    settings = GPUPool(config=c).settings()
+    assert settings.teams["vision"].user_limits == UserLimits(jobs=40, log_followers=8, spawns=1)
+    assert settings.teams["nlp"].user_limits == UserLimits(jobs=10, log_followers=8, spawns=1)
+    assert settings.everyone.user_limits == UserLimits(jobs=10, log_followers=2, spawns=1)
+    assert c.JobManager.retention_days == 90
+    default = hub_config(render(chart, chart.merge_values(values_of("large"))), tmp_path)
+    assert "user_limits" not in default.GPUPool and "retention_days" not in default.JobManager
 
 
 def test_kueue_counts_each_gpu_resource_as_the_hub_does(chart: helm.Chart) -> None:
