@@ -14,7 +14,8 @@ clock is the pool's seam.
 - The policy is a setting, ``stop`` by default in the per-user mode and ``log`` in the shared one.
 
 The pool: node ``n`` with two whole H100s and one with fixed MIG instances; node ``s`` with two
-L40S-48GB for shares (a quarter: 12288 MiB).
+L40S-48GB for shares (a quarter: 12288 MiB); node ``m`` with an A100 whose MIG instances gpupool
+makes for each allocation.
 """
 
 from __future__ import annotations
@@ -62,7 +63,10 @@ from tests.hubapi import TOKEN, HubStandIns
 
 pytestmark = pytest.mark.skipif(not IS_ROOT, reason=NOT_ROOT)
 LOG = logging.getLogger("gpupool.tests.device_watch")
-SPEC = "simulated:n: 3x H100-80GB, mig=1:3g.40gb+2g.20gb+1g.10gb; s: 2x L40S-48GB"
+SPEC = (
+    "simulated:n: 3x H100-80GB, mig=1:3g.40gb+2g.20gb+1g.10gb; s: 2x L40S-48GB; "
+    "m: 1x A100-80GB, mig=1"
+)
 ADA, BEN, NOBODY = "gpupool-dw-ada", "gpupool-dw-ben", "gpupool-dw-nobody"
 T0 = 1_780_000_000.0
 GRACE = 300.0
@@ -89,10 +93,12 @@ class Setting(HubStandIns):
         c.GPUPool.offers = {
             "cpu": {},
             "gpu": {"kind": "gpu", "model": "H100-80GB"},
-            "mig-3g": {"kind": "mig", "profile": "3g.40gb"},
+            "mig-3g": {"kind": "mig", "profile": "3g.40gb", "model": "H100-80GB"},
+            "a100-3g": {"kind": "mig", "profile": "3g.40gb", "model": "A100-80GB"},
             "quarter": {"kind": "share", "fraction": 0.25, "model": "L40S-48GB"},
         }
         c.GPUPool.teams = {"vision": {"guarantee": 6}}
+        c.GPUPool.managed_mig = ["A100-80GB"]  # its instances are made for each allocation
         c.DeviceWatch.grace_minutes = GRACE / 60
         for key, value in watch.items():
             setattr(c.DeviceWatch, key, value)
@@ -230,6 +236,22 @@ def test_a_users_process_on_a_gpu_it_does_not_hold_is_warned_then_stopped(
     assert mine.poll() is None, "ada's own process on her own GPU was stopped"
     s.sim.set_processes(gpu, [mine.pid], used_mib=20000)
     assert s.look() == [] and s.warning(ben) is None
+
+
+def test_a_stray_on_a_mig_instance_made_for_another_user_is_stopped(
+    per_user: Setting, started: list[subprocess.Popen[bytes]]
+) -> None:
+    s = per_user
+    ada = s.grant(ADA, "a100-3g")
+    instance = ada.visible_devices
+    assert instance.startswith("MIG-")  # made now, for ada: in no inventory
+    s.hub_user(BEN)
+    stray = process(started, BEN)
+    s.sim.set_processes(instance, [stray.pid])
+    assert s.look() == [("warn", stray.pid)]
+    s.now += GRACE
+    assert s.look() == [("stop", stray.pid)]
+    assert ended_by(stray, signal.SIGTERM)
 
 
 def test_a_stray_that_ignores_sigterm_is_killed_at_the_next_look(
