@@ -4,16 +4,22 @@ What is fuzzed: every operation of ``hub/gpupool/hub/openapi.yaml``, with the ca
 generates from the document (its examples, coverage and fuzzing phases, valid and invalid data),
 sent to a real hub as ``ada`` (team vision) with her own API token (scope
 ``custom:gpupool:jobs``); then a stateful run along the document's links (submit a job, then
-read it, its log, cancel it). Two hooks widen what generation reaches: an integer query
+read it, its log, cancel it). Three hooks widen what generation reaches: an integer query
 parameter (``rank``, ``offset``) often carries numeric-looking text instead, which is what a
 query string really is (digits ``str.isdigit`` accepts and ``int()`` refuses, such as ``²``,
-digits of other scripts, signs, spaces, huge numbers); and ``job_id`` is mostly one of the jobs
-that exist (ada's queued and ended jobs, and one of ben's, which must answer 404 to her).
+digits of other scripts, signs, spaces, huge numbers); ``job_id`` is mostly one of the jobs
+that exist (ada's queued and ended jobs, and one of ben's, which must answer 404 to her); and a
+submitted job's text fields (name, filename, workdir, script, offer, team, an argument, an
+environment value or name) often carry hostile text (:data:`tests.hub.hostile.HOSTILE_TEXT`:
+markup, quotes, control and bidirectional characters, 10 KB, and lone surrogates and NULs,
+which must be refused). The hook only puts such text where the case had a value the document
+allows, so a case generated to break the document still breaks it.
 
 Every response must hold to the document: no 5xx, a status code the operation declares, the
 declared content type and headers, a body that matches the declared schema (4xx error bodies
 included); a request the document forbids must be refused (4xx); and a 2xx must be refused when
-asked again without the token or with a wrong one.
+asked again without the token or with a wrong one. Afterwards, whatever the fuzz stored renders:
+the admin page, ada's "My GPUs" and home page, and the real ``gpupool jobs`` command.
 
 The hub: the repository's ``jupyterhub_config.py`` (simulated 4x H100) with ada's notebook
 holding her whole quota (2x H100), so the GPU jobs she submits queue and stay queued; CPU jobs
@@ -31,7 +37,9 @@ Hypothesis example database. The last test prints the run's figures. To fuzz lon
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -53,6 +61,14 @@ from schemathesis.checks import (
 
 from tests.accounts import homes
 from tests.hub.conftest import FINAL, ROOT, Hub, running, spawn, wait_job
+from tests.hub.hostile import (
+    HOSTILE,
+    HOSTILE_TEXT,
+    UNSTORABLE,
+    check_page,
+    gpupool,
+    safe_for_a_terminal,
+)
 
 DOCUMENT = ROOT / "hub/gpupool/hub/openapi.yaml"
 EXAMPLES = int(os.environ.get("GPUPOOL_FUZZ_EXAMPLES", "50"))
@@ -127,6 +143,70 @@ def flatmap_path_parameters(ctx: Any, path_parameters: Any) -> st.SearchStrategy
     return st.one_of(known, known, known, st.just(path_parameters))  # mostly a job that exists
 
 
+TEXT_FIELDS = ("name", "filename", "workdir", "script", "offer", "team")
+"""The job submission's text fields (``args`` and ``env`` hold more text)."""
+FUZZ_ENV = "GPUPOOL_FUZZ_HOSTILE"
+SAMPLES = {*HOSTILE.values(), *UNSTORABLE.values()}
+
+
+def allowed_text(value: Any) -> bool:
+    """``value`` is text the document allows in every text field (a script needs a letter)."""
+    return (
+        isinstance(value, str) and "\0" not in value and re.search("[A-Za-z0-9]", value) is not None
+    )
+
+
+def queued(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` asking for one H100 (which ada's notebook keeps busy, so the job waits in the
+    queue and the pages show it) where its offer, gpus and nodes were allowed or left out."""
+    shape = {"offer": "h100", "gpus": 1, "nodes": 1}
+    if not (allowed_text(body.get("offer")) or body.get("offer") is None):
+        return body
+    for key in ("gpus", "nodes"):
+        value = body.get(key)
+        if not (value is None or (type(value) is int and 1 <= value <= 64)):
+            return body
+    return {**body, **shape}
+
+
+@schema.hook
+def flatmap_body(ctx: Any, body: Any) -> st.SearchStrategy[Any]:
+    """A job submission with hostile text in one place where it had allowed text (or an
+    optional field had none), so that a case made to break the document still breaks it."""
+    where = (ctx.operation.method.upper(), ctx.operation.path)
+    if not isinstance(body, dict) or where != ("POST", "/jobs"):
+        return st.just(body)
+    base = queued(body)  # the text where the pages show it
+    variants = [
+        HOSTILE_TEXT.map(lambda text, key=key: {**base, key: text})
+        for key in TEXT_FIELDS
+        if allowed_text(base.get(key)) or (key != "script" and base.get(key) is None)
+    ]
+    args, env = base.get("args"), base.get("env")
+    if args is None or isinstance(args, list):
+        variants.append(HOSTILE_TEXT.map(lambda text: {**base, "args": [*(args or []), text]}))
+    if env is None or (isinstance(env, dict) and FUZZ_ENV not in env):
+        variants.append(
+            HOSTILE_TEXT.map(lambda text: {**base, "env": {**(env or {}), FUZZ_ENV: text}})
+        )
+        variants.append(
+            HOSTILE_TEXT.filter(lambda text: text not in (env or {})).map(
+                lambda text: {**base, "env": {**(env or {}), text: "x"}}
+            )
+        )
+    return st.one_of(*variants, st.just(body))
+
+
+def hostile(body: Any) -> bool:
+    """Whether a submission carries what :func:`flatmap_body` put there: one of the samples of
+    :mod:`tests.hub.hostile`, or the environment variable it sets."""
+    if not isinstance(body, dict):
+        return False
+    env = body.get("env") if isinstance(body.get("env"), dict) else {}
+    texts = [*body.values(), *(body.get("args") or []), *env.keys(), *env.values()]
+    return FUZZ_ENV in env or any(isinstance(t, str) and t in SAMPLES for t in texts)
+
+
 # -- the run's figures -----------------------------------------------------------------------
 @dataclass
 class Figures:
@@ -137,6 +217,7 @@ class Figures:
     statuses: Counter[str] = field(default_factory=Counter)
     by_operation: dict[str, Counter[str]] = field(default_factory=dict)
     numeric_text: int = 0
+    hostile: Counter[str] = field(default_factory=Counter)
     failed: int = 0
 
     def record(self, case: Any, status: int) -> None:
@@ -147,6 +228,8 @@ class Figures:
         self.by_operation.setdefault(label, Counter())[f"{status // 100}xx"] += 1
         query = case.query if isinstance(case.query, dict) else {}
         self.numeric_text += any(isinstance(v, str) and not v.isascii() for v in query.values())
+        if case.method.upper() == "POST" and hostile(case.body):
+            self.hostile[f"{status // 100}xx"] += 1
 
     def table(self) -> str:
         def counts(c: Counter[str]) -> str:
@@ -158,7 +241,8 @@ class Figures:
                 f"API fuzz: schemathesis {schemathesis.__version__}, seed {SEED}, "
                 f"{EXAMPLES} examples per operation and stateful scenarios",
                 f"{operations} operations, {self.cases.total()} cases ({counts(self.cases)}), "
-                f"{self.numeric_text} with non-ASCII text in the query",
+                f"{self.numeric_text} with non-ASCII text in the query, "
+                f"{self.hostile.total()} submissions with hostile samples ({counts(self.hostile)})",
                 f"responses: {counts(self.statuses)}; {self.failed} failed a check",
                 *(f"  {label:28} {counts(c)}" for label, c in sorted(self.by_operation.items())),
             ]
@@ -177,6 +261,7 @@ CHEAP_JOBS = 'c.LocalJobBackend.python = "/bin/false"\n'
 class API:
     base_url: str
     headers: dict[str, str]
+    hub: Hub
 
     def check(self, case: Any, response: Any) -> None:
         """``response`` to ``case`` holds to the document (and to who may see which job)."""
@@ -216,7 +301,7 @@ def prepared(hub: Hub) -> API:
     failed = wait_job(hub, token, JOBS.mine[0], FINAL)
     assert failed["reason"] == "torchrun exited 1 (see the rank logs)"  # /bin/false, not torch
     assert hub.as_user(token, "GET", f"/jobs/{JOBS.mine[1]}").json()["state"] == "queued"
-    return API(f"{hub.url}/hub/api/gpupool", {"Authorization": f"token {token}"})
+    return API(f"{hub.url}/hub/api/gpupool", {"Authorization": f"token {token}"}, hub)
 
 
 # -- the fuzz ----------------------------------------------------------------------------------
@@ -237,6 +322,23 @@ def test_linked_operations_answer_as_the_document_says(api: API) -> None:
             api.check(case, response)
 
     Scenarios.run(settings=settings(**SETTINGS, stateful_step_count=6, derandomize=True))
+
+
+def test_what_the_fuzz_stored_renders_on_the_pages_and_in_the_cli(api: API) -> None:
+    """Every job the fuzz stored, hostile text and all, on the pages and in ``gpupool jobs``."""
+    hub, token = api.hub, api.headers["Authorization"].removeprefix("token ")
+    assert FIGURES.hostile["2xx"], "the fuzz stored no job with a hostile sample"
+    password = (hub.state / "admin-password").read_text().strip()
+    for session, path in [
+        (hub.login("admin", password), "/hub/gpupool"),
+        (hub.login(USER), "/hub/gpupool/mine"),
+        (hub.login(USER), "/hub/home"),
+    ]:
+        check_page(session.get(f"{hub.url}{path}", timeout=60), path)
+    listed = json.loads(gpupool(hub, token, "jobs", "--json"))["jobs"]
+    table = gpupool(hub, token, "jobs")
+    safe_for_a_terminal(table, "gpupool jobs")
+    assert len(table.splitlines()) == 1 + len(listed)  # a line per job
 
 
 def test_the_fuzz_reached_every_operation(capsys: pytest.CaptureFixture[str]) -> None:

@@ -25,40 +25,17 @@ parses and gives the values back exactly.
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
-import sys
-import unicodedata
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import requests
-from bs4 import BeautifulSoup
 
 from gpupool.core.parse import json_size
 from tests.accounts import homes
 from tests.hub.conftest import Hub, running, wait_for, xsrf
+from tests.hub.hostile import HOSTILE, UNSTORABLE, check_page, gpupool, safe_for_a_terminal
 
-HOSTILE = {
-    "markup": '<script>alert("gp-markup")</script><img src=x onerror=alert(1)><b>bold</b>',
-    "attribute": "\"' onmouseover=alert(2) x='",
-    "script string": "');alert(3);//</script><script>alert(4)//",
-    "entities": "&lt;b&gt; &amp;amp; &#60;i&#62;",
-    "controls": "c\x01\x07\x08\x1b[2J\x1b]0;owned\x07\x1b[31m\r\t\x7f\x85\x9b",
-    "newlines": "one\ntwo\r\nthree\u2028four",
-    "bidi": "\u202egnp.exe\u202c \u2066x\u2069 \u200f\u061c\u200e",
-    "invisible": "\u200b\u200d\ufeff\u00ad",
-    "astral": "😀\U0010ffff\ufffe\uffff e\u0301",
-    "templates": "{{7*7}} ${7*7} {% raw %} %s%n {0} %(x)s",
-    "10 KB": "L" * 10_240,
-}
-UNSTORABLE = {"lone surrogate": "x\ud800y", "NUL": "x\0y"}
-RAW_FOR_A_TERMINAL = {"\u061c", "\u200e", "\u200f", *map(chr, range(0x202A, 0x202F))} | {
-    *map(chr, range(0x2066, 0x206A))
-}
-"""Bidirectional controls: a terminal (or an editor) reorders the text that follows them."""
 NAMED = "hostile"
 """ben's named server (JupyterHub 6 takes only slugs as server names)..."""
 DISPLAY = "<i>srv</i> &amp; 😀 {{7*7}} \"' x"
@@ -162,30 +139,6 @@ def test_what_no_page_can_hold_is_refused_in_spawn_options(hub: Hub, value: str)
 
 
 # -- pages --------------------------------------------------------------------------------------
-CONFIRM = re.compile(r'return confirm\("(?:[^"\\<>]|\\.)*"\)')
-"""The only event handler gpupool's pages have: a confirmation with a JSON string."""
-
-
-def check_page(r: requests.Response, what: str) -> BeautifulSoup:
-    """``r`` is a page that holds the hostile values only as text (see the docstring)."""
-    assert r.status_code == 200, f"{what}: {r.status_code} {r.text[-500:]}"
-    text = r.content.decode("utf-8")  # strict: an unencodable character would be a 500 first
-    assert "Traceback" not in text, what
-    soup = BeautifulSoup(text, "html.parser")
-    for tag in soup.find_all(True):
-        assert tag.name != "img" or tag.get("src") != "x", f"{what}: {tag}"
-        assert tag.name != "b" or tag.get_text() != "bold", f"{what}: {tag}"
-        assert tag.name != "i" or tag.get_text() != "srv", f"{what}: {tag}"
-        if tag.name == "script":
-            assert "alert(" not in tag.get_text(), f"{what}: {tag}"
-        for attribute, value in tag.attrs.items():
-            if attribute.startswith("on"):
-                assert (attribute, bool(CONFIRM.fullmatch(str(value)))) == ("onsubmit", True), (
-                    f"{what}: {attribute}={value!r}"
-                )
-    return soup
-
-
 def page_of(html: str) -> requests.Response:
     r = requests.Response()
     r.status_code, r._content = 200, html.encode()
@@ -256,37 +209,15 @@ def test_the_spawn_page_of_a_server_with_hostile_options_and_name(
 
 
 # -- the CLI ------------------------------------------------------------------------------------
-def gpupool(hub: Hub, token: str, *args: str) -> str:
-    """The real ``gpupool`` command's output: it exits 0, says nothing of a traceback."""
-    env = {**os.environ, "JUPYTERHUB_API_URL": f"{hub.url}/hub/api", "JUPYTERHUB_API_TOKEN": token}
-    done = subprocess.run(
-        [sys.executable, "-m", "gpupool_lab.cli", *args], env=env, capture_output=True, timeout=120
-    )
-    out, err = done.stdout.decode("utf-8"), done.stderr.decode("utf-8", "replace")
-    assert done.returncode == 0 and "Traceback" not in err, f"gpupool {args}: {err[-1500:]}"
-    return out
-
-
-def safe_for_a_terminal(text: str, what: str) -> None:
-    raw = sorted(
-        {
-            c
-            for c in text
-            if (unicodedata.category(c) == "Cc" and c != "\n") or c in RAW_FOR_A_TERMINAL
-        }
-    )
-    assert not raw, f"{what}: raw {[f'U+{ord(c):04X}' for c in raw]}"
-
-
 def test_the_cli_tables_print_the_values_visibly_and_the_json_exactly(
     hub: Hub, stored: dict[str, Any]
 ) -> None:
     boss = hub.token("admin", ["custom:gpupool:admin"])
     for who, token in [("ben", stored["ben"]), ("admin", boss)]:
-        listed = hub.as_user(token, "GET", "/jobs").json()["jobs"]
+        listed = hub.as_user(token, "GET", "/jobs").json()["jobs"]  # one page: all of them
         table = gpupool(hub, token, "jobs")
         safe_for_a_terminal(table, f"gpupool jobs as {who}")
-        assert len(table.splitlines()) == 1 + len(listed), table[:3000]
+        assert len(table.splitlines()) == 1 + len(listed), table[:3000]  # a line per job
         assert '<script>alert("gp-markup")</script>' in table
         as_json = json.loads(gpupool(hub, token, "jobs", "--json"))
         names = {j["id"]: j["name"] for j in as_json["jobs"]}
