@@ -8,8 +8,9 @@ Vocabulary and contract:
   (the server's own token, in a worker thread).
 - **Errors** come back as ``{"message": <text>}``: an error from the hub keeps the hub's status
   and message word for word; a hub that cannot be reached is 502, a server outside JupyterHub
-  (no hub URL/token) 503; our own refusals (a bad request body, a notebook that cannot run as a
-  job) are 400 with the reason, resubmitting a job that is not resubmittable 404 with the reason.
+  (no hub URL/token) 503; our own refusals (a bad request body, one nested too deeply for
+  the parser, a notebook that cannot run as a job) are 400 with the reason, resubmitting a
+  job that is not resubmittable 404 with the reason.
 - **Jobs** are the hub's, each with one field of ours added: ``"resubmittable"`` (a boolean),
   true exactly when ``POST gpupool/jobs/<id>/resubmit`` has a request to submit again: the job
   was sent through ``POST gpupool/submit`` (the lab's dialog) or resubmit by one of this user's
@@ -113,6 +114,8 @@ class GpupoolHandler(APIHandler):
             body: object = json.loads(self.request.body or b"{}")
         except ValueError as exc:
             raise Reply(400, "The request body is not valid JSON.") from exc
+        except RecursionError:  # json's parser checks its depth: a clean refusal, not a crash
+            raise Reply(400, "The request body nests arrays and objects too deeply.") from None
         return body
 
     async def remembered(self) -> frozenset[str]:

@@ -48,6 +48,7 @@ CONFIG_FILE = (
 
 Api = Callable[..., tuple[int, Any]]
 FIX = "remove it or tag the cell skip-distributed"
+DEEP = "The request body nests arrays and objects too deeply."
 
 
 @pytest.fixture
@@ -301,6 +302,12 @@ def test_a_notebook_with_a_magic_is_refused_naming_the_cell(
     ("body", "status", "message"),
     [
         ("not json", 400, "The request body is not valid JSON."),
+        ("[" * 100_000 + "]" * 100_000, 400, DEEP),
+        (
+            '{"path": ' + "[" * 10_000 + "]" * 10_000 + "}",
+            400,
+            DEEP,
+        ),
         ([], 400, "The request body must be a JSON object."),
         ({"cells": "all"}, 400, "path must be the notebook's path relative to the server root."),
         ({"path": "four.ipynb", "gpu": 2}, 400, "Unknown fields: gpu."),
