@@ -16,7 +16,10 @@ torchrun jobs. The phases, in order:
    server processes are up (or ``--kill-after`` seconds in), the hub gets SIGKILL (the proxy,
    servers and jobs live on: ``cleanup_servers`` is off) and is started again. Users whose
    server is not running after the restart retry once (*retry*).
-5. *stop everything*: every server stopped, every job cancelled; the pool must be empty.
+5. *abuse* (:mod:`benchmarks.abuse`): one user floods the hub with jobs, log followers and
+   spawn retries beyond every per-user limit while another user's ``GET /jobs`` and
+   ``/offers`` are timed (``--only abuse`` runs just this phase, on a hub of its own).
+6. *stop everything*: every server stopped, every job cancelled; the pool must be empty.
 
 Invariants, checked by a monitor every ``--monitor-interval`` seconds and at the end of each phase
 (*checkpoints*), in three views: the pool's database (*db*, read with ``gpupool.store``), the
@@ -40,8 +43,10 @@ this run's homes: servers carry ``GPUPOOL_ALLOCATION``, job processes ``GPUPOOL_
 - ``final_state_changed``: jobs seen in a final state and later in another state.
 
 Latencies: ``spawn_p50_s``/``spawn_p99_s`` over the POSTs of storm 1 (every answer; refusals
-included), ``jobs_get_p50_s``/``jobs_get_p99_s`` over the GETs during the burst; nearest-rank
-percentiles (:mod:`benchmarks.stats`).
+included), ``jobs_get_p50_s``/``jobs_get_p99_s`` over the GETs during the burst (the admin's
+look follows every page), ``victim_p99_s`` over the victim's GETs during the abuse phase;
+nearest-rank percentiles (:mod:`benchmarks.stats`). ``abuse_accepted_beyond_limit``: what the
+hub accepted beyond the per-user limits in that phase.
 
 Contract: loopback only; bounded in count (``--users``, ``--jobs``, ``--storm-jobs``) and time
 (``--timeout`` bounds every wait; phases left when it is spent are skipped, stop and checks are
@@ -72,6 +77,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import requests
 
@@ -380,6 +386,10 @@ class LoadRun:
         self.homes = homes
         self.hub = Hub(state, homes, extra_config=self._extra_config(), prelude=self._prelude())
         self.hub.env["GPUPOOL_INVENTORY"] = f"simulated:{SPEC}"
+        if args.hub_pythonpath:  # another gpupool for the hub (e.g. an older one)
+            self.hub.env["PYTHONPATH"] = os.pathsep.join(
+                [str(Path(args.hub_pythonpath).resolve()), os.environ.get("PYTHONPATH", "")]
+            ).rstrip(os.pathsep)
         self.deadline = Deadline(args.timeout)
         self.lock = threading.Lock()
         self.statuses: Counter[str] = Counter()
@@ -426,6 +436,7 @@ class LoadRun:
             f"c.Authenticator.allowed_users = set({users!r})\n"
             f"c.JupyterHub.load_groups = "
             f"{ {t: {'users': m} for t, m in groups(self.personas).items()}!r}\n"
+            "c.JupyterHub.allow_named_servers = True\n"  # the abuse phase's spawn flood
         )
 
     # -- HTTP, counted -------------------------------------------------------------------------
@@ -485,6 +496,30 @@ class LoadRun:
         return r.json() if r is not None and r.status_code == 200 else None
 
     # -- views ---------------------------------------------------------------------------------
+    def all_jobs(
+        self, phase: str, latencies: list[float] | None = None
+    ) -> dict[str, list[dict[str, Any]]] | None:
+        """Every job, as the admin user sees them (``GET /jobs`` answers a page at a time,
+        newest first: followed to the last page); ``None`` if a page got no answer. Each page's
+        latency goes to ``latencies``."""
+        jobs: list[dict[str, Any]] = []
+        cursor = ""
+        while True:
+            query = f"?limit=500&cursor={quote(cursor)}" if cursor else "?limit=500"
+            r, elapsed = self.http(
+                "GET", f"/hub/api/gpupool/jobs{query}", self.admin_token, phase, timeout=30
+            )
+            if latencies is not None and r is not None:
+                with self.lock:
+                    latencies.append(elapsed)
+            if r is None or r.status_code != 200:
+                return None
+            page = r.json()
+            jobs += page["jobs"]
+            cursor = page.get("next") or ""
+            if not cursor:
+                return {"jobs": jobs}
+
     def servers(self, phase: str) -> dict[str, dict[str, Any]] | None:
         """Every user's default server as JupyterHub lists it (``None`` if it does not answer)."""
         out: dict[str, dict[str, Any]] = {}
@@ -601,7 +636,7 @@ class LoadRun:
         else:
             listed = self.servers(phase)
             rest = self.pool_admin("/allocations?all=1", phase)
-            jobs = self.pool_admin("/jobs", phase)
+            jobs = self.all_jobs(phase)
             if listed is None or rest is None or jobs is None:
                 log("  (orphan check skipped: the hub did not answer)")
                 return {}
@@ -707,7 +742,7 @@ class LoadRun:
         starting: list[str] = []
         while True:
             listed = self.servers(phase)
-            jobs = self.pool_admin("/jobs", phase)
+            jobs = self.all_jobs(phase)
             if listed is not None:
                 servers = listed
                 pending = [u for u, s in listed.items() if s.get("pending")]
@@ -846,12 +881,15 @@ class LoadRun:
 
         def poll(token: str) -> None:
             while not done.is_set():
-                r, elapsed = self.http("GET", "/hub/api/gpupool/jobs", token, "burst")
-                if r is not None:
-                    with self.lock:
-                        latencies.append(elapsed)
-                    if r.status_code == 200 and token == self.admin_token:
-                        self.record_jobs(r.json()["jobs"])
+                if token == self.admin_token:  # every page: the job history needs them all
+                    everything = self.all_jobs("burst", latencies)
+                    if everything is not None:
+                        self.record_jobs(everything["jobs"])
+                else:  # the newest page, as the jobs panel reads it
+                    r, elapsed = self.http("GET", "/hub/api/gpupool/jobs", token, "burst")
+                    if r is not None:
+                        with self.lock:
+                            latencies.append(elapsed)
                 done.wait(0.2)
 
         pollers = [self.admin_token] + [self.tokens[u] for u in owners[:3]]
@@ -992,54 +1030,59 @@ class LoadRun:
         from gpupool.jobs.local import LocalJobBackend
 
         self.kill_grace = float(LocalJobBackend.kill_grace.default_value)  # the demo's
+        only_abuse = self.args.only == "abuse"
         with phase("start"):
             self.hub.start()
             self.hub_up.set()
             self.admin_token = self.hub.token("admin", ["custom:gpupool:admin"])
-            for p in self.personas:
+            for p in self.abuse_pair() if only_abuse else self.personas:
                 self.tokens[p.name] = self.hub.token(p.name, ["self", "custom:gpupool:jobs"])
         monitor = threading.Thread(target=self.monitor, daemon=True)
         monitor.start()
         interrupted = False
         try:
-            with phase("storm1"):
-                since = self.log_offset()
-                results, join = self.storm("storm1", self.personas)
-                join(self.deadline.left(self.args.request_timeout + 5))
-                servers = self.settle("storm1", 300)
-                self.result["storm1"] = self.spawn_summary(results, servers, since)
-                log(f"  storm 1: {_brief(self.result['storm1'])}")
-            with phase("check-storm1"):
-                self.look("check-storm1")
-                self.check_orphans("check-storm1")
-            if not self.abort and not self.deadline.spent:
-                with phase("burst"):
-                    self.result["burst"] = self.burst()
-                    log(
-                        f"  burst: {self.result['burst']['states_at_end']}, GET /jobs p99 "
-                        f"{self.result['burst']['jobs_get_p99_s']} s"
-                    )
-                with phase("check-burst"):
-                    self.look("check-burst")
-                    self.check_orphans("check-burst")
-            with phase("stop1"):
-                self.stop_servers("stop1")
-            if not self.abort and not self.deadline.spent:
-                with phase("storm2-crash"):
-                    self.result["crash"] = self.crash_storm()
-                    log(f"  storm 2: {_brief(self.result['crash']['spawns'])}")
-                with phase("retry"):
-                    listed = self.servers("retry") or {}
-                    again = [p for p in self.personas if p.name not in listed]
+            if not only_abuse:
+                with phase("storm1"):
                     since = self.log_offset()
-                    results, join = self.storm("retry", again)
+                    results, join = self.storm("storm1", self.personas)
                     join(self.deadline.left(self.args.request_timeout + 5))
-                    servers = self.settle("retry", 300)
-                    self.result["retry"] = self.spawn_summary(results, servers, since)
-                    log(f"  retry: {_brief(self.result['retry'])}")
-                with phase("check-restart"):
-                    self.look("check-restart")
-                    self.check_orphans("check-restart")
+                    servers = self.settle("storm1", 300)
+                    self.result["storm1"] = self.spawn_summary(results, servers, since)
+                    log(f"  storm 1: {_brief(self.result['storm1'])}")
+                with phase("check-storm1"):
+                    self.look("check-storm1")
+                    self.check_orphans("check-storm1")
+                if not self.abort and not self.deadline.spent:
+                    with phase("burst"):
+                        self.result["burst"] = self.burst()
+                        log(
+                            f"  burst: {self.result['burst']['states_at_end']}, GET /jobs p99 "
+                            f"{self.result['burst']['jobs_get_p99_s']} s"
+                        )
+                    with phase("check-burst"):
+                        self.look("check-burst")
+                        self.check_orphans("check-burst")
+                with phase("stop1"):
+                    self.stop_servers("stop1")
+                if not self.abort and not self.deadline.spent:
+                    with phase("storm2-crash"):
+                        self.result["crash"] = self.crash_storm()
+                        log(f"  storm 2: {_brief(self.result['crash']['spawns'])}")
+                    with phase("retry"):
+                        listed = self.servers("retry") or {}
+                        again = [p for p in self.personas if p.name not in listed]
+                        since = self.log_offset()
+                        results, join = self.storm("retry", again)
+                        join(self.deadline.left(self.args.request_timeout + 5))
+                        servers = self.settle("retry", 300)
+                        self.result["retry"] = self.spawn_summary(results, servers, since)
+                        log(f"  retry: {_brief(self.result['retry'])}")
+                    with phase("check-restart"):
+                        self.look("check-restart")
+                        self.check_orphans("check-restart")
+            if not self.abort and not self.deadline.spent:
+                with phase("abuse"):
+                    self.result["abuse"] = self.abuse()
         except (KeyboardInterrupt, SystemExit):
             interrupted = True  # Ctrl-C or SIGTERM: no orderly stop, straight to the cleanup
             raise
@@ -1052,13 +1095,34 @@ class LoadRun:
         self.result["total_s"] = round(time.monotonic() - started, 1)
         return self.result
 
+    def abuse_pair(self) -> tuple[Persona, Persona]:
+        """The abuse phase's attacker (the first user of team vision) and victim (the first
+        of team nlp)."""
+        return (
+            next(p for p in self.personas if p.team == "vision"),
+            next(p for p in self.personas if p.team == "nlp"),
+        )
+
+    def abuse(self) -> dict[str, Any]:
+        """The abuse phase (:mod:`benchmarks.abuse`)."""
+        from benchmarks.abuse import Abuse
+
+        attacker, victim = self.abuse_pair()
+        return Abuse(
+            self.hub,
+            (attacker.name, self.tokens[attacker.name]),
+            (victim.name, self.tokens[victim.name]),
+            self.args,
+            log,
+        ).run()
+
     def stop_everything(self) -> dict[str, Any]:
         """Stop every server, cancel every job; then what is left: allocations and processes."""
         out: dict[str, Any] = {}
         if not self.hub_up.is_set():
             return {"skipped": "the hub is not up"}
         stopped = self.stop_servers("stop-all")
-        jobs = self.pool_admin("/jobs", "stop-all") or {"jobs": []}
+        jobs = self.all_jobs("stop-all") or {"jobs": []}
         self.record_jobs(jobs["jobs"])
         open_ = [
             j["id"]
@@ -1069,11 +1133,11 @@ class LoadRun:
             self.http("DELETE", f"/hub/api/gpupool/jobs/{job_id}", self.admin_token, "stop-all")
         end = time.monotonic() + 60
         while time.monotonic() < end:
-            jobs = self.pool_admin("/jobs", "stop-all")
-            if jobs is not None:
-                self.record_jobs(jobs["jobs"])
+            now = self.all_jobs("stop-all")
+            if now is not None:
+                self.record_jobs(now["jobs"])
                 if all(
-                    j["state"] in ("succeeded", "failed", "cancelled", "lost") for j in jobs["jobs"]
+                    j["state"] in ("succeeded", "failed", "cancelled", "lost") for j in now["jobs"]
                 ):
                     break
             time.sleep(1)
@@ -1102,7 +1166,7 @@ class LoadRun:
             ],
         )
         out["orphans_after_stop"] = self.check_orphans("stop-all", everything_stopped=True)
-        jobs = self.pool_admin("/jobs", "stop-all") or {"jobs": []}
+        jobs = self.all_jobs("stop-all") or {"jobs": []}
         out["job_states"] = dict(Counter(j["state"] for j in jobs["jobs"]))
         return out
 
@@ -1210,11 +1274,14 @@ def summarize(run: LoadRun, cleanup: Mapping[str, int]) -> dict[str, Any]:
         "spawn_p99_s": storm1.get("p99_s"),
         "jobs_get_p50_s": burst.get("jobs_get_p50_s"),
         "jobs_get_p99_s": burst.get("jobs_get_p99_s"),
+        "victim_p99_s": r.get("abuse", {}).get("victim_p99_s"),
+        "abuse_accepted_beyond_limit": r.get("abuse", {}).get("abuse_accepted_beyond_limit"),
         "by_view": {"double_owner": run.double.by_view(), "over_quota": run.quota.by_view()},
         "storm1": storm1,
         "burst": burst,
         "crash": r.get("crash", {}),
         "retry": r.get("retry", {}),
+        "abuse": r.get("abuse", {}),
         "final": final,
         "jobs": {
             "submitted": len(run.job_ids),
@@ -1268,6 +1335,8 @@ def table(s: Mapping[str, Any]) -> str:
         "spawn_p99_s",
         "jobs_get_p50_s",
         "jobs_get_p99_s",
+        "victim_p99_s",
+        "abuse_accepted_beyond_limit",
     ):
         rows.append([key, fmt(s.get(key))])
     out = [align(rows), ""]
@@ -1332,6 +1401,10 @@ def table(s: Mapping[str, Any]) -> str:
             f"{c['jobs_alive_at_kill']} jobs alive; hub answering again after "
             f"{c['hub_up_again_s']} s"
         )
+    if s["abuse"]:
+        from benchmarks.abuse import table as abuse_table
+
+        out.append(abuse_table(s["abuse"]))
     out.append(f"jobs over the run: {s['jobs']}; HTTP: {s['http']['codes']}")
     if s["http"]["errors"]:
         out.append(f"requests without an answer: {s['http']['errors']}")
@@ -1382,9 +1455,31 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--keep", metavar="DIR", help="keep the hub's state and log in DIR")
     parser.add_argument("--note", default="", help="a note stored in the JSON (what was run)")
     parser.add_argument("--json", action="store_true", help="print a JSON object")
+    parser.add_argument(
+        "--only", choices=["abuse"], help="run only this phase (on a hub of its own)"
+    )
+    parser.add_argument("--abuse-jobs", type=int, default=300, help="jobs the attacker posts")
+    parser.add_argument(
+        "--abuse-followers", type=int, default=300, help="log streams the attacker opens"
+    )
+    parser.add_argument(
+        "--abuse-spawns", type=int, default=10, help="named servers the attacker starts at once"
+    )
+    parser.add_argument("--spawn-retries", type=int, default=5, help="retries of each refusal")
+    parser.add_argument("--hold", type=float, default=10.0, help="seconds streams stay open")
+    parser.add_argument(
+        "--hub-pythonpath", metavar="DIR", help="first on the hub's PYTHONPATH (another gpupool)"
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.users <= 500 or not 0 <= args.jobs <= 1000 or args.storm_jobs > 100:
         parser.error("--users 1..500, --jobs 0..1000, --storm-jobs 0..100")
+    if not (
+        0 <= args.abuse_jobs <= 2000
+        and 0 <= args.abuse_followers <= 2000
+        and 1 <= args.abuse_spawns <= 100
+        and 0 <= args.spawn_retries <= 100
+    ):
+        parser.error("--abuse-jobs and --abuse-followers 0..2000, --abuse-spawns 1..100")
     sys.path.insert(0, str(ROOT))
     from tests.accounts import homes
 

@@ -19,7 +19,7 @@ from traitlets.config import Config
 
 from gpupool.clock import utcnow
 from gpupool.config import GPUPool
-from gpupool.core.errors import InvalidRequest
+from gpupool.core.errors import InvalidRequest, LimitReached
 from gpupool.jobs.local import group_alive, job_pids
 from gpupool.jobs.manager import JobManager
 from gpupool.pool import Pool
@@ -310,3 +310,19 @@ def test_a_negative_retention_stops_the_hub_naming_the_key(tmp_path: Path) -> No
     c.JobManager.retention_days = -1
     with pytest.raises(ConfigError, match=r"^JobManager.retention_days: must be a number >= 0"):
         JobManager(pool, config=c)
+
+
+def test_a_user_at_the_jobs_limit_of_every_team_is_refused_before_the_body_is_read(
+    tmp_path: Path,
+) -> None:
+    teams = {"a": {"guarantee": 1, "user_limits": {"jobs": 1}}, "b": {"user_limits": {"jobs": 2}}}
+    m = queue_only(tmp_path, teams)
+    m.check_room("ann", ["a", "b"])  # room in both
+    m.submit("ann", ["a", "b"], {**JOB, "team": "a"})
+    m.check_room("ann", ["a", "b"])  # a is full, b has room: the body decides
+    with pytest.raises(LimitReached, match="You have 1 job queued or running; the limit is 1"):
+        m.submit("ann", ["a", "b"], {**JOB, "team": "a"})
+    m.submit("ann", ["a", "b"], {"script": "print(1)", "offer": "cpu", "team": "b"})
+    with pytest.raises(LimitReached, match=r"You have 2 jobs .* the limit is 2 per user in team b"):
+        m.check_room("ann", ["a", "b"])
+    m.check_room("bob", ["a", "b"])  # per user

@@ -151,3 +151,43 @@ def test_routes_hide_names_ids_and_queries() -> None:
     assert route("/hub/api/users/u001/server") == "/hub/api/users/<name>/server"
     assert route("/hub/api/gpupool/jobs/ab12/logs?rank=1") == "/hub/api/gpupool/jobs/<id>/logs"
     assert route("/hub/api/gpupool/allocations?all=1") == "/hub/api/gpupool/allocations"
+
+
+# -- the abuse phase's pure helpers (benchmarks.abuse) -------------------------------------------
+def test_flood_scripts_are_as_big_as_a_job_may_send_and_valid_python() -> None:
+    from benchmarks.abuse import SCRIPT_BYTES, flood_script
+    from gpupool.jobs.manager import MAX_SCRIPT_BYTES
+
+    assert SCRIPT_BYTES == MAX_SCRIPT_BYTES
+    script = flood_script()
+    assert len(script.encode()) == SCRIPT_BYTES
+    compile(script, "flood.py", "exec")
+    assert len(flood_script(100)) == 100
+
+
+def test_what_counts_as_accepted_beyond_a_limit() -> None:
+    from benchmarks.abuse import beyond
+
+    assert beyond(accepted=32, room=32) == 0
+    assert beyond(accepted=35, room=32) == 3
+    assert beyond(accepted=34, room=32, freed=2) == 0  # two places came free meanwhile
+    assert beyond(accepted=3, room=8) == 0
+
+
+def test_the_limits_counted_against_are_the_hubs_defaults() -> None:
+    from dataclasses import asdict
+
+    from benchmarks.abuse import hub_limits
+    from gpupool.config import GPUPool
+
+    assert hub_limits() == asdict(GPUPool().settings().everyone.user_limits)
+
+
+def test_resident_memory_is_read_from_proc() -> None:
+    import os
+
+    from benchmarks.abuse import rss_mib
+
+    mine = rss_mib(os.getpid())
+    assert mine is not None and mine > 1
+    assert rss_mib(2**22 + 1) is None  # no such process

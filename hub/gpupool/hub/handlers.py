@@ -134,6 +134,7 @@ class JobsHandler(GPUPoolHandler):
     def post(self) -> None:
         user, groups, admin = self.caller()
         manager = self.gpupool.jobs
+        manager.check_room(user, groups)  # a user at their limit: 429 before parsing the body
         body = self.json_body(manager.max_submission_bytes)
         job = manager.submit(user, groups, body, admin=admin)
         self.write_json(self.job_json(job), 201)

@@ -308,6 +308,14 @@ class JobManager(LoggingConfigurable):
             priority=whole("priority", 0, *PRIORITY_RANGE),
         )
 
+    def check_room(self, owner: str, groups: Iterable[str]) -> None:
+        """Refuse (429) a submission before its body is even read when ``owner`` already has as
+        many jobs queued or running as the jobs limit of every team they could charge it to."""
+        ledger = self.pool.ledger
+        teams = [ledger.teams[g] for g in set(groups) if g in ledger.teams] or [ledger.everyone]
+        roomiest = max(teams, key=lambda t: t.user_limits.jobs or float("inf"))
+        roomiest.check_limit("jobs", self.open_jobs(owner))
+
     def open_jobs(self, owner: str) -> int:
         """How many of ``owner``'s jobs are queued or running (what ``user_limits.jobs``
         bounds)."""

@@ -1,0 +1,403 @@
+"""The *abuse* phase of ``benchmarks.load``: one user floods the hub while another is timed.
+
+``python -m benchmarks.load --only abuse [--abuse-jobs 300] [--abuse-followers 300]
+[--abuse-spawns 10] [--spawn-retries 5] [--hold 10] [--hub-pythonpath DIR] [--json]`` runs it on
+its own (a hub of the load benchmark's pool and users); a full ``benchmarks.load`` run ends with
+it, before everything is stopped.
+
+One user, the *attacker* (a member of a team), goes past every per-user limit on purpose, one
+flood after another:
+
+1. *jobs*: ``--abuse-jobs`` submissions of a 1 MiB script (a comment, then a long sleep on the
+   CPU-only offer), eight at a time;
+2. *followers*: ``--abuse-followers`` live log streams (``?follow=1``) of one of its jobs,
+   opened one after another and all held open for ``--hold`` seconds;
+3. *spawn retries*: ``--abuse-spawns`` named servers started at once, each refused start sent
+   again at once, up to ``--spawn-retries`` times, until one of its servers is up (so every
+   acceptance counted was one more server starting at once).
+
+All the while the *victim*, a user of another team, asks ``GET /jobs`` and ``GET /offers`` in
+turn, one every 0.1 s, each timed.
+
+Keys: ``victim_p99_s`` (also p50, max, count) over the victim's requests during the floods;
+``abuse_accepted_beyond_limit``: what the hub accepted beyond the limits in force
+(``GPUPool.user_limits``, the defaults of the gpupool this benchmark is part of), summed over
+jobs (201s beyond the room the attacker had, less jobs that ended meanwhile), followers (streams
+answered 200 beyond the limit) and spawns (201/202 beyond the limit). Also: every answer's
+status per flood, the hub's resident memory (``VmRSS``) before, after the floods and after the
+attacker's jobs were cancelled, the pool database's size, and how often the hub logged "Event
+loop was unresponsive".
+
+Contract: loopback only, bounded in count (the options) and time (each wait has a deadline);
+stops what it started (streams, jobs, servers). ``--hub-pythonpath`` puts a folder first on the
+hub's ``PYTHONPATH``: e.g. a ``git archive`` of an older gpupool, to measure it with the same
+benchmark (the limits counted against stay this version's).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from benchmarks.stats import percentile
+
+SCRIPT_BYTES = 1 << 20
+"""The size of each flood job's script: the most a job may send."""
+FINAL = ("succeeded", "failed", "cancelled", "lost")
+
+
+def flood_script(size: int = SCRIPT_BYTES) -> str:
+    """A script of ``size`` bytes: a comment, then a sleep of an hour."""
+    tail = "\nimport time\ntime.sleep(3600)\n"
+    return "#" + "x" * (size - 1 - len(tail)) + tail
+
+
+def hub_limits() -> dict[str, int]:
+    """The per-user limits a hub of this gpupool applies by default."""
+    from gpupool.config import GPUPool
+
+    defaults = GPUPool().trait_defaults("user_limits")
+    assert isinstance(defaults, dict)
+    return {str(k): int(v) for k, v in defaults.items()}
+
+
+def rss_mib(pid: int) -> float | None:
+    """The resident memory of process ``pid`` in MiB (``None`` if it is gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    rss = [line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")]
+    return round(int(rss[0]) / 1024, 1) if rss else None
+
+
+def beyond(accepted: int, room: int, freed: int = 0) -> int:
+    """Acceptances beyond ``room`` (what the limit left), less ``freed`` places that came free
+    meanwhile."""
+    return max(0, accepted - room - freed)
+
+
+class Victim:
+    """Times ``GET /jobs`` and ``GET /offers`` in turn, one every ``interval`` s, until stopped."""
+
+    def __init__(self, url: str, token: str, interval: float = 0.1) -> None:
+        self.url, self.token, self.interval = url, token, interval
+        self.times: list[float] = []
+        self.codes: Counter[int] = Counter()
+        self.errors = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        session = requests.Session()
+        session.headers["Authorization"] = f"token {self.token}"
+        paths = ["/hub/api/gpupool/jobs", "/hub/api/gpupool/offers"]
+        i = 0
+        while not self.stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                r = session.get(self.url + paths[i % 2], timeout=60)
+                self.codes[r.status_code] += 1
+            except requests.RequestException:
+                self.errors += 1
+            self.times.append(time.perf_counter() - t0)
+            i += 1
+            self.stop.wait(self.interval)
+
+    def figures(self) -> dict[str, Any]:
+        t = self.times
+        return {
+            "requests": len(t),
+            "p50_s": round(percentile(t, 0.5), 3) if t else None,
+            "p99_s": round(percentile(t, 0.99), 3) if t else None,
+            "max_s": round(max(t), 3) if t else None,
+            "codes": {str(k): v for k, v in sorted(self.codes.items())},
+            "errors": self.errors,
+        }
+
+
+class Abuse:
+    """One abuse phase against a running hub (``hub``: :class:`tests.hub.conftest.Hub`)."""
+
+    def __init__(
+        self,
+        hub: Any,
+        attacker: tuple[str, str],
+        victim: tuple[str, str],
+        args: Any,
+        log: Callable[[str], None],
+    ) -> None:
+        self.hub, self.args, self.log = hub, args, log
+        (self.attacker, self.attacker_token), (self.victim, self.victim_token) = attacker, victim
+        self.limits = hub_limits()
+        self.accepted_jobs: list[str] = []
+
+    # -- HTTP as the attacker ------------------------------------------------------------------
+    def call(self, method: str, path: str, **kw: Any) -> requests.Response | None:
+        try:
+            return requests.request(
+                method,
+                f"{self.hub.url}{path}",
+                headers={"Authorization": f"token {self.attacker_token}"},
+                timeout=kw.pop("timeout", 60),
+                **kw,
+            )
+        except requests.RequestException:
+            return None
+
+    def jobs(self, token: str) -> list[dict[str, Any]]:
+        """Every job of ``token``'s user, page by page (a hub before paging: its one list)."""
+        out: list[dict[str, Any]] = []
+        params: dict[str, Any] = {"limit": 500}
+        while True:
+            r = requests.get(
+                f"{self.hub.url}/hub/api/gpupool/jobs",
+                params=params,
+                headers={"Authorization": f"token {token}"},
+                timeout=60,
+            )
+            page = r.json()
+            out += page["jobs"]
+            if not page.get("next"):
+                return out
+            params["cursor"] = page["next"]
+
+    def open_jobs(self) -> list[dict[str, Any]]:
+        return [j for j in self.jobs(self.attacker_token) if j["state"] not in FINAL]
+
+    # -- the floods ----------------------------------------------------------------------------
+    def flood_jobs(self) -> dict[str, Any]:
+        before = {j["id"] for j in self.open_jobs()}
+        body = {"script": flood_script(), "offer": "cpu", "name": "flood", "time_limit": 3600}
+        codes: Counter[str] = Counter()
+        accepted: list[str] = []
+        lock = threading.Lock()
+
+        def one(_: int) -> None:
+            r = self.call("POST", "/hub/api/gpupool/jobs", json=body)
+            with lock:
+                codes[str(None if r is None else r.status_code)] += 1
+                if r is not None and r.status_code == 201:
+                    accepted.append(r.json()["id"])
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(one, range(self.args.abuse_jobs)))
+        now = {j["id"]: j["state"] for j in self.jobs(self.attacker_token)}
+        ended = sum(1 for i in accepted if now.get(i) in FINAL)
+        room = max(0, self.limits["jobs"] - len(before))
+        self.accepted_jobs = accepted
+        return {
+            "posted": self.args.abuse_jobs,
+            "codes": dict(codes),
+            "accepted": len(accepted),
+            "room_before": room,
+            "ended_meanwhile": ended,
+            "beyond_limit": beyond(len(accepted), room, ended),
+            "s": round(time.monotonic() - t0, 1),
+        }
+
+    def flood_followers(self) -> dict[str, Any]:
+        target = next(iter(self.accepted_jobs), None) or self._a_job()
+        codes: Counter[str] = Counter()
+        held: list[requests.Response] = []
+        lock = threading.Lock()
+        url = f"{self.hub.url}/hub/api/gpupool/jobs/{target}/logs"
+
+        def one(_: int) -> None:
+            try:
+                r = requests.get(
+                    url,
+                    params={"follow": 1},
+                    headers={"Authorization": f"token {self.attacker_token}"},
+                    stream=True,
+                    timeout=(30, None),
+                )
+            except requests.RequestException:
+                with lock:
+                    codes["None"] += 1
+                return
+            with lock:
+                codes[str(r.status_code)] += 1
+                if r.status_code == 200:
+                    held.append(r)
+                else:
+                    r.close()
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(one, range(self.args.abuse_followers)))
+        opened = time.monotonic() - t0
+        time.sleep(self.args.hold)  # the streams stay open while the victim is timed
+        accepted = len(held)
+        for r in held:
+            r.close()
+        return {
+            "opened": self.args.abuse_followers,
+            "codes": dict(codes),
+            "accepted": accepted,
+            "beyond_limit": beyond(accepted, self.limits["log_followers"]),
+            "open_s": round(opened, 1),
+            "held_s": self.args.hold,
+        }
+
+    def _a_job(self) -> str:
+        r = self.call("POST", "/hub/api/gpupool/jobs", json={"script": flood_script(100)})
+        assert r is not None and r.status_code == 201, r and r.text
+        return str(r.json()["id"])
+
+    def flood_spawns(self) -> dict[str, Any]:
+        names = [f"abuse-{i}" for i in range(self.args.abuse_spawns)]
+        codes: Counter[str] = Counter()
+        at_once: list[str] = []
+        lock = threading.Lock()
+        started = threading.Event()  # one of them is up: its place came free
+        t0 = time.monotonic()
+
+        def watch() -> None:
+            while not started.is_set() and time.monotonic() - t0 < 300:
+                if self._any_ready(set(names)):
+                    started.set()
+                started.wait(0.2)
+
+        def one(name: str) -> None:
+            for _ in range(1 + self.args.spawn_retries):  # refused: again at once
+                if started.is_set():
+                    return
+                r = self.call(
+                    "POST", f"/hub/api/users/{self.attacker}/servers/{name}", json={}, timeout=120
+                )
+                code = None if r is None else r.status_code
+                with lock:
+                    codes[str(code)] += 1
+                if code in (201, 202):
+                    with lock:
+                        at_once.append(name)  # sent while none was up
+                    if code == 201:
+                        started.set()
+                    return
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        with ThreadPoolExecutor(len(names)) as pool:
+            list(pool.map(one, names))
+        started.set()
+        watcher.join(5)
+        figures = {
+            "servers": len(names),
+            "retries": self.args.spawn_retries,
+            "posts": sum(codes.values()),
+            "codes": dict(codes),
+            "accepted": len(at_once),
+            "beyond_limit": beyond(len(at_once), self.limits["spawns"]),
+            "s": round(time.monotonic() - t0, 1),
+        }
+        self._stop_servers(names)
+        return figures
+
+    def _servers(self) -> dict[str, Any]:
+        r = self.hub.api("GET", f"/users/{self.attacker}")
+        return dict(r.json().get("servers", {})) if r.ok else {}
+
+    def _any_ready(self, names: set[str]) -> bool:
+        servers = self._servers()
+        return any(servers.get(n, {}).get("ready") for n in names)
+
+    def _stop_servers(self, names: list[str]) -> None:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            mine = {n: s for n, s in self._servers().items() if n in names}
+            if not mine:
+                return
+            for name, server in mine.items():
+                if not server.get("pending"):  # a start in flight cannot be stopped yet
+                    self.hub.api("DELETE", f"/users/{self.attacker}/servers/{name}")
+            time.sleep(1)
+        self.log("  abuse: the attacker's servers were not all gone after 180 s")
+
+    def cancel_jobs(self) -> int:
+        mine = self.open_jobs()
+        for job in mine:
+            self.call("DELETE", f"/hub/api/gpupool/jobs/{job['id']}")
+        deadline = time.monotonic() + 120
+        while self.open_jobs() and time.monotonic() < deadline:
+            time.sleep(1)
+        return len(mine)
+
+    # -- everything ----------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        hub = self.hub
+        pid = hub.proc.pid
+        db = hub.state / "gpupool.sqlite"
+        log_start = hub.log.stat().st_size
+        out: dict[str, Any] = {
+            "attacker": self.attacker,
+            "victim": self.victim,
+            "limits": self.limits,
+            "rss_mib": {"before": rss_mib(pid)},
+            "db_mib": {"before": round(db.stat().st_size / (1 << 20), 1)},
+        }
+        requests.post(
+            f"{hub.url}/hub/api/gpupool/jobs",
+            json={"script": "print('mine')", "offer": "cpu", "name": "victim's"},
+            headers={"Authorization": f"token {self.victim_token}"},
+            timeout=60,
+        )  # the victim's list is not empty
+        victim = Victim(hub.url, self.victim_token)
+        victim.thread.start()
+        try:
+            for name, flood in (
+                ("jobs", self.flood_jobs),
+                ("followers", self.flood_followers),
+                ("spawns", self.flood_spawns),
+            ):
+                self.log(f"  abuse: {name} flood")
+                out[name] = flood()
+                self.log(f"  abuse: {name}: {out[name]}")
+        finally:
+            victim.stop.set()
+            victim.thread.join(90)
+        out["rss_mib"]["after_floods"] = rss_mib(pid)
+        out["db_mib"]["after_floods"] = round(db.stat().st_size / (1 << 20), 1)
+        out["attacker_jobs_cancelled"] = self.cancel_jobs()
+        out["rss_mib"]["after_cancel"] = rss_mib(pid)
+        out["victim"] = victim.figures()
+        logged = hub.log.read_bytes()[log_start:].decode(errors="replace")
+        out["event_loop_unresponsive"] = logged.count("Event loop was unresponsive")
+        out["tracebacks"] = logged.count("Traceback")
+        out["victim_p99_s"] = out["victim"]["p99_s"]
+        out["abuse_accepted_beyond_limit"] = sum(
+            out[k]["beyond_limit"] for k in ("jobs", "followers", "spawns")
+        )
+        return out
+
+
+def table(a: dict[str, Any]) -> str:
+    """The phase's figures as lines of text."""
+    v = a["victim"]
+    rss, db = a["rss_mib"], a["db_mib"]
+    lines = [
+        f"abuse: victim_p99_s {a['victim_p99_s']} (p50 {v['p50_s']}, max {v['max_s']}, "
+        f"{v['requests']} requests: {v['codes']}); abuse_accepted_beyond_limit "
+        f"{a['abuse_accepted_beyond_limit']} (limits {a['limits']})",
+    ]
+    for name in ("jobs", "followers", "spawns"):
+        f = a[name]
+        lines.append(
+            f"  {name}: {f['accepted']} accepted, {f['beyond_limit']} beyond the limit; "
+            f"answers {f['codes']}"
+        )
+    lines.append(
+        f"  hub RSS MiB: before {rss['before']}, after the floods {rss['after_floods']}, after "
+        f"cancelling {rss['after_cancel']}; pool database MiB: {db['before']} -> "
+        f"{db['after_floods']}; 'Event loop was unresponsive' {a['event_loop_unresponsive']} "
+        f"times, {a['tracebacks']} tracebacks"
+    )
+    return "\n".join(lines)
