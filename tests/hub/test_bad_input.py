@@ -318,3 +318,28 @@ def test_spawn_options_no_page_can_hold_get_400_and_are_not_kept(
     assert r.status_code == 400, r.text[:300]
     assert r.json()["message"].startswith(message), r.json()["message"]
     assert_nothing_kept(hub, "ben")
+
+
+FORGED = "[E 2001-01-01 00:00:00.000 JupyterHub app:1] forged"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/jobs", {"script": "print(1)", f"x\n{FORGED}\x1b[2J": 1}),
+        ("GET", "/jobs/x%0A" + FORGED.replace(" ", "%20"), None),
+        ("POST", "/jobs", {"script": "print(1)", "offer": f"x\r\n{FORGED}\u202e"}),
+    ],
+    ids=["unknown field", "job id", "offer"],
+)
+def test_a_refusal_quotes_control_characters_escaped_and_forges_no_log_line(
+    hub: Hub, ada: str, method: str, path: str, body: Any
+) -> None:
+    r = hub.as_user(ada, method, path, json=body)
+    assert r.status_code in (400, 404), r.text[:300]
+    message = r.json()["message"]
+    assert not {c for c in message if c in "\n\r\x1b\u202e"}, message
+    assert "\\n" in message, message
+    log = hub.log.read_text(errors="replace").splitlines()  # written before the answer
+    assert [line for line in log if "forged" in line and "refused" in line]
+    assert [line for line in log if line.startswith(FORGED)] == []

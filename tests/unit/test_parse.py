@@ -101,6 +101,21 @@ def test_clip_bounds_user_text_and_marks_the_cut() -> None:
     assert clip(None) == "None" and clip(3) == "3"
 
 
+def test_clip_shows_what_a_log_or_terminal_would_obey_as_escapes() -> None:
+    assert clip("a\nb\r\x1b[2J\t\x85\u2028\u202eZ\ud800") == (
+        "a\\nb\\r\\x1b[2J\\t\\x85\\u2028\\u202eZ\\ud800"
+    )
+    assert clip("é😀 <b>\u200b") == "é😀 <b>\u200b"  # other text as it came
+    assert clip("\n" * 100) == "\\n" * ECHO_LIMIT + "…"  # cut first: 64 of the user's characters
+
+
+@given(st.text())
+def test_a_clipped_quote_is_one_line_of_encodable_text(text: str) -> None:
+    quoted = clip(text)
+    assert len(quoted.splitlines()) <= 1
+    quoted.encode("utf-8")
+
+
 def test_clip_names_names_a_few_and_counts_the_rest() -> None:
     assert clip_names(["a", "b"]) == "a, b"
     names = clip_names(["k" * 10_000, *(f"x{i}" for i in range(99))])

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from .errors import InvalidRequest
-from .parse import check_texts, clip
+from .parse import check_texts, quoted
 
 JobState = Literal["queued", "starting", "running", "succeeded", "failed", "cancelled", "lost"]
 ACTIVE: frozenset[str] = frozenset({"starting", "running"})
@@ -54,7 +54,7 @@ def check_submission(fields: Mapping[str, Any]) -> None:
     for name in env if isinstance(env, dict) else ():
         if isinstance(name, str) and not ENV_NAME.fullmatch(name):
             raise InvalidRequest(
-                f"env name {clip(name)!r} is not a portable name: use ASCII letters, digits and"
+                f"env name {quoted(name)} is not a portable name: use ASCII letters, digits and"
                 " _, not starting with a digit (like MY_SETTING)."
             )
 

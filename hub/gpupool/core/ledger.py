@@ -47,7 +47,7 @@ from .inventory import Inventory, Node, NodePool
 from .mig import GEOMETRIES, Profile
 from .occupancy import SHARE_MILLI, Occupancy
 from .offers import Offer, Request, fmt_mib
-from .parse import clip
+from .parse import quoted
 from .placement import Demand, Pick, PlacementPolicy, make_policy
 from .quota import EVERYONE, Team, check_offer, check_quota
 from .units import fmt
@@ -149,7 +149,7 @@ class Ledger:
         try:
             return self.teams[name]
         except KeyError:
-            raise InvalidRequest(f"Unknown team {clip(name)!r}.") from None
+            raise InvalidRequest(f"Unknown team {quoted(name)}.") from None
 
     def placeable(self, offer: Offer) -> int:
         """How many of ``offer`` could be granted right now, ignoring quotas.

@@ -5,7 +5,9 @@ Vocabulary
   argument) a string of ASCII digits only. ``str.isdigit()`` is not enough: it accepts ``"²"``
   and other Unicode digits that ``int()`` refuses, which used to turn bad input into a 500.
 - *echo*: a refusal that quotes what the user sent quotes at most :data:`ECHO_LIMIT` characters
-  of it (then "…"), so a huge value is never sent back, logged or stored whole.
+  of it (then "…"), so a huge value is never sent back, logged or stored whole, and shows its
+  control characters, line breaks and bidirectional controls as escapes (``\\n``, ``\\x1b``,
+  ``\\u202e``), so a refusal is one line in every log and cannot disguise what follows it.
 - *storable text*: a string every page, table, file name, argument and environment value can
   hold: no lone surrogate (U+D800 to U+DFFF on its own, which JSON's ``\\ud800`` escape makes
   and no UTF-8 encoder writes: a page holding one answers 500), and no NUL (which no path,
@@ -71,9 +73,24 @@ def whole_number(
 
 def clip(value: Any, limit: int = ECHO_LIMIT) -> str:
     """User-supplied ``value`` as a refusal may quote it: a string cut to ``limit`` characters
-    plus "…"; anything else as its repr, bounded the same way (a huge dict is not walked)."""
+    plus "…", with what a log or terminal would obey escaped (see *echo*); anything else as its
+    repr, bounded the same way (a huge dict is not walked)."""
     text = value if isinstance(value, str) else _repr.repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}…"
+    cut = text if len(text) <= limit else f"{text[:limit]}…"
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), cut)
+
+
+_UNSAFE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+"""Control characters (C0, DEL, C1), line and paragraph separators, bidirectional controls,
+and surrogates (which no page can encode)."""
+
+
+def quoted(value: Any) -> str:
+    """``'value'``: :func:`clip` in single quotes, for a refusal's sentence (``repr`` would
+    escape :func:`clip`'s escapes again)."""
+    return f"'{clip(value)}'"
 
 
 def clip_names(items: Iterable[Any], most: int = ECHO_ITEMS) -> str:
@@ -173,7 +190,7 @@ def check_texts(value: Any, name: str = "") -> None:
             for key, sub in item.items():
                 if isinstance(key, str):
                     check_text(key, f"A key of {where}" if where else "A field name")
-                label = repr(clip(key)) if isinstance(key, str) else repr(key)
+                label = quoted(key) if isinstance(key, str) else repr(key)
                 todo.append((sub, f"{where}[{label}]" if where else clip(key), depth + 1))
         else:
             todo.extend((sub, f"{where}[{i}]", depth + 1) for i, sub in enumerate(item))

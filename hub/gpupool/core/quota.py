@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from .errors import InvalidRequest, NotATeamMember, OfferNotAllowed, QuotaExceeded
 from .limits import NO_LIMITS, LimitKey, UserLimits, check_limit
 from .offers import Offer
-from .parse import clip
+from .parse import quoted
 from .units import fmt
 
 EVERYONE = "everyone"
@@ -72,7 +72,7 @@ def resolve_team(
         if requested == everyone.name and not mine:
             return everyone
         choices = ", ".join(mine) or "none"
-        raise NotATeamMember(f"You are not in team {clip(requested)!r} (your teams: {choices}).")
+        raise NotATeamMember(f"You are not in team {quoted(requested)} (your teams: {choices}).")
     if not mine:
         return everyone
     if len(mine) == 1:
@@ -85,7 +85,7 @@ def check_offer(team: Team, offers: Mapping[str, Offer], offer: str, count: int)
     found = offers.get(offer)
     if found is None:
         known = ", ".join(sorted(offers)) or "none"
-        raise InvalidRequest(f"Unknown offer {clip(offer)!r}; offers are: {known}.")
+        raise InvalidRequest(f"Unknown offer {quoted(offer)}; offers are: {known}.")
     if not team.allows(offer):
         allowed = ", ".join(sorted(o for o in offers if team.allows(o))) or "none"
         who = "Users in no team" if team.name == EVERYONE else f"Team {team.name}"
