@@ -326,3 +326,23 @@ def test_a_user_at_the_jobs_limit_of_every_team_is_refused_before_the_body_is_re
     with pytest.raises(LimitReached, match=r"You have 2 jobs .* the limit is 2 per user in team b"):
         m.check_room("ann", ["a", "b"])
     m.check_room("bob", ["a", "b"])  # per user
+
+
+def test_a_pass_writes_every_changed_waiting_reason_in_one_transaction(tmp_path: Path) -> None:
+    """However many queued jobs a pass finds waiting for a new reason, the database commits once
+    (one user's many queued jobs do not make every pass slow)."""
+    from sqlalchemy import event
+
+    m = queue_only(tmp_path, {"a": {"guarantee": 1}})
+    jobs = [m.submit("ann", ["a"], JOB) for _ in range(6)]
+    assert {m.jobs[j.id].reason for j in jobs} == {"waiting to start"}
+    m.pool.allocate("bob", ["a"], "gpu", 1, team="a")  # the team's whole quota: all must wait
+    commits: list[None] = []
+    event.listen(m.pool.store.engine, "commit", lambda _conn: commits.append(None))
+    asyncio.run(m.schedule_pass())
+    reasons = {m.jobs[j.id].reason for j in jobs}
+    assert len(reasons) == 1 and "team a" in reasons.pop()
+    assert len(commits) == 1
+    assert {j.id: j.reason for j in m.pool.store.load_jobs()} == {
+        j.id: m.jobs[j.id].reason for j in jobs
+    }

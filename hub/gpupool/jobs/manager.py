@@ -425,10 +425,13 @@ class JobManager(LoggingConfigurable):
             for job_id in plan.preempt:
                 await self._preempt(job_id)
             granted = [job_id for job_id in plan.start if self._grant(job_id)]
-            for job_id, why in plan.waiting.items():
-                job = self.jobs[job_id]
-                if job.state == "queued" and job.reason != why:
-                    self._save(replace(job, reason=why))
+            waits = [
+                replace(job, reason=why)
+                for job_id, why in plan.waiting.items()
+                if (job := self.jobs[job_id]).state == "queued" and job.reason != why
+            ]
+            self.pool.store.save_jobs(waits)  # one transaction, however many changed
+            self.jobs.update((job.id, job) for job in waits)
             await asyncio.gather(*(self._launch(job_id) for job_id in granted))
 
     async def _request_nodes(self, queued: list[Queued]) -> None:

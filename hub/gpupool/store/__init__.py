@@ -382,13 +382,21 @@ class Store:
     def save_job(self, job: Job) -> None:
         """Insert or replace one job (one transaction). Its script goes to a table of its own
         when the job carries one (at submit); a job saved without one keeps the stored script."""
-        row = _job_row(job)
+        self.save_jobs([job])
+
+    def save_jobs(self, changed: Iterable[Job]) -> None:
+        """:meth:`save_job` for several jobs in one transaction (a scheduling pass's waiting
+        reasons: one commit, however many jobs)."""
+        changed = list(changed)
+        if not changed:
+            return
         with self.engine.begin() as conn:
-            conn.execute(delete(jobs).where(jobs.c.id == job.id))
-            conn.execute(insert(jobs).values(**row))
-            if job.spec.script:
-                conn.execute(delete(job_scripts).where(job_scripts.c.job_id == job.id))
-                conn.execute(insert(job_scripts).values(job_id=job.id, script=job.spec.script))
+            for job in changed:
+                conn.execute(delete(jobs).where(jobs.c.id == job.id))
+                conn.execute(insert(jobs).values(**_job_row(job)))
+                if job.spec.script:
+                    conn.execute(delete(job_scripts).where(job_scripts.c.job_id == job.id))
+                    conn.execute(insert(job_scripts).values(job_id=job.id, script=job.spec.script))
 
     def load_jobs(self) -> list[Job]:
         """Every job, oldest first, without its script (:meth:`job_script` reads that)."""
