@@ -238,6 +238,7 @@ class GPUSpawnerMixin(Spawner):
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> Any:
         pool = self.gpupool
+        self.gpupool_admitted = False
         try:
             options = dict(self.user_options or {})
             check_texts(options, "user_options")  # every key, anyone's, as pages show them
@@ -251,6 +252,7 @@ class GPUSpawnerMixin(Spawner):
             ledger = pool.ledger
             charged = resolve_team(ledger.teams, ledger.everyone, self.gpupool_groups(), team)
             charged.check_limit("spawns", self.gpupool_starting())  # 429, nothing allocated
+            self.gpupool_admitted = True  # counted from here (no await in between)
             stale = [a.id for a in pool.ledger.allocations.values() if a.ref == self.gpupool_ref]
             for alloc_id in stale:  # left by a start the hub did not finish (e.g. a crash)
                 pool.release(alloc_id)
@@ -264,6 +266,7 @@ class GPUSpawnerMixin(Spawner):
                 ref=self.gpupool_ref,
             )
         except PoolError as e:
+            self.gpupool_admitted = False
             self.log.info("gpupool: refused %s: %s", self.gpupool_ref, e.message)
             self.gpupool_forget_options()
             raise http_error(e) from None
@@ -272,14 +275,23 @@ class GPUSpawnerMixin(Spawner):
             self.gpupool_check_allocation(allocation)
             return await super().start()
         except BaseException:
+            self.gpupool_admitted = False
             self.gpupool_release()
             raise
 
+    gpupool_admitted = False
+    """Whether this server's start passed gpupool's checks (reset at each start)."""
+
     def gpupool_starting(self) -> int:
-        """How many of this user's other servers are starting now (JupyterHub's own count of
-        spawns in flight, which ``user_limits.spawns`` bounds)."""
+        """How many of this user's other servers are starting now: pending a spawn (JupyterHub's
+        own state) after gpupool admitted their start; starts that will be refused are not
+        counted. ``user_limits.spawns`` bounds it."""
         spawners = getattr(self.user, "spawners", {})
-        return sum(1 for s in spawners.values() if s is not self and s.pending == "spawn")
+        return sum(
+            1
+            for s in spawners.values()
+            if s is not self and s.pending == "spawn" and getattr(s, "gpupool_admitted", False)
+        )
 
     def gpupool_check_allocation(self, allocation: Allocation) -> None:
         """Hook: refuse an allocation this spawner cannot honour (raise ``web.HTTPError``)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -34,6 +35,7 @@ c.Spawner.cmd = ["/bin/sh", "-c", 'sleep 3; exec "$@"', "slow-start", *c.Spawner
 """
 SLEEPER = "import time\nwhile True:\n    time.sleep(1)\n"
 LEAVES = 10
+OTHERS = ["two", "three", "four", "five"]
 BIG_LOG = """\
 import sys
 line = "x" * 65535 + "\\n"
@@ -209,12 +211,18 @@ def test_servers_starting_beyond_the_limit_get_429(hub: Hub) -> None:
         return servers.get("one", {}).get("pending") == "spawn"
 
     wait_for(starting, 30, "dee's first server to be starting")
-    r = hub.api("POST", "/users/dee/servers/two", json={})
-    assert r.status_code == 429, r.text
-    assert r.json()["message"] == (
-        "You have 1 server starting; the limit is 1 per user in team nlp. "
-        "Wait until it has started."
-    )
+    refused = []
+    for _ in range(2):  # several at a time (distinct servers), then all again at once
+        with ThreadPoolExecutor(len(OTHERS)) as pool:
+            refused += pool.map(
+                lambda n: hub.api("POST", f"/users/dee/servers/{n}", json={}), OTHERS
+            )
+    for r in refused:  # other refused starts in flight are not counted as starting
+        assert r.status_code == 429, r.text
+        assert r.json()["message"] == (
+            "You have 1 server starting; the limit is 1 per user in team nlp. "
+            "Wait until it has started."
+        )
     first.join(60)
     assert answers and answers[0].status_code in (201, 202), answers
     wait_for(lambda: hub.api("GET", "/users/dee").json()["servers"]["one"]["ready"], 60)
