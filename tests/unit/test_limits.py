@@ -26,7 +26,7 @@ def test_a_limit_refuses_one_more_naming_the_limit_what_is_in_use_and_what_to_do
     )
     with pytest.raises(LimitReached, match="You have 1 followed log open; the limit is 1"):
         team.check_limit("log_followers", 1)
-    with pytest.raises(LimitReached, match="You have 3 servers starting; .* until one has"):
+    with pytest.raises(LimitReached, match=r"You have 3 servers starting; .* until one has"):
         team.check_limit("spawns", 3)
     everyone = Team("everyone", user_limits=UserLimits(jobs=1))
     with pytest.raises(LimitReached, match="the limit is 1 per user in no team"):
