@@ -139,9 +139,13 @@ describe('the typed calls', () => {
     expect(JSON.parse(init.body)).toEqual(request);
   });
 
-  it('listJobs unwraps the list', async () => {
-    makeRequest.mockResolvedValue(reply(200, { jobs: [{ id: 'a' }, { id: 'b' }] }));
-    await expect(listJobs()).resolves.toEqual([{ id: 'a' }, { id: 'b' }]);
+  it('listJobs reads one page and its cursor', async () => {
+    makeRequest.mockResolvedValue(reply(200, { jobs: [{ id: 'a' }, { id: 'b' }], next: 'c1' }));
+    await expect(listJobs('c0', 2)).resolves.toEqual({
+      jobs: [{ id: 'a' }, { id: 'b' }],
+      next: 'c1'
+    });
+    expect(makeRequest.mock.calls[0][0]).toMatch(/jobs\?limit=2&cursor=c0$/);
   });
 
   it('cancelJob DELETEs, resubmitJob POSTs, ids are escaped', async () => {
