@@ -467,8 +467,20 @@ def _job_row(job: Job) -> dict[str, Any]:
     }
 
 
+def _encodable(value: Any) -> Any:
+    """``value`` with every lone surrogate in its strings read as U+FFFD (pairs kept): what an
+    older gpupool stored before it refused them must not break a page, a log or a terminal."""
+    if isinstance(value, str):
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, list):
+        return [_encodable(v) for v in value]
+    if isinstance(value, dict):
+        return {_encodable(k): _encodable(v) for k, v in value.items()}
+    return value
+
+
 def _row_job(r: Any) -> Job:
-    spec = json.loads(r.spec)
+    spec = _encodable(json.loads(r.spec))
     spec["script"] = ""  # read apart, when the job starts (Store.job_script)
     spec["args"] = tuple(spec.get("args", ()))
     spec["env"] = tuple(tuple(kv) for kv in spec.get("env", ()))
