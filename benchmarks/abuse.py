@@ -17,7 +17,8 @@ flood after another:
    acceptance counted was one more server starting at once).
 
 All the while the *victim*, a user of another team, asks ``GET /jobs`` and ``GET /offers`` in
-turn, one every 0.1 s, each timed.
+turn, ten a second at a fixed rate whether or not earlier answers came, each timed from when it
+was due (so a stall of the hub counts for every request it held up).
 
 Keys: ``victim_p99_s`` (also p50, max, count) over the victim's requests during the floods;
 ``abuse_accepted_beyond_limit``: what the hub accepted beyond the limits in force
@@ -25,8 +26,10 @@ Keys: ``victim_p99_s`` (also p50, max, count) over the victim's requests during 
 jobs (201s beyond the room the attacker had, less jobs that ended meanwhile), followers (streams
 answered 200 beyond the limit) and spawns (201/202 beyond the limit). Also: every answer's
 status per flood, the hub's resident memory (``VmRSS``) before, after the floods and after the
-attacker's jobs were cancelled, the pool database's size, and how often the hub logged "Event
-loop was unresponsive".
+attacker's jobs were cancelled, the pool database's size, how often the hub logged "Event
+loop was unresponsive", and per flood the victim's figures and how long the hub's event loop
+(its main thread) ran on a CPU and waited, runnable, for one (``/proc/<pid>/schedstat``: a
+wait long against the run means the machine's other processes, not the hub's work, held it up).
 
 Contract: loopback only, bounded in count (the options) and time (each wait has a deadline);
 stops what it started (streams, jobs, servers). ``--hub-pythonpath`` puts a folder first on the
@@ -36,6 +39,7 @@ benchmark (the limits counted against stay this version's).
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
@@ -78,6 +82,16 @@ def rss_mib(pid: int) -> float | None:
     return round(int(rss[0]) / 1024, 1) if rss else None
 
 
+def loop_times(pid: int) -> tuple[float, float]:
+    """Seconds the main thread of process ``pid`` (the hub's event loop) has run on a CPU, and
+    has waited, runnable, for one (``/proc/<pid>/schedstat``); zeros if it is gone."""
+    try:
+        ran, waited, _ = Path(f"/proc/{pid}/schedstat").read_text().split()
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    return int(ran) / 1e9, int(waited) / 1e9
+
+
 def beyond(accepted: int, room: int, freed: int = 0) -> int:
     """Acceptances beyond ``room`` (what the limit left), less ``freed`` places that came free
     meanwhile."""
@@ -85,34 +99,53 @@ def beyond(accepted: int, room: int, freed: int = 0) -> int:
 
 
 class Victim:
-    """Times ``GET /jobs`` and ``GET /offers`` in turn, one every ``interval`` s, until stopped."""
+    """Asks ``GET /jobs`` and ``GET /offers`` in turn at a fixed rate, one every ``interval`` s
+    whether or not earlier answers came (open loop), until stopped. Each time is from when the
+    request was due, so a stall counts once for every request it held up, not once."""
 
     def __init__(self, url: str, token: str, interval: float = 0.1) -> None:
         self.url, self.token, self.interval = url, token, interval
         self.times: list[float] = []
+        self.dues: list[float] = []
         self.codes: Counter[int] = Counter()
         self.errors = 0
+        self.lock = threading.Lock()
+        self.local = threading.local()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        session = requests.Session()
-        session.headers["Authorization"] = f"token {self.token}"
         paths = ["/hub/api/gpupool/jobs", "/hub/api/gpupool/offers"]
-        i = 0
-        while not self.stop.is_set():
-            t0 = time.perf_counter()
-            try:
-                r = session.get(self.url + paths[i % 2], timeout=60)
-                self.codes[r.status_code] += 1
-            except requests.RequestException:
-                self.errors += 1
-            self.times.append(time.perf_counter() - t0)
-            i += 1
-            self.stop.wait(self.interval)
+        start = time.perf_counter()
+        with ThreadPoolExecutor(32) as pool:
+            i = 0
+            while True:
+                due = start + i * self.interval
+                if self.stop.wait(max(0.0, due - time.perf_counter())):
+                    break
+                pool.submit(self._one, paths[i % 2], due)
+                i += 1
 
-    def figures(self) -> dict[str, Any]:
-        t = self.times
+    def _one(self, path: str, due: float) -> None:
+        session = getattr(self.local, "session", None)
+        if session is None:
+            session = self.local.session = requests.Session()
+            session.headers["Authorization"] = f"token {self.token}"
+        try:
+            code: int | None = session.get(self.url + path, timeout=120).status_code
+        except requests.RequestException:
+            code = None
+        with self.lock:
+            self.times.append(time.perf_counter() - due)
+            self.dues.append(due)
+            if code is None:
+                self.errors += 1
+            else:
+                self.codes[code] += 1
+
+    def figures(self, since: float = 0.0, until: float = float("inf")) -> dict[str, Any]:
+        """The figures of the requests due from ``since`` to ``until`` (perf_counter)."""
+        t = [x for x, due in zip(self.times, self.dues, strict=True) if since <= due < until]
         return {
             "requests": len(t),
             "p50_s": round(percentile(t, 0.5), 3) if t else None,
@@ -141,11 +174,12 @@ class Abuse:
 
     # -- HTTP as the attacker ------------------------------------------------------------------
     def call(self, method: str, path: str, **kw: Any) -> requests.Response | None:
+        headers = {"Authorization": f"token {self.attacker_token}", **kw.pop("headers", {})}
         try:
             return requests.request(
                 method,
                 f"{self.hub.url}{path}",
-                headers={"Authorization": f"token {self.attacker_token}"},
+                headers=headers,
                 timeout=kw.pop("timeout", 60),
                 **kw,
             )
@@ -175,13 +209,20 @@ class Abuse:
     # -- the floods ----------------------------------------------------------------------------
     def flood_jobs(self) -> dict[str, Any]:
         before = {j["id"] for j in self.open_jobs()}
-        body = {"script": flood_script(), "offer": "cpu", "name": "flood", "time_limit": 3600}
+        body = json.dumps(
+            {"script": flood_script(), "offer": "cpu", "name": "flood", "time_limit": 3600}
+        ).encode()  # encoded once: the attacker's CPU is not the hub's to share
         codes: Counter[str] = Counter()
         accepted: list[str] = []
         lock = threading.Lock()
 
         def one(_: int) -> None:
-            r = self.call("POST", "/hub/api/gpupool/jobs", json=body)
+            r = self.call(
+                "POST",
+                "/hub/api/gpupool/jobs",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            )
             with lock:
                 codes[str(None if r is None else r.status_code)] += 1
                 if r is not None and r.status_code == 201:
@@ -246,6 +287,7 @@ class Abuse:
             "beyond_limit": beyond(accepted, self.limits["log_followers"]),
             "open_s": round(opened, 1),
             "held_s": self.args.hold,
+            "s": round(time.monotonic() - t0, 1),
         }
 
     def _a_job(self) -> str:
@@ -265,7 +307,7 @@ class Abuse:
             while not started.is_set() and time.monotonic() - t0 < 300:
                 if self._any_ready(set(names)):
                     started.set()
-                started.wait(0.2)
+                started.wait(0.5)
 
         def one(name: str) -> None:
             for _ in range(1 + self.args.spawn_retries):  # refused: again at once
@@ -351,6 +393,7 @@ class Abuse:
             timeout=60,
         )  # the victim's list is not empty
         victim = Victim(hub.url, self.victim_token)
+        windows: dict[str, tuple[float, float]] = {}
         victim.thread.start()
         try:
             for name, flood in (
@@ -359,16 +402,23 @@ class Abuse:
                 ("spawns", self.flood_spawns),
             ):
                 self.log(f"  abuse: {name} flood")
+                t0, (ran, waited) = time.perf_counter(), loop_times(pid)
                 out[name] = flood()
+                windows[name] = (t0, time.perf_counter())
+                ran_after, waited_after = loop_times(pid)
+                out[name]["hub_loop_ran_s"] = round(ran_after - ran, 2)
+                out[name]["hub_loop_waited_s"] = round(waited_after - waited, 2)
                 self.log(f"  abuse: {name}: {out[name]}")
         finally:
             victim.stop.set()
-            victim.thread.join(90)
+            victim.thread.join(150)
         out["rss_mib"]["after_floods"] = rss_mib(pid)
         out["db_mib"]["after_floods"] = round(db.stat().st_size / (1 << 20), 1)
         out["attacker_jobs_cancelled"] = self.cancel_jobs()
         out["rss_mib"]["after_cancel"] = rss_mib(pid)
         out["victim"] = victim.figures()
+        for name, (since, until) in windows.items():
+            out[name]["victim"] = victim.figures(since, until)
         logged = hub.log.read_bytes()[log_start:].decode(errors="replace")
         out["event_loop_unresponsive"] = logged.count("Event loop was unresponsive")
         out["tracebacks"] = logged.count("Traceback")
@@ -392,7 +442,9 @@ def table(a: dict[str, Any]) -> str:
         f = a[name]
         lines.append(
             f"  {name}: {f['accepted']} accepted, {f['beyond_limit']} beyond the limit; "
-            f"answers {f['codes']}"
+            f"answers {f['codes']}; the victim meanwhile: p99 {f['victim']['p99_s']} s, "
+            f"max {f['victim']['max_s']} s; the hub's loop ran {f['hub_loop_ran_s']} s and "
+            f"waited {f['hub_loop_waited_s']} s for a CPU in {f['s']} s"
         )
     lines.append(
         f"  hub RSS MiB: before {rss['before']}, after the floods {rss['after_floods']}, after "

@@ -387,8 +387,9 @@ class LoadRun:
         self.hub = Hub(state, homes, extra_config=self._extra_config(), prelude=self._prelude())
         self.hub.env["GPUPOOL_INVENTORY"] = f"simulated:{SPEC}"
         if args.hub_pythonpath:  # another gpupool for the hub (e.g. an older one)
+            first = [str(Path(d).resolve()) for d in args.hub_pythonpath.split(os.pathsep)]
             self.hub.env["PYTHONPATH"] = os.pathsep.join(
-                [str(Path(args.hub_pythonpath).resolve()), os.environ.get("PYTHONPATH", "")]
+                [*first, os.environ.get("PYTHONPATH", "")]
             ).rstrip(os.pathsep)
         self.deadline = Deadline(args.timeout)
         self.lock = threading.Lock()
@@ -1468,7 +1469,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--spawn-retries", type=int, default=5, help="retries of each refusal")
     parser.add_argument("--hold", type=float, default=10.0, help="seconds streams stay open")
     parser.add_argument(
-        "--hub-pythonpath", metavar="DIR", help="first on the hub's PYTHONPATH (another gpupool)"
+        "--hub-pythonpath",
+        metavar="DIRS",
+        help="folders (':'-separated) first on the hub's PYTHONPATH: another gpupool",
     )
     args = parser.parse_args(argv)
     if not 1 <= args.users <= 500 or not 0 <= args.jobs <= 1000 or args.storm_jobs > 100:
