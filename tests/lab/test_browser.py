@@ -258,6 +258,35 @@ def test_a_job_that_would_wait_is_submitted_and_shows_queued(
     assert hub.as_user(ada_lab, "GET", f"/jobs/{job_id}").json()["state"] == "cancelled"
 
 
+def test_the_jobs_panel_pages_through_older_jobs(
+    hub: Hub, browser: Browser, ada_lab: str, vision_busy: None
+) -> None:
+    """More jobs than the hub answers on one page (50): the panel shows the newest page, and
+    "Show older jobs" opens the next."""
+    for i in range(52):  # queued behind cal's notebook, then cancelled: cheap ended jobs
+        body = {"script": "print(1)", "offer": "h100", "name": f"old-{i}", "time_limit": 60}
+        r = hub.as_user(ada_lab, "POST", "/jobs", json=body)
+        assert r.status_code == 201, r.text
+        assert hub.as_user(ada_lab, "DELETE", f"/jobs/{r.json()['id']}").status_code == 200
+    total = len(hub.as_user(ada_lab, "GET", "/jobs", params={"limit": 500}).json()["jobs"])
+    assert 52 <= total < 100
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    try:
+        log_in(page, hub, "ada")
+        page.goto(f"{hub.url}/user/ada/lab")
+        page.locator(".gpupool-status").click(timeout=SLOW)  # shows the panel (a tab toggles)
+        panel = page.locator(".gpupool-jobs-panel")
+        rows, older = panel.locator(".gpupool-job"), panel.locator(".gpupool-older")
+        expect(rows).to_have_count(50, timeout=60_000)
+        expect(rows.first.locator(".gpupool-job-name")).to_have_text("old-51")  # newest first
+        expect(older).to_be_visible()
+        older.click()
+        expect(rows).to_have_count(total)
+        expect(older).to_be_hidden()  # the last page
+    finally:
+        page.close()
+
+
 # Computed colours, read in the page: the text colour of an element and the colour behind it
 # (the first ancestor with an opaque background).
 COLOURS = r"""(node) => {
