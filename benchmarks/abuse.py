@@ -1,7 +1,7 @@
 """The *abuse* phase of ``benchmarks.load``: one user floods the hub while another is timed.
 
 ``python -m benchmarks.load --only abuse [--abuse-jobs 300] [--abuse-followers 300]
-[--abuse-spawns 10] [--spawn-retries 5] [--hold 10] [--hub-pythonpath DIR] [--json]`` runs it on
+[--abuse-spawns 10] [--spawn-retries 5] [--hold 10] [--hub-pythonpath DIRS] [--json]`` runs it on
 its own (a hub of the load benchmark's pool and users); a full ``benchmarks.load`` run ends with
 it, before everything is stopped.
 
@@ -20,19 +20,26 @@ All the while the *victim*, a user of another team, asks ``GET /jobs`` and ``GET
 turn, ten a second at a fixed rate whether or not earlier answers came, each timed from when it
 was due (so a stall of the hub counts for every request it held up).
 
+Then, with the victim no longer timed, the attacker's jobs are cancelled and the jobs flood is
+sent once more and cancelled: the hub's memory after that second round against after the first
+says whether anything is kept per job (a hub that keeps jobs' scripts grows by each round's
+accepted scripts; one that keeps nothing stays where the first round's peak left it: the
+allocator keeps freed memory for reuse).
+
 Keys: ``victim_p99_s`` (also p50, max, count) over the victim's requests during the floods;
 ``abuse_accepted_beyond_limit``: what the hub accepted beyond the limits in force
 (``GPUPool.user_limits``, the defaults of the gpupool this benchmark is part of), summed over
 jobs (201s beyond the room the attacker had, less jobs that ended meanwhile), followers (streams
 answered 200 beyond the limit) and spawns (201/202 beyond the limit). Also: every answer's
-status per flood, the hub's resident memory (``VmRSS``) before, after the floods and after the
-attacker's jobs were cancelled, the pool database's size, how often the hub logged "Event
-loop was unresponsive", and per flood the victim's figures and how long the hub's event loop
-(its main thread) ran on a CPU and waited, runnable, for one (``/proc/<pid>/schedstat``: a
-wait long against the run means the machine's other processes, not the hub's work, held it up).
+status per flood, the hub's resident memory (``VmRSS``) before, after the floods, after the
+attacker's jobs were cancelled and after the second round, the pool database's size, how often
+the hub logged "Event loop was unresponsive", and per flood the victim's figures and how long
+the hub's event loop (its main thread) ran on a CPU and waited, runnable, for one
+(``/proc/<pid>/schedstat``: a wait long against the run means the machine's other processes,
+not the hub's work, held it up).
 
 Contract: loopback only, bounded in count (the options) and time (each wait has a deadline);
-stops what it started (streams, jobs, servers). ``--hub-pythonpath`` puts a folder first on the
+stops what it started (streams, jobs, servers). ``--hub-pythonpath`` puts folders first on the
 hub's ``PYTHONPATH``: e.g. a ``git archive`` of an older gpupool, to measure it with the same
 benchmark (the limits counted against stay this version's).
 """
@@ -416,6 +423,10 @@ class Abuse:
         out["db_mib"]["after_floods"] = round(db.stat().st_size / (1 << 20), 1)
         out["attacker_jobs_cancelled"] = self.cancel_jobs()
         out["rss_mib"]["after_cancel"] = rss_mib(pid)
+        self.log("  abuse: the jobs flood again (memory only: is anything kept per job?)")
+        out["jobs_again"] = {"accepted": self.flood_jobs()["accepted"]}
+        out["jobs_again"]["cancelled"] = self.cancel_jobs()
+        out["rss_mib"]["after_second_round"] = rss_mib(pid)
         out["victim"] = victim.figures()
         for name, (since, until) in windows.items():
             out[name]["victim"] = victim.figures(since, until)
@@ -448,7 +459,8 @@ def table(a: dict[str, Any]) -> str:
         )
     lines.append(
         f"  hub RSS MiB: before {rss['before']}, after the floods {rss['after_floods']}, after "
-        f"cancelling {rss['after_cancel']}; pool database MiB: {db['before']} -> "
+        f"cancelling {rss['after_cancel']}, after the jobs flood and cancel again "
+        f"{rss['after_second_round']}; pool database MiB: {db['before']} -> "
         f"{db['after_floods']}; 'Event loop was unresponsive' {a['event_loop_unresponsive']} "
         f"times, {a['tracebacks']} tracebacks"
     )
