@@ -21,10 +21,11 @@ turn, ten a second at a fixed rate whether or not earlier answers came, each tim
 was due (so a stall of the hub counts for every request it held up).
 
 Then, with the victim no longer timed, the attacker's jobs are cancelled and the jobs flood is
-sent once more and cancelled: the hub's memory after that second round against after the first
-says whether anything is kept per job (a hub that keeps jobs' scripts grows by each round's
-accepted scripts; one that keeps nothing stays where the first round's peak left it: the
-allocator keeps freed memory for reuse).
+sent and cancelled ``--memory-rounds`` (2) more times: the hub's memory round after round says
+whether anything is kept per job (a hub that keeps jobs' scripts grows by each round's accepted
+scripts; the allocator's own high-water mark levels off). ``python -m benchmarks.abuse`` measures
+the job manager alone the same way, without a hub: its Python heap after each round
+(``tracemalloc``), which no allocator or JupyterHub memory blurs.
 
 Keys: ``victim_p99_s`` (also p50, max, count) over the victim's requests during the floods;
 ``abuse_accepted_beyond_limit``: what the hub accepted beyond the limits in force
@@ -32,7 +33,7 @@ Keys: ``victim_p99_s`` (also p50, max, count) over the victim's requests during 
 jobs (201s beyond the room the attacker had, less jobs that ended meanwhile), followers (streams
 answered 200 beyond the limit) and spawns (201/202 beyond the limit). Also: every answer's
 status per flood, the hub's resident memory (``VmRSS``) before, after the floods, after the
-attacker's jobs were cancelled and after the second round, the pool database's size, how often
+attacker's jobs were cancelled and after each further round, the pool database's size, how often
 the hub logged "Event loop was unresponsive", and per flood the victim's figures and how long
 the hub's event loop (its main thread) ran on a CPU and waited, runnable, for one
 (``/proc/<pid>/schedstat``: a wait long against the run means the machine's other processes,
@@ -423,10 +424,12 @@ class Abuse:
         out["db_mib"]["after_floods"] = round(db.stat().st_size / (1 << 20), 1)
         out["attacker_jobs_cancelled"] = self.cancel_jobs()
         out["rss_mib"]["after_cancel"] = rss_mib(pid)
-        self.log("  abuse: the jobs flood again (memory only: is anything kept per job?)")
-        out["jobs_again"] = {"accepted": self.flood_jobs()["accepted"]}
-        out["jobs_again"]["cancelled"] = self.cancel_jobs()
-        out["rss_mib"]["after_second_round"] = rss_mib(pid)
+        out["rss_mib"]["after_rounds"] = []
+        for _ in range(self.args.memory_rounds):
+            self.log("  abuse: the jobs flood again (memory only: is anything kept per job?)")
+            self.flood_jobs()
+            self.cancel_jobs()
+            out["rss_mib"]["after_rounds"].append(rss_mib(pid))
         out["victim"] = victim.figures()
         for name, (since, until) in windows.items():
             out[name]["victim"] = victim.figures(since, until)
@@ -459,9 +462,64 @@ def table(a: dict[str, Any]) -> str:
         )
     lines.append(
         f"  hub RSS MiB: before {rss['before']}, after the floods {rss['after_floods']}, after "
-        f"cancelling {rss['after_cancel']}, after the jobs flood and cancel again "
-        f"{rss['after_second_round']}; pool database MiB: {db['before']} -> "
+        f"cancelling {rss['after_cancel']}, after each jobs flood and cancel again "
+        f"{rss['after_rounds']}; pool database MiB: {db['before']} -> "
         f"{db['after_floods']}; 'Event loop was unresponsive' {a['event_loop_unresponsive']} "
         f"times, {a['tracebacks']} tracebacks"
     )
     return "\n".join(lines)
+
+
+def heap_rounds(rounds: int = 3, jobs: int = 32) -> list[dict[str, float]]:
+    """The job manager's own memory, without a hub around it: ``rounds`` times, ``jobs`` jobs of
+    a 1 MiB script submitted (queued behind a held GPU) and cancelled; after each round the
+    Python heap still allocated (``tracemalloc``, after a collection) and this process's RSS.
+    What the hub keeps per ended job shows as heap growing round by round."""
+    import asyncio
+    import gc
+    import os
+    import tempfile
+    import tracemalloc
+
+    from traitlets.config import Config
+
+    from gpupool.config import GPUPool
+    from gpupool.jobs.manager import JobManager
+    from gpupool.pool import Pool
+    from tests.accounts import shared_mode
+
+    c = Config()
+    c.GPUPool.inventory = "simulated:n: 1x H100-80GB"
+    c.GPUPool.db_url = f"sqlite:///{tempfile.mkdtemp(prefix='gpupool-heap-')}/pool.sqlite"
+    c.GPUPool.offers = {"gpu": {"kind": "gpu"}}
+    c.GPUPool.teams = {"a": {"guarantee": 1}}  # 32 jobs: within the default jobs limit
+    shared_mode(c)
+    m = JobManager(Pool.from_config(GPUPool(config=c)), config=c)
+    m.pool.allocate("holder", ["a"], "gpu", 1, team="a")  # every job waits
+    body = json.dumps({"script": flood_script(), "offer": "gpu"}).encode()
+
+    async def one_round() -> None:
+        ids = [m.submit("ann", ["a"], json.loads(body)).id for _ in range(jobs)]
+        await m.schedule_pass()
+        for job_id in ids:
+            await m.cancel(job_id, "ann", False)
+
+    tracemalloc.start()
+    out = []
+    for _ in range(rounds):
+        asyncio.run(one_round())
+        gc.collect()
+        heap, peak = tracemalloc.get_traced_memory()
+        out.append(
+            {
+                "heap_mib": round(heap / (1 << 20), 1),
+                "peak_mib": round(peak / (1 << 20), 1),
+                "rss_mib": rss_mib(os.getpid()) or 0.0,
+            }
+        )
+    tracemalloc.stop()
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps({"rounds": heap_rounds()}, indent=2))

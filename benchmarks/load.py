@@ -1469,6 +1469,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--spawn-retries", type=int, default=5, help="retries of each refusal")
     parser.add_argument("--hold", type=float, default=10.0, help="seconds streams stay open")
     parser.add_argument(
+        "--memory-rounds", type=int, default=2, help="jobs floods after, for memory only"
+    )
+    parser.add_argument(
         "--hub-pythonpath",
         metavar="DIRS",
         help="folders (':'-separated) first on the hub's PYTHONPATH: another gpupool",
