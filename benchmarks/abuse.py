@@ -179,6 +179,7 @@ class Abuse:
         (self.attacker, self.attacker_token), (self.victim, self.victim_token) = attacker, victim
         self.limits = hub_limits()
         self.accepted_jobs: list[str] = []
+        self.spawned: list[str] = []
 
     # -- HTTP as the attacker ------------------------------------------------------------------
     def call(self, method: str, path: str, **kw: Any) -> requests.Response | None:
@@ -349,7 +350,7 @@ class Abuse:
             "beyond_limit": beyond(len(at_once), self.limits["spawns"]),
             "s": round(time.monotonic() - t0, 1),
         }
-        self._stop_servers(names)
+        self.spawned = names  # stopped after the timed floods
         return figures
 
     def _servers(self) -> dict[str, Any]:
@@ -413,6 +414,7 @@ class Abuse:
                 t0, (ran, waited) = time.perf_counter(), loop_times(pid)
                 out[name] = flood()
                 windows[name] = (t0, time.perf_counter())
+                out[name]["window_s"] = round(windows[name][1] - t0, 1)
                 ran_after, waited_after = loop_times(pid)
                 out[name]["hub_loop_ran_s"] = round(ran_after - ran, 2)
                 out[name]["hub_loop_waited_s"] = round(waited_after - waited, 2)
@@ -420,6 +422,7 @@ class Abuse:
         finally:
             victim.stop.set()
             victim.thread.join(150)
+            self._stop_servers(self.spawned)
         out["rss_mib"]["after_floods"] = rss_mib(pid)
         out["db_mib"]["after_floods"] = round(db.stat().st_size / (1 << 20), 1)
         out["attacker_jobs_cancelled"] = self.cancel_jobs()
@@ -458,7 +461,7 @@ def table(a: dict[str, Any]) -> str:
             f"  {name}: {f['accepted']} accepted, {f['beyond_limit']} beyond the limit; "
             f"answers {f['codes']}; the victim meanwhile: p99 {f['victim']['p99_s']} s, "
             f"max {f['victim']['max_s']} s; the hub's loop ran {f['hub_loop_ran_s']} s and "
-            f"waited {f['hub_loop_waited_s']} s for a CPU in {f['s']} s"
+            f"waited {f['hub_loop_waited_s']} s for a CPU in {f['window_s']} s"
         )
     lines.append(
         f"  hub RSS MiB: before {rss['before']}, after the floods {rss['after_floods']}, after "
