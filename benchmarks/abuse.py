@@ -31,7 +31,9 @@ Keys: ``victim_p99_s`` (also p50, max, count) over the victim's requests during 
 ``abuse_accepted_beyond_limit``: what the hub accepted beyond the limits in force
 (``GPUPool.user_limits``, the defaults of the gpupool this benchmark is part of), summed over
 jobs (201s beyond the room the attacker had, less jobs that ended meanwhile), followers (streams
-answered 200 beyond the limit) and spawns (201/202 beyond the limit). Also: every answer's
+answered 200 beyond the limit) and spawns (the most of its servers starting at once beyond the
+limit, by the hub's log: a start counts from the pool's grant until JupyterHub says it is up or
+failed; a server that came up frees a place, so a later start is no excess). Also: every answer's
 status per flood, the hub's resident memory (``VmRSS``) before, after the floods, after the
 attacker's jobs were cancelled and after each further round, the pool database's size, how often
 the hub logged "Event loop was unresponsive", and per flood the victim's figures and how long
@@ -48,6 +50,7 @@ benchmark (the limits counted against stay this version's).
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import Counter
@@ -98,6 +101,30 @@ def loop_times(pid: int) -> tuple[float, float]:
     except (OSError, ValueError):
         return 0.0, 0.0
     return int(ran) / 1e9, int(waited) / 1e9
+
+
+def most_starting(log: str, user: str) -> int:
+    """The most servers of ``user`` starting at once, by the hub's log (one event loop, so its
+    lines are in the order things happened): a start begins when the pool grants it ("gpupool:
+    allocated ... notebook <user>/<server>") and ends when JupyterHub says it is up ("User
+    <user>:<server> took ... seconds to start") or that it failed ("... failed to start", "Error
+    starting"); a start JupyterHub refused before the pool was asked never counts."""
+    who = re.escape(user)
+    begin = re.compile(rf"gpupool: allocated \S+ to {who} \([^)]*notebook {who}/([^)\s]+)\)")
+    end = re.compile(
+        rf"User {who}:(\S+) took [\d.]+ seconds to start"
+        rf"|(?:Error starting|Unhandled error starting) {who}:(\S+?)'?s? server"
+        rf"|{who}:(\S+) failed to start"
+    )
+    starting: set[str] = set()
+    most = 0
+    for line in log.splitlines():
+        if m := begin.search(line):
+            starting.add(m.group(1))
+            most = max(most, len(starting))
+        elif m := end.search(line):
+            starting.discard(next(g for g in m.groups() if g))
+    return most
 
 
 def beyond(accepted: int, room: int, freed: int = 0) -> int:
@@ -335,23 +362,36 @@ class Abuse:
                         started.set()
                     return
 
+        log_start = self.hub.log.stat().st_size
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
         with ThreadPoolExecutor(len(names)) as pool:
             list(pool.map(one, names))
         started.set()
         watcher.join(5)
+        self._wait_started(names, deadline=time.monotonic() + 120)
+        logged = self.hub.log.read_bytes()[log_start:].decode(errors="replace")
+        peak = most_starting(logged, self.attacker)
         figures = {
             "servers": len(names),
             "retries": self.args.spawn_retries,
             "posts": sum(codes.values()),
             "codes": dict(codes),
             "accepted": len(at_once),
-            "beyond_limit": beyond(len(at_once), self.limits["spawns"]),
+            "most_starting_at_once": peak,
+            "beyond_limit": beyond(peak, self.limits["spawns"]),
             "s": round(time.monotonic() - t0, 1),
         }
         self.spawned = names  # stopped after the timed floods
         return figures
+
+    def _wait_started(self, names: list[str], deadline: float) -> None:
+        """Until none of ``names`` is still starting (each is up, or failed)."""
+        while time.monotonic() < deadline:
+            servers = self._servers()
+            if not any(servers.get(n, {}).get("pending") == "spawn" for n in names):
+                return
+            time.sleep(0.5)
 
     def _servers(self) -> dict[str, Any]:
         r = self.hub.api("GET", f"/users/{self.attacker}")

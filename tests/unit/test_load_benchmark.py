@@ -191,3 +191,30 @@ def test_resident_memory_is_read_from_proc() -> None:
     mine = rss_mib(os.getpid())
     assert mine is not None and mine > 1
     assert rss_mib(2**22 + 1) is None  # no such process
+
+
+def test_servers_starting_at_once_are_read_from_the_hubs_log_in_order() -> None:
+    from benchmarks.abuse import most_starting
+
+    def granted(server: str) -> str:
+        return (
+            "[I 2026-12-02 02:08:06.591 JupyterHub.gpupool pool:201] gpupool: allocated 3f2a to "
+            f"u000 (team vision, notebook u000/{server}): cpu"
+        )
+
+    def up(server: str) -> str:
+        return f"[I 02:08:25.943 JupyterHub base:1192] User u000:{server} took 2.1 seconds to start"
+
+    log = [
+        granted("a"),
+        granted("b"),  # two at once
+        "[I ...] gpupool: refused u000/c: You have 2 servers starting; the limit is 2",
+        up("a"),
+        granted("c"),  # a place came free: still two at once
+        granted("x").replace("u000", "u001"),  # another user's
+        up("b"),
+        up("c"),
+    ]
+    assert most_starting("\n".join(log), "u000") == 2
+    assert most_starting("\n".join([granted("a"), granted("b"), granted("c")]), "u000") == 3
+    assert most_starting("", "u000") == 0
