@@ -61,11 +61,16 @@ class Cluster(HubStandIns):
         self.prometheus = Prometheus()
         self.next_gpu = {"dgx-h100-1": 0, "dgx-a100-1": 1}
 
-    def reclaimer(self, url: str | None = None, **policies: Any) -> IdleReclaimer:
+    def reclaimer(
+        self, url: str | None = None, timeout: float = 30, **policies: Any
+    ) -> IdleReclaimer:
+        """The reclaimer, reading DCGM from the stand-in Prometheus; a short ``timeout`` only
+        where the test expects Prometheus to fail (a healthy one must answer, however loaded
+        the machine is)."""
         c = Config()
         c.IdleReclaimer.policies = {"*": policies} if policies else {}
         c.IdleReclaimer.dcgm_prometheus_url = self.prometheus.url if url is None else url
-        c.IdleReclaimer.dcgm_timeout = 0.5
+        c.IdleReclaimer.dcgm_timeout = timeout
         return IdleReclaimer(self.pool, TOKEN, self.api.api_url, self.api.url, config=c, log=LOG)
 
     def notebook(self, user: str, offer: str) -> Allocation:
@@ -182,7 +187,7 @@ def test_a_failing_prometheus_gives_no_samples_and_the_look_completes(
         k8s.prometheus.raw = (502, b"<html><h1>502 Bad Gateway</h1></html>", "text/html")
     else:
         url = silent.url
-    r = k8s.reclaimer(url=url)
+    r = k8s.reclaimer(url=url, timeout=0.5)
     try:
         with caplog.at_level(logging.DEBUG, logger=LOG.name):
             assert asyncio.run(r.look()) == []
