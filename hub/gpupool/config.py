@@ -281,5 +281,7 @@ class GPUPool(LoggingConfigurable):
         everyone = self.everyone
         if "everyone" not in self.config.get("GPUPool", {}):
             everyone = {**everyone, "offers": [o for o in everyone["offers"] if o in self.offers]}
-        limits = {**self.trait_defaults("user_limits"), **self.user_limits}
+        defaults = self.trait_defaults("user_limits")
+        assert isinstance(defaults, dict)
+        limits = {**defaults, **self.user_limits}
         return parse_settings(self.offers, self.teams, everyone, limits)
