@@ -346,3 +346,28 @@ def test_a_pass_writes_every_changed_waiting_reason_in_one_transaction(tmp_path:
     assert {j.id: j.reason for j in m.pool.store.load_jobs()} == {
         j.id: m.jobs[j.id].reason for j in jobs
     }
+
+
+def test_a_running_manager_forgets_old_jobs_on_its_own(tmp_path: Path) -> None:
+    """The loop forgets expired jobs at its first pass after a start, then every
+    ``prune_interval``: no one has to call :meth:`JobManager.prune`."""
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+
+    async def scenario() -> None:
+        m = manager(tmp_path, clock=lambda: now[0])
+        old = m.submit("ann", ["a"], {"script": "print(1)", "offer": "cpu"})
+        await m.cancel(old.id, "ann", False)  # ended while queued
+        now[0] += timedelta(days=31)
+        await m.start()
+        try:
+
+            async def forgotten() -> None:
+                while old.id in m.jobs:
+                    await asyncio.sleep(0.05)
+
+            await asyncio.wait_for(forgotten(), 30)
+            assert m.pool.store.load_jobs() == [] and m.pool.store.job_script(old.id) is None
+        finally:
+            await m.stop()
+
+    asyncio.run(scenario())
