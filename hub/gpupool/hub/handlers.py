@@ -5,6 +5,9 @@ Vocabulary
 - *scopes* (:mod:`gpupool.hub.scopes`): ``custom:gpupool:jobs`` lets a user (or their server's
   token) use the API for their own jobs; ``custom:gpupool:admin`` sees and cancels everyone's.
 - A job that is not yours is answered 404, exactly like one that does not exist.
+- ``GET /jobs`` answers a page, newest first (:mod:`gpupool.core.paging`); submissions and
+  followed logs past a per-user limit are 429 (:mod:`gpupool.core.limits`), a submission before
+  its body is parsed when the user has no room in any team.
 - *hub objects*: the pool, job manager and reclaimer, from the hub's tornado settings
   (:mod:`gpupool.hub.objects`).
 
