@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner
-from traitlets import Bool, Unicode, default
+from traitlets import Bool, Int, Unicode, default
 
 from gpupool.core.ledger import Allocation
 from gpupool.hub.errors import refuse
@@ -79,6 +79,17 @@ class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         config=True,
         help="""Home directory when ``run_as_hub_user`` is on; ``{username}`` is expanded.
         Example: ``c.LocalGPUSpawner.home_dir_template = "/srv/homes/{username}"``""",
+    )
+
+    niceness = Int(
+        10,
+        min=0,
+        max=19,
+        config=True,
+        help="""How much lower than the hub's the CPU priority of user code is (servers, and
+        jobs through ``LocalJobBackend.niceness``), so the hub answers everyone while one user's
+        code keeps every core busy: ``nice`` values, 0 to 19 (0: the hub's priority). Example:
+        ``c.LocalGPUSpawner.niceness = 5``""",
     )
 
     home_dir = Unicode(help="This user's home directory when running as the hub user.")
@@ -203,6 +214,15 @@ class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
 
     # -- the shared mode (SimpleLocalProcessSpawner's behaviour, never as root) -------------
     def make_preexec_fn(self, name: str) -> Callable[[], None]:
+        become, niceness = self._make_preexec_fn(name), self.niceness
+
+        def preexec() -> None:
+            os.nice(niceness)  # lower only: allowed to anyone, before or after the switch
+            become()
+
+        return preexec
+
+    def _make_preexec_fn(self, name: str) -> Callable[[], None]:
         if not self.run_as_hub_user:
             fn: Callable[[], None] = super().make_preexec_fn(name)
             return fn

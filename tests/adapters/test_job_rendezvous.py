@@ -267,7 +267,8 @@ def test_the_root_launcher_takes_nothing_from_the_job_and_leaves_it_nothing_of_r
     script = (
         "import json, os\n"
         "caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')]\n"
-        "print(json.dumps([os.getgroups(), caps[0], os.readlink('/proc/self/ns/net')]))\n"
+        "print(json.dumps([os.getgroups(), caps[0], os.readlink('/proc/self/ns/net'),"
+        " os.nice(0)]))\n"
     )
     b = backend()
     spec = JobSpec(script=script, gpus=1, env=(("PYTHONPATH", str(evil)),))
@@ -279,10 +280,13 @@ def test_the_root_launcher_takes_nothing_from_the_job_and_leaves_it_nothing_of_r
 
     done, state = asyncio.run(scenario())
     assert state == "succeeded"
-    groups, caps, netns = json.loads(asyncio.run(b.read_log(done, 0, 0))[0].splitlines()[-1])
+    groups, caps, netns, niceness = json.loads(
+        asyncio.run(b.read_log(done, 0, 0))[0].splitlines()[-1]
+    )
     victim = unix_user(VICTIM)
     assert sorted(groups) == sorted(os.getgrouplist(VICTIM, victim.pw_gid))
     assert int(caps, 16) == 0
+    assert niceness == 10  # below the hub (LocalGPUSpawner.niceness), so the hub stays responsive
     assert netns != os.readlink("/proc/self/ns/net")  # not the hub's (the machine's) network
     uids = {int(u) for u in seen.read_text().split()}
     assert uids == {victim.pw_uid}, f"the job's sitecustomize ran as {uids}"

@@ -71,6 +71,7 @@ def test_a_server_runs_as_its_users_own_account_in_their_home(hub: Hub) -> None:
         pid = hub.pid(ANN)
         ann = pwd.getpwnam(ANN)
         assert uid_of(pid) == ann.pw_uid
+        assert os.getpriority(os.PRIO_PROCESS, pid) == 10  # below the hub's CPU priority
         env = environ(pid)
         assert env["HOME"] == ann.pw_dir and env["CUDA_VISIBLE_DEVICES"].startswith("GPU-")
         assert hub.allocations()[f"{ANN}/"].offer == "h100"

@@ -165,6 +165,14 @@ class LocalJobBackend(JobBackend):
         config=True,
         help="The most bytes of a rank's log one read returns. Example: ``262144``",
     )
+    niceness = Int(
+        min=0,
+        max=19,
+        config=True,
+        help="""How much lower than the hub's the CPU priority of a job's processes is (``nice``
+        values, 0 to 19); default: ``LocalGPUSpawner.niceness`` (10). Example:
+        ``c.LocalJobBackend.niceness = 5``""",
+    )
     job_network = CaselessStrEnum(
         ["private", "host"],
         "private",
@@ -187,6 +195,10 @@ class LocalJobBackend(JobBackend):
     @default("run_as_hub_user")
     def _default_shared_mode(self) -> bool:
         return bool(spawner_setting(self.config, "run_as_hub_user", True))
+
+    @default("niceness")
+    def _default_niceness(self) -> int:
+        return int(spawner_setting(self.config, "niceness", 10))
 
     @default("shared_account")
     def _default_shared_account(self) -> str:
@@ -277,7 +289,8 @@ class LocalJobBackend(JobBackend):
             "--max-restarts", "0",
             "-m", "gpupool_lab.rank_log", str(jdir), str(jdir / "script.py"), *job.spec.args,
         ]  # fmt: skip
-        command = ["/bin/sh", "-c", PREPARE_AND_RUN, "gpupool-job", *torchrun]
+        command = ["/usr/bin/nice", "-n", str(self.niceness),
+                   "/bin/sh", "-c", PREPARE_AND_RUN, "gpupool-job", *torchrun]  # fmt: skip
         env = self._env(job, allocations, jdir, home, account)
         stdin = job.spec.script.encode()
         if self.private_network:  # root starts the launcher, clean; it becomes the account
