@@ -14,8 +14,10 @@ BIN    := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.demo
 STAMP  := $(VENV)/.installed
 RUNTIMES := /var/cache/gpupool/$(shell printf %s '$(CURDIR)' | sha256sum | cut -c1-16)
+# (The built extension under gpupool_lab/labextension is not listed: a rebuild renames its files
+# while make runs; the demo's stamp, which the runtime also needs, stands for it.)
 PACKAGE_SRC := pyproject.toml $(shell find hub spawner labextension/gpupool_lab -type f \
-  -not -path '*/__pycache__/*' 2>/dev/null)
+  -not -path '*/__pycache__/*' -not -path 'labextension/gpupool_lab/labextension/*' 2>/dev/null)
 # The runtime's stamp (as root; nothing to build otherwise) and its Python.
 RUNTIME := $(if $(ROOT),$(RUNTIMES)/venv/.installed)
 RUNTIME_PYTHON := $(if $(ROOT),$(RUNTIMES)/venv/bin/python,$(VENV)/bin/python)
