@@ -89,11 +89,15 @@ def stored(hub: Hub) -> dict[str, Any]:
     s = hub.login("ben")  # the spawn form's door: an extra field, and a display name
     path = f"/hub/spawn/ben/{NAMED}"
     check_page(s.get(f"{hub.url}{path}", params={"display_name": DISPLAY}, timeout=60), path)
-    form = {"gpupool_choice": "vision|cpu|1", "note": HOSTILE["markup"] + HOSTILE["bidi"]}
-    r = s.post(
-        f"{hub.url}{path}", data={**form, "_xsrf": xsrf(s, path)}, timeout=60, allow_redirects=False
-    )
-    assert r.status_code == 302, r.text[-500:]
+    if not named(hub):  # JupyterHub 6 shows the form; 5 spawns at once from the query's options
+        form = {"gpupool_choice": "vision|cpu|1", "note": HOSTILE["markup"] + HOSTILE["bidi"]}
+        r = s.post(
+            f"{hub.url}{path}",
+            data={**form, "_xsrf": xsrf(s, path)},
+            timeout=60,
+            allow_redirects=False,
+        )
+        assert r.status_code == 302, r.text[-500:]
     wait_for(lambda: named(hub).get("ready"), 120, "ben's named server to be ready")
 
     for value in HOSTILE.values():
@@ -193,7 +197,8 @@ def test_every_page_shows_the_values_as_text(hub: Hub, stored: dict[str, Any]) -
     )
     assert row is not None, "no cancel form for ben's running job"
     home = soups["/hub/home as ben"].get_text()
-    assert "<i>srv</i>" in home  # the named server's name, as text
+    if named(hub).get("display_name"):  # JupyterHub 6 keeps a display name (5 has none)
+        assert "<i>srv</i>" in home  # the named server's name, as text
 
 
 def test_the_spawn_page_of_a_server_with_hostile_options_and_name(
