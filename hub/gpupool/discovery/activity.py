@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pynvml
+
+T = TypeVar("T")
 
 log = logging.getLogger("gpupool")
 
@@ -53,30 +55,18 @@ class DeviceMonitor:
 
     def sample(self, node: str, uuids: Iterable[str]) -> dict[str, DeviceSample]:
         """Samples of the devices ``uuids`` on ``node`` (empty where the node cannot be read)."""
-        nvml = self.nvml_by_node.get(node)
-        wanted = list(uuids)
-        if nvml is None or not wanted:
-            return {}
-        try:
-            nvml.nvmlInit()
-        except pynvml.NVMLError as e:
-            self._once(node, f"NVML on {node} cannot be read: {e}")
-            return {}
-        out: dict[str, DeviceSample] = {}
-        try:
-            for uuid in wanted:
-                try:
-                    out[uuid] = _read(nvml, uuid)
-                except pynvml.NVMLError as e:
-                    self._once(uuid, f"NVML cannot read device {uuid} on {node}: {e}")
-        finally:
-            with contextlib.suppress(pynvml.NVMLError):
-                nvml.nvmlShutdown()
-        return out
+        return self._each(node, uuids, _read, "NVML cannot read device")
 
     def processes(self, node: str, uuids: Iterable[str]) -> dict[str, list[tuple[int, int | None]]]:
         """The compute processes of the devices ``uuids`` on ``node`` with their GPU memory in
         bytes (``None`` where NVML does not report it); a device NVML cannot read is left out."""
+        return self._each(node, uuids, _processes, "NVML cannot read the processes of")
+
+    def _each(
+        self, node: str, uuids: Iterable[str], read: Callable[[Any, str], T], failing: str
+    ) -> dict[str, T]:
+        """``read(nvml, uuid)`` for each device of ``uuids`` on ``node``, inside one NVML
+        session; a node or device NVML cannot read is logged once and left out."""
         nvml = self.nvml_by_node.get(node)
         wanted = list(uuids)
         if nvml is None or not wanted:
@@ -86,16 +76,13 @@ class DeviceMonitor:
         except pynvml.NVMLError as e:
             self._once(node, f"NVML on {node} cannot be read: {e}")
             return {}
-        out: dict[str, list[tuple[int, int | None]]] = {}
+        out: dict[str, T] = {}
         try:
             for uuid in wanted:
                 try:
-                    handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
-                    procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                    out[uuid] = read(nvml, uuid)
                 except pynvml.NVMLError as e:
-                    self._once(uuid, f"NVML cannot read the processes of {uuid} on {node}: {e}")
-                    continue
-                out[uuid] = [(int(p.pid), _used(p)) for p in procs]
+                    self._once(uuid, f"{failing} {uuid} on {node}: {e}")
         finally:
             with contextlib.suppress(pynvml.NVMLError):
                 nvml.nvmlShutdown()
@@ -105,6 +92,11 @@ class DeviceMonitor:
         if key not in self._failed:
             self._failed.add(key)
             log.warning("gpupool: %s", message)
+
+
+def _processes(nvml: Any, uuid: str) -> list[tuple[int, int | None]]:
+    handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+    return [(int(p.pid), _used(p)) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)]
 
 
 def _read(nvml: Any, uuid: str) -> DeviceSample:
