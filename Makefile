@@ -132,6 +132,9 @@ run: node-check
 # Last, the skipped tests of all its pytest runs, counted by reason (tests/skips.py).
 # The installs run side by side (the venvs, the runtimes, the tools are independent).
 SKIPS := $(CURDIR)/.pytest_cache/gpupool-skips
+# pytest runs test modules side by side (pytest-xdist), a whole module per worker so that its
+# fixtures (a hub, its servers) are made once: most of a test's time is spent waiting on them.
+PARALLEL ?= -n $(shell nproc) --dist loadfile
 test:
 	@$(MAKE) --no-print-directory -j$(shell nproc) install $(JH5_STAMP) $(JH5_RUNTIME)
 	$(BIN)/python -m tests.preflight
@@ -140,7 +143,7 @@ test:
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	cd labextension && $(JLPM) lint:check && $(JLPM) test
-	GPUPOOL_SKIPS=$(SKIPS) $(BIN)/python -m pytest -q --durations=25
+	GPUPOOL_SKIPS=$(SKIPS) $(BIN)/python -m pytest -q --durations=25 $(PARALLEL)
 	GPUPOOL_SKIPS=$(SKIPS) $(CONFORMANCE)
 	GPUPOOL_SKIPS=$(SKIPS) $(MAKE) --no-print-directory test-jh5
 	@$(BIN)/python -m tests.skips $(SKIPS)

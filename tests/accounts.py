@@ -15,6 +15,7 @@ another account is started with :func:`gpupool.usercode.become` (its own groups,
 from __future__ import annotations
 
 import atexit
+import fcntl
 import functools
 import os
 import pwd
@@ -112,19 +113,31 @@ def give_to_shared_account(path: Path) -> None:
             os.chown(sub, pw.pw_uid, pw.pw_gid, follow_symlinks=False)
 
 
+@contextmanager
+def accounts_lock() -> Iterator[None]:
+    """One change to the account files at a time, across the test run's workers (``useradd``
+    gives up when another holds ``/etc/passwd``'s lock)."""
+    with open("/run/lock/gpupool-test-accounts", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def unix_user(name: str) -> pwd.struct_passwd:
     """A real unix account ``name`` with a home of its own (created if missing; root only)."""
-    try:
+    with accounts_lock():
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            pass
+        subprocess.run(
+            ["useradd", "--create-home", "--user-group", "--shell", "/bin/bash", name],
+            check=True,
+        )
         return pwd.getpwnam(name)
-    except KeyError:
-        pass
-    subprocess.run(
-        ["useradd", "--create-home", "--user-group", "--shell", "/bin/bash", name], check=True
-    )
-    return pwd.getpwnam(name)
 
 
 def remove_unix_user(name: str) -> None:
     """Remove an account made by :func:`unix_user`, with its home and processes."""
     subprocess.run(["pkill", "-KILL", "-u", name], check=False)
-    subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
+    with accounts_lock():
+        subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
