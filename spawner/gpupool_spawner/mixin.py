@@ -18,8 +18,10 @@ Vocabulary
 Contract: an allocation is taken before the server starts and released when it stops, when a
 start fails, and when ``poll`` finds the server gone. A user with as many servers starting as
 ``user_limits.spawns`` allows (named servers) is refused at once (429), before anything is
-allocated. Refusals become 4xx HTTP errors carrying
-the pool's sentence (see :mod:`gpupool.hub.errors`); nothing waits out ``start_timeout``.
+allocated; a start through the REST API that every team of the user would refuse so is refused
+before JupyterHub's spawn begins (:mod:`gpupool.hub.spawn_gate`). Refusals become 4xx HTTP
+errors carrying the pool's sentence (see :mod:`gpupool.hub.errors`); nothing waits out
+``start_timeout``.
 Options over ``max_user_options_bytes`` are refused (413) before anything reads them, options
 holding text no page can show (a lone surrogate, a NUL, in any key or value, anyone's) or nested
 too deep are refused (400, :func:`gpupool.core.parse.check_texts`), and a refused start leaves
@@ -46,6 +48,7 @@ from gpupool.hub.form import SPAWN_FORMS, render
 from gpupool.hub.menu import Choice, menu
 from gpupool.hub.objects import hub_objects
 from gpupool.hub.reconcile import STATE_KEY
+from gpupool.hub.spawn_gate import starting
 from gpupool.pool import Pool
 
 from .options import OfferLimit, from_form, others, parse_user_options
@@ -286,12 +289,7 @@ class GPUSpawnerMixin(Spawner):
         """How many of this user's other servers are starting now: pending a spawn (JupyterHub's
         own state) after gpupool admitted their start; starts that will be refused are not
         counted. ``user_limits.spawns`` bounds it."""
-        spawners = getattr(self.user, "spawners", {})
-        return sum(
-            1
-            for s in spawners.values()
-            if s is not self and s.pending == "spawn" and getattr(s, "gpupool_admitted", False)
-        )
+        return starting(self.user, besides=self)
 
     def gpupool_check_allocation(self, allocation: Allocation) -> None:
         """Hook: refuse an allocation this spawner cannot honour (raise ``web.HTTPError``)."""

@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.store import Store
 from tests.accounts import homes
-from tests.hub.conftest import FINAL, Hub, running, schema, submit, wait_for, wait_job
+from tests.hub.conftest import FINAL, TOKEN, Hub, running, schema, submit, wait_for, wait_job
 
 LIMITS = """\
 c.GPUPool.user_limits = {"jobs": 3, "log_followers": 2, "spawns": 1}
@@ -199,6 +200,19 @@ def test_get_jobs_pages_newest_first_with_a_limit_and_a_cursor(hub: Hub) -> None
     cancel_all(hub, cal)
 
 
+def spawns_failed(hub: Hub) -> float:
+    """Spawns JupyterHub began and saw fail (its metric ``server_spawn_duration_seconds``)."""
+    auth = {"Authorization": f"token {TOKEN}"}
+    r = requests.get(f"{hub.url}/hub/metrics", headers=auth, timeout=30)
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(r.text)
+        if family.name == "jupyterhub_server_spawn_duration_seconds"
+        for s in family.samples
+        if s.name.endswith("_count") and s.labels.get("status") == "failure"
+    )
+
+
 def test_servers_starting_beyond_the_limit_get_429(hub: Hub) -> None:
     answers: list[requests.Response] = []
     first = threading.Thread(
@@ -211,6 +225,7 @@ def test_servers_starting_beyond_the_limit_get_429(hub: Hub) -> None:
         return servers.get("one", {}).get("pending") == "spawn"
 
     wait_for(starting, 30, "dee's first server to be starting")
+    failed = spawns_failed(hub)
     refused = []
     for _ in range(2):  # several at a time (distinct servers), then all again at once
         with ThreadPoolExecutor(len(OTHERS)) as pool:
@@ -223,6 +238,14 @@ def test_servers_starting_beyond_the_limit_get_429(hub: Hub) -> None:
             "You have 1 server starting; the limit is 1 per user in team nlp. "
             "Wait until it has started."
         )
+    # Refused before JupyterHub began a spawn for them (which writes a server, a token, an
+    # OAuth client and the options to its database, then undoes it): its own count of failed
+    # spawns did not move.
+    assert spawns_failed(hub) == failed
+    ada = {"Authorization": f"token {hub.token('ada', ['servers!user'])}"}
+    url = f"{hub.url}/hub/api/users/dee/servers/two"
+    others = requests.post(url, json={}, headers=ada, timeout=30)
+    assert others.status_code == 404, others.text  # JupyterHub's own answer, not dee's limit
     first.join(60)
     assert answers and answers[0].status_code in (201, 202), answers
     wait_for(lambda: hub.api("GET", "/users/dee").json()["servers"]["one"]["ready"], 60)

@@ -11,7 +11,7 @@ from traitlets.config import Config
 from gpupool.config import GPUPool
 from gpupool.core.errors import LimitReached
 from gpupool.core.limits import UserLimits
-from gpupool.core.quota import Team
+from gpupool.core.quota import EVERYONE, Team, check_limit_in_every, member_teams
 from gpupool.settings import ConfigError
 
 
@@ -77,3 +77,24 @@ def test_a_bad_limit_stops_the_hub_naming_the_key(gpupool: dict[str, Any], key: 
     with pytest.raises(ConfigError) as e:
         settings(**gpupool)
     assert str(e.value).startswith(key), e.value
+
+
+def test_a_user_in_several_teams_is_refused_only_when_every_team_would() -> None:
+    tight = Team("vision", user_limits=UserLimits(spawns=1))
+    loose = Team("nlp", user_limits=UserLimits(spawns=3))
+    free = Team("robots")  # no limit
+    check_limit_in_every([tight, loose], "spawns", 2)  # nlp still has room
+    with pytest.raises(LimitReached, match="the limit is 3 per user in team nlp"):
+        check_limit_in_every([tight, loose], "spawns", 3)  # the loosest limit's sentence
+    check_limit_in_every([tight, free], "spawns", 100)
+    check_limit_in_every([], "spawns", 100)
+
+
+def test_the_teams_a_user_may_charge() -> None:
+    teams = {"vision": Team("vision"), "nlp": Team("nlp")}
+    everyone = Team(EVERYONE)
+    assert member_teams(teams, everyone, ["nlp", "staff", "vision"]) == [
+        teams["nlp"],
+        teams["vision"],
+    ]
+    assert member_teams(teams, everyone, ["staff"]) == [everyone]

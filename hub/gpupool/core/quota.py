@@ -18,7 +18,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .errors import InvalidRequest, NotATeamMember, OfferNotAllowed, QuotaExceeded
+from .errors import (
+    InvalidRequest,
+    LimitReached,
+    NotATeamMember,
+    OfferNotAllowed,
+    QuotaExceeded,
+)
 from .limits import NO_LIMITS, LimitKey, UserLimits, check_limit
 from .offers import Offer
 from .parse import quoted
@@ -55,6 +61,26 @@ class Team:
         """Refuse one more of ``key`` to a member who has ``in_use`` of it (HTTP 429)."""
         whose = "user in no team" if self.name == EVERYONE else f"user in team {self.name}"
         check_limit(self.user_limits, key, in_use, whose)
+
+
+def member_teams(teams: Mapping[str, Team], everyone: Team, groups: Iterable[str]) -> list[Team]:
+    """The teams a user in ``groups`` may charge a request to (``everyone`` when in none)."""
+    return [teams[g] for g in sorted(set(groups)) if g in teams] or [everyone]
+
+
+def check_limit_in_every(teams: Iterable[Team], key: LimitKey, in_use: int) -> None:
+    """Refuse one more of ``key`` only when each of ``teams`` would (a member may charge a
+    request to any of them), with the sentence of the loosest limit; no team refuses nothing."""
+    refusals: list[tuple[int, LimitReached]] = []
+    for team in teams:
+        try:
+            team.check_limit(key, in_use)
+        except LimitReached as e:
+            refusals.append((getattr(team.user_limits, key), e))
+        else:
+            return
+    if refusals:
+        raise max(refusals, key=lambda r: r[0])[1]
 
 
 def resolve_team(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from ..config import GPUPool
 from ..podspec import check_share_settings
 from ..pool import Pool
 from ..usercode import check_shared_mode, spawner_setting
-from . import reconcile, refusals, shutdown
+from . import reconcile, refusals, shutdown, spawn_gate
 from .collector import PoolCollector, register
 from .form import check_profile_offers, check_spawn_form
 from .handlers import handlers
@@ -70,6 +71,7 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
     c.JupyterHub.tornado_settings = {**c.JupyterHub.get("tornado_settings", {}), SETTINGS_KEY: hub}
     _add_api(c)
     _add_pages(c)
+    _add_spawn_gate(pool)
     _add_service(c, SERVICE, SERVICE_SCOPES, hub.reclaimer.token)
     _add_service(c, reconcile.SERVICE, reconcile.SERVICE_SCOPES, reconciler.token)
     register(PoolCollector(pool, hub.jobs, hub.reclaimer.idle))
@@ -119,6 +121,14 @@ def _kube_reconciler(
         return reconcile.rest_records(users)
 
     return KubeReconciler(pool, records=records, node_selector=selector, config=c, log=logger)
+
+
+def _add_spawn_gate(pool: Pool) -> None:
+    """Starts beyond ``user_limits.spawns`` refused before JupyterHub's spawn begins
+    (:mod:`gpupool.hub.spawn_gate`), in the hub whose configuration this is."""
+    app = sys.modules.get("jupyterhub.app")  # not imported outside a hub (gpupool.inspect)
+    if app is not None and app.JupyterHub.initialized():
+        spawn_gate.install(app.JupyterHub.instance(), pool)
 
 
 def _check_local_spawner(c: Any) -> None:
