@@ -129,6 +129,7 @@ run: node-check
 	@$(BIN)/python scripts/run-hub $(HUB_LOG) $(BIN)/jupyterhub -f jupyterhub_config.py
 
 # First what every test needs (tests/preflight.py): a failure stops here, once, saying what to do.
+# JupyterHub's own tests and the JupyterHub 5 run go side by side (each prints when it is done).
 # Last, the skipped tests of all its pytest runs, counted by reason (tests/skips.py).
 # The installs run side by side (the venvs, the runtimes, the tools are independent).
 SKIPS := $(CURDIR)/.pytest_cache/gpupool-skips
@@ -144,8 +145,7 @@ test:
 	$(BIN)/mypy
 	cd labextension && $(JLPM) lint:check && $(JLPM) test
 	GPUPOOL_SKIPS=$(SKIPS) $(BIN)/python -m pytest -q --durations=25 $(PARALLEL)
-	GPUPOOL_SKIPS=$(SKIPS) $(CONFORMANCE)
-	GPUPOOL_SKIPS=$(SKIPS) $(MAKE) --no-print-directory test-jh5
+	GPUPOOL_SKIPS=$(SKIPS) $(MAKE) --no-print-directory -j2 --output-sync=target conformance test-jh5
 	@$(BIN)/python -m tests.skips $(SKIPS)
 
 # JupyterHub's own tests (from the installed JupyterHub) with gpupool's spawner and setup(c) in
