@@ -54,8 +54,23 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     skips.terminal_summary(terminalreporter)
 
 
+def unique_node_id(item: pytest.Item) -> None:
+    """Give ``item`` the node id its name implies. schemathesis (4.x, on pytest 9) gives every
+    operation's item the test function's node id, the same for all; pytest-xdist tells items
+    apart by node id, so it ran one of them and dropped the rest."""
+    nodeid = f"{item.nodeid.rpartition('::')[0]}::{item.name}"
+    try:
+        from _pytest.nodeid import coerce_node_id  # pytest 9: a structured node id
+    except ImportError:
+        item._nodeid = nodeid  # type: ignore[attr-defined]
+    else:
+        item._id = coerce_node_id(nodeid)  # type: ignore[attr-defined]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        if not item.nodeid.endswith(f"::{item.name}"):
+            unique_node_id(item)
         try:
             where = item.path.resolve().relative_to(TESTS).as_posix()
         except ValueError:
