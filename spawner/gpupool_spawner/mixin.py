@@ -241,6 +241,7 @@ class GPUSpawnerMixin(Spawner):
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> Any:
         pool = self.gpupool
+        gate = hub_objects(self.user.settings).gate
         self.gpupool_admitted = False
         try:
             options = dict(self.user_options or {})
@@ -273,6 +274,9 @@ class GPUSpawnerMixin(Spawner):
             self.log.info("gpupool: refused %s: %s", self.gpupool_ref, e.message)
             self.gpupool_forget_options()
             raise http_error(e) from None
+        finally:  # admitted or refused, no await since: it counts as this spawner says now
+            if gate is not None:
+                gate.decided(self.user.name, self.name)
         self.gpupool_allocation_id = allocation.id
         try:
             self.gpupool_check_allocation(allocation)

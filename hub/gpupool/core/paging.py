@@ -32,8 +32,9 @@ Key = tuple[float, str]
 
 
 def page_limit(text: str | None) -> int:
-    """The ``limit`` query argument (text of ASCII digits), :data:`DEFAULT_PAGE` when absent."""
-    return DEFAULT_PAGE if not text else whole_number(text, "limit", 1, MAX_PAGE)
+    """The ``limit`` query argument (text of ASCII digits), :data:`DEFAULT_PAGE` when absent
+    (``None``; an empty ``?limit=`` is no whole number)."""
+    return DEFAULT_PAGE if text is None else whole_number(text, "limit", 1, MAX_PAGE)
 
 
 def cursor_of(key: Key) -> str:

@@ -71,7 +71,7 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
     c.JupyterHub.tornado_settings = {**c.JupyterHub.get("tornado_settings", {}), SETTINGS_KEY: hub}
     _add_api(c)
     _add_pages(c)
-    _add_spawn_gate(pool)
+    _add_spawn_gate(hub)
     _add_service(c, SERVICE, SERVICE_SCOPES, hub.reclaimer.token)
     _add_service(c, reconcile.SERVICE, reconcile.SERVICE_SCOPES, reconciler.token)
     register(PoolCollector(pool, hub.jobs, hub.reclaimer.idle))
@@ -123,12 +123,12 @@ def _kube_reconciler(
     return KubeReconciler(pool, records=records, node_selector=selector, config=c, log=logger)
 
 
-def _add_spawn_gate(pool: Pool) -> None:
+def _add_spawn_gate(hub: HubObjects) -> None:
     """Starts beyond ``user_limits.spawns`` refused before JupyterHub's spawn begins
     (:mod:`gpupool.hub.spawn_gate`), in the hub whose configuration this is."""
     app = sys.modules.get("jupyterhub.app")  # not imported outside a hub (gpupool.inspect)
-    if app is not None and app.JupyterHub.initialized():
-        spawn_gate.install(app.JupyterHub.instance(), pool)
+    if app is not None and app.JupyterHub.initialized() and hub.gate is not None:
+        spawn_gate.install(app.JupyterHub.instance(), hub.gate)
 
 
 def _check_local_spawner(c: Any) -> None:

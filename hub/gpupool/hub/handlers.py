@@ -129,7 +129,7 @@ class JobsHandler(GPUPoolHandler):
         """A page of your jobs (an admin: everyone's), newest first: ``?limit=&cursor=``."""
         user, _, admin = self.caller()
         manager = self.gpupool.jobs
-        limit = page_limit(self.get_argument("limit", ""))
+        limit = page_limit(self.get_argument("limit", None))
         jobs, after = manager.listing(user, admin, limit, self.get_argument("cursor", "") or None)
         positions = manager.queue_positions()
         self.write_json({"jobs": [job_model(j, positions.get(j.id)) for j in jobs], "next": after})

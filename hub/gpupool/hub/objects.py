@@ -2,8 +2,8 @@
 
 Vocabulary
 - *hub objects* (:class:`HubObjects`): the pool, the job manager, the idle reclaimer, the
-  share watch and the device watch of one hub process, and on a Kubernetes inventory the
-  reconciler that follows the cluster.
+  share watch, the device watch and the spawn gate of one hub process, and on a Kubernetes
+  inventory the reconciler that follows the cluster.
   ``setup(c)`` builds them and puts them into JupyterHub's tornado settings under
   :data:`SETTINGS_KEY`; REST handlers and pages read ``self.settings``, spawners
   ``self.user.settings`` (JupyterHub hands every ``User`` the same settings dict). Tests build
@@ -31,6 +31,7 @@ from ..pool import Pool
 from .device_watch import DeviceWatch, build_device_watch
 from .reclaim import IdleReclaimer, hub_urls
 from .share_watch import ShareWatch, build_watch
+from .spawn_gate import SpawnGate
 
 if TYPE_CHECKING:
     from .kube_reconcile import KubeReconciler
@@ -50,6 +51,8 @@ class HubObjects:
     """What keeps shares of GPUs without MIG within their memory (:mod:`.share_watch`)."""
     devices: DeviceWatch | None = None
     """What keeps every device to its holders (:mod:`.device_watch`)."""
+    gate: SpawnGate | None = None
+    """What refuses starts beyond the spawn limit before JupyterHub's spawn (:mod:`.spawn_gate`)."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> HubObjects:
         return self  # one pool per hub: configuration copies must share it
@@ -68,7 +71,7 @@ def build(
     )
     shares = build_watch(pool, reclaimer, jobs, config, log)
     devices = build_device_watch(pool, reclaimer, jobs, config, log)
-    return HubObjects(pool, jobs, reclaimer, kube, shares, devices)
+    return HubObjects(pool, jobs, reclaimer, kube, shares, devices, SpawnGate(pool))
 
 
 def hub_objects(settings: Mapping[str, Any]) -> HubObjects:

@@ -8,18 +8,22 @@ Vocabulary
   here, which a user retrying at once turns into everyone's wait.
 - *starting servers*: a user's servers JupyterHub has pending a spawn and gpupool admitted
   (:func:`starting`); ``user_limits.spawns`` bounds them.
-- *gate*: a tornado routing rule put first in JupyterHub's handlers. It takes a start request
-  only when JupyterHub would go on to spawn (named servers allowed or the default server; the
-  server asked for is neither starting nor running) and every team the user may charge it to
-  would refuse it (:func:`gpupool.core.quota.check_limit_in_every`); every other request falls
-  through to JupyterHub's own handler, untouched.
+- *in flight*: a start the gate let through that no spawner has admitted or refused yet
+  (:class:`SpawnGate`); the gate counts it as starting, so starts sent all at once are gated
+  although none has reached a spawner yet.
+- *gate*: :class:`GatedStartHandler`, JupyterHub's own start handler with the gate's check
+  first, routed before JupyterHub's handlers for the start requests (other methods on the same
+  paths reach JupyterHub's handler untouched). After JupyterHub's authentication and scope
+  check (``servers`` on that server), it refuses a start when JupyterHub would go on to spawn
+  (named servers allowed or the default server; the server asked for neither starting nor
+  running) and every team the user may charge it to would refuse it
+  (:func:`gpupool.core.quota.check_limit_in_every`); everything else goes on as in JupyterHub.
 
-Contract: a start the gate takes gets JupyterHub's own authentication and scope check
-(``servers`` on that server) and then a 429 with the limit's sentence, and nothing is written.
-The spawner's check stays the one that decides (by the team the start is charged to); the gate
-refuses only what it would refuse. :func:`install` puts the gate in place by observing the
-application's ``handlers`` trait, which JupyterHub assigns once in ``init_handlers``, before it
-builds its tornado application.
+Contract: a start the gate refuses is a 429 with the limit's sentence and nothing written. The
+spawner's check stays the one that decides (by the team the start is charged to, counting
+admitted starts only); the gate refuses what it would refuse, and what is in flight ahead.
+:func:`install` puts the gate in place by observing the application's ``handlers`` trait, which
+JupyterHub assigns once in ``init_handlers``, before it builds its tornado application.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from jupyterhub.apihandlers.base import APIHandler
+from jupyterhub.apihandlers.users import UserServerAPIHandler
 from jupyterhub.scopes import needs_scope
 from tornado import httputil
 from tornado.routing import PathMatches, Rule
@@ -37,8 +41,8 @@ from ..core.quota import check_limit_in_every, member_teams
 from ..pool import Pool
 from .errors import http_error
 
-START = r"api/users/([^/]+)/server(?:s/([^/]*))?"
-"""The paths of a start request below the hub's prefix: the default server, a named one."""
+STARTS = (r"api/users/([^/]+)/server", r"api/users/([^/]+)/servers/([^/]*)")
+"""The paths of a start request below the hub's prefix (JupyterHub's own two routes)."""
 
 
 def starting(user: Any, besides: Any = None) -> int:
@@ -51,70 +55,85 @@ def starting(user: Any, besides: Any = None) -> int:
     )
 
 
-def refusal(pool: Pool, user: Any, server_name: str, named: bool) -> LimitReached | None:
-    """Why the gate takes a start of ``user``'s ``server_name`` (``None``: it lets it through);
-    ``named``: whether the hub allows named servers."""
-    spawner = user.spawners.get(server_name)
-    if spawner is not None and (spawner.pending or spawner.ready):
-        return None  # JupyterHub answers these itself (202, 400)
-    if server_name and not named:
-        return None
-    ledger = pool.ledger
-    teams = member_teams(ledger.teams, ledger.everyone, [g.name for g in user.groups])
-    try:
-        check_limit_in_every(teams, "spawns", starting(user))
-    except LimitReached as e:
-        return e
-    return None
+class SpawnGate:
+    """What the gate knows: the pool (teams and their limits) and, per user, the starts in
+    flight, by server name."""
 
-
-class StartBeyondLimit(PathMatches):
-    """Matches a start request the gate refuses, and nothing else."""
-
-    def __init__(self, app: Any, pool: Pool) -> None:
-        super().__init__(re.escape(app.hub_prefix) + START + "$")
-        self.app = app
+    def __init__(self, pool: Pool) -> None:
         self.pool = pool
+        self._in_flight: dict[str, set[str]] = {}
+
+    def check(self, user: Any, server_name: str, named: bool) -> LimitReached | None:
+        """Why the gate refuses a start of ``user``'s (JupyterHub ``User``) ``server_name``;
+        ``None``: it lets it through, in flight until :meth:`decided`. ``named``: whether
+        the hub allows named servers."""
+        spawner = user.spawners.get(server_name)
+        if spawner is not None and (spawner.pending or spawner.ready):
+            return None  # JupyterHub answers these itself (202, 400)
+        if server_name and not named:
+            return None
+        ledger = self.pool.ledger
+        teams = member_teams(ledger.teams, ledger.everyone, [g.name for g in user.groups])
+        flights = self._in_flight.setdefault(user.name, set())
+        try:
+            check_limit_in_every(teams, "spawns", starting(user) + len(flights - {server_name}))
+        except LimitReached as e:
+            return e
+        flights.add(server_name)
+        return None
+
+    def decided(self, user_name: str, server_name: str) -> None:
+        """The spawner admitted or refused this start, or JupyterHub answered it without one:
+        it counts as its spawner says now."""
+        flights = self._in_flight.get(user_name, set())
+        flights.discard(server_name)
+        if not flights:
+            self._in_flight.pop(user_name, None)
+
+
+class StartRequest(PathMatches):
+    """A ``POST`` to one of :data:`STARTS` below ``prefix``."""
+
+    def __init__(self, prefix: str, path: str) -> None:
+        super().__init__(re.escape(prefix) + path + "$")
 
     def match(self, request: httputil.HTTPServerRequest) -> dict[str, Any] | None:
-        if request.method != "POST":
-            return None
-        found = super().match(request)
-        if found is None:
-            return None
-        name, server = (a.decode() if a else "" for a in found["path_args"])
-        user = next((u for u in dict.values(self.app.users) if u.name == name), None)
-        if user is None:  # not in memory: nothing of theirs is starting
-            return None
-        refused = refusal(self.pool, user, server, self.app.allow_named_servers)
-        if refused is None:
-            return None
-        return {
-            "path_args": [name.encode(), server.encode()],
-            "path_kwargs": {"sentence": refused.message.encode()},
-        }
+        return super().match(request) if request.method == "POST" else None
 
 
-class RefusedStartHandler(APIHandler):
-    """A start the gate took: JupyterHub's scope check, then 429 with the limit's sentence."""
+class GatedStartHandler(UserServerAPIHandler):  # type: ignore[misc]
+    """JupyterHub's start of a server, with the gate's check first."""
+
+    def initialize(self, gate: SpawnGate) -> None:
+        self.gate = gate
 
     @needs_scope("servers")
-    async def post(self, user_name: str, server_name: str, sentence: str) -> None:
-        ref = f"{user_name}/{server_name}"
-        self.log.info("gpupool: refused %s before JupyterHub's spawn: %s", ref, sentence)
-        raise http_error(LimitReached(sentence))
+    async def post(self, user_name: str, server_name: str = "") -> None:
+        gate = self.gate
+        user = self.find_user(user_name)
+        if user is None:  # JupyterHub answers (404)
+            return await super().post(user_name, server_name)
+        refused = gate.check(user, server_name, self.allow_named_servers)
+        if refused is not None:
+            ref = f"{user.name}/{server_name}"
+            self.log.info("gpupool: refused %s before JupyterHub's spawn: %s", ref, refused.message)
+            raise http_error(refused)
+        try:
+            return await super().post(user_name, server_name)
+        finally:
+            gate.decided(user.name, server_name)
 
 
-def install(app: Any, pool: Pool) -> None:
-    """Put the gate first in ``app``'s (a ``JupyterHub`` application's) handlers when it
-    assigns them (at once if it already has)."""
+def install(app: Any, gate: SpawnGate) -> None:
+    """Route ``app``'s (a ``JupyterHub`` application's) start requests to ``gate``, ahead of
+    its own handlers, when it assigns them (at once if it already has)."""
 
     def first(handlers: list[Any]) -> None:
-        gates = (
-            h for h in handlers if isinstance(h, Rule) and isinstance(h.matcher, StartBeyondLimit)
-        )
-        if not any(gates):
-            handlers.insert(0, Rule(StartBeyondLimit(app, pool), RefusedStartHandler))
+        if not any(isinstance(h, Rule) and isinstance(h.matcher, StartRequest) for h in handlers):
+            handlers[:0] = [
+                Rule(StartRequest(app.hub_prefix, path), GatedStartHandler, {"gate": gate})
+                for path in STARTS
+            ]
 
     if app.handlers:
         first(app.handlers)
