@@ -13,10 +13,10 @@ Vocabulary
   although none has reached a spawner yet.
 - *gate*: :class:`GatedStartHandler`, JupyterHub's own start handler with the gate's check
   first, routed before JupyterHub's handlers for the start requests (other methods on the same
-  paths reach JupyterHub's handler untouched). After JupyterHub's authentication and scope
-  check (``servers`` on that server), it refuses a start when JupyterHub would go on to spawn
-  (named servers allowed or the default server; the server asked for neither starting nor
-  running) and every team the user may charge it to would refuse it
+  paths reach JupyterHub's handler untouched). After JupyterHub's own authentication and scope
+  check, where its ``post`` looks up the user, it refuses a start when JupyterHub would go on
+  to spawn (named servers allowed or the default server; the server asked for neither starting
+  nor running) and every team the user may charge it to would refuse it
   (:func:`gpupool.core.quota.check_limit_in_every`); everything else goes on as in JupyterHub.
 
 Contract: a start the gate refuses is a 429 with the limit's sentence and nothing written. The
@@ -32,7 +32,6 @@ import re
 from typing import Any
 
 from jupyterhub.apihandlers.users import UserServerAPIHandler
-from jupyterhub.scopes import needs_scope
 from tornado import httputil
 from tornado.routing import PathMatches, Rule
 
@@ -102,26 +101,33 @@ class StartRequest(PathMatches):
 
 
 class GatedStartHandler(UserServerAPIHandler):  # type: ignore[misc]
-    """JupyterHub's start of a server, with the gate's check first."""
+    """JupyterHub's start of a server, with the gate's check where JupyterHub's ``post`` first
+    looks up the user: after its own authentication and scope check (``servers`` in JupyterHub
+    5, ``start:servers`` in 6), before anything else."""
 
     def initialize(self, gate: SpawnGate) -> None:
         self.gate = gate
+        self.in_flight: tuple[str, str] | None = None
 
-    @needs_scope("servers")
     async def post(self, user_name: str, server_name: str = "") -> None:
-        gate = self.gate
-        user = self.find_user(user_name)
-        if user is None:  # JupyterHub answers (404)
-            return await super().post(user_name, server_name)
-        refused = gate.check(user, server_name, self.allow_named_servers)
-        if refused is not None:
-            ref = f"{user.name}/{server_name}"
-            self.log.info("gpupool: refused %s before JupyterHub's spawn: %s", ref, refused.message)
-            raise http_error(refused)
+        self.server_name = server_name
         try:
             return await super().post(user_name, server_name)
         finally:
-            gate.decided(user.name, server_name)
+            if self.in_flight is not None:
+                self.gate.decided(*self.in_flight)
+
+    def find_user(self, name: str) -> Any:
+        user = super().find_user(name)
+        if user is None or self.in_flight is not None:
+            return user
+        refused = self.gate.check(user, self.server_name, self.allow_named_servers)
+        if refused is not None:
+            ref = f"{user.name}/{self.server_name}"
+            self.log.info("gpupool: refused %s before JupyterHub's spawn: %s", ref, refused.message)
+            raise http_error(refused)
+        self.in_flight = (user.name, self.server_name)
+        return user
 
 
 def install(app: Any, gate: SpawnGate) -> None:
