@@ -31,7 +31,9 @@ once).
 Contract: the reclaimer never reaches into the hub's objects or database. A server whose kernels
 cannot be read (not ready, not found, a call failed) counts as kernels unknown: its devices still
 count (the first such failure is a warning, later ones are debug). A reclaim whose calls fail is
-logged and leaves the allocation alone.
+logged and leaves the allocation alone. A stop or start is judged by the hub's model afterwards,
+not by its reply's speed: JupyterHub carries on with both after a slow reply. The reclaim counts
+once the server is stopped (its GPUs are back); a restart on cpu that fails is logged.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ SERVICE_SCOPES = ["read:servers", "delete:servers", START_SERVERS_SCOPE, "access
 """Read a user's servers, stop one (``stop``), start it again (``cpu``), read its kernels."""
 DEFAULT_POLICY = {"threshold": 5, "idle_minutes": 120, "warn_minutes": 30, "action": "stop"}
 _POLICY_KEYS = set(DEFAULT_POLICY)
+HTTP_CLIENT_TIMEOUT = 599
+"""The code tornado's HTTP client gives a call that timed out (``HTTPTimeoutError``)."""
 KERNEL_CALLS_AT_ONCE = 16
 """How many servers' kernels one pass asks for at the same time."""
 
@@ -455,23 +459,58 @@ class IdleReclaimer(LoggingConfigurable):
         path = f"/users/{quote(user, safe='')}/"
         path += f"servers/{quote(server, safe='')}" if server else "server"
         try:
-            await self._call("DELETE", self.api_url + path)
-            if action == "cpu":
-                await self._wait_stopped(user, server)
-                body = {"offer": "cpu", "team": allocation.team}
-                await self._call("POST", self.api_url + path, body)
+            await self._call_slow_ok("DELETE", self.api_url + path)
+            await self._wait_stopped(user, server)
         except (HTTPClientError, OSError, TimeoutError) as e:
             self.log.error("gpupool: could not reclaim %s: %s", allocation.ref, e)
             return
         self.watches.pop(allocation.id, None)
         metrics.RECLAIMS.labels(team=allocation.team, action=action, reason="idle").inc()
+        if action == "cpu":
+            await self._restart_on_cpu(allocation, path)
+
+    async def _restart_on_cpu(self, allocation: Allocation, path: str) -> None:
+        """Start the stopped server again on the ``cpu`` offer; whether it is starting is read
+        back from the hub, not from how fast it answered."""
+        user, _, server = allocation.ref.partition("/")
+        body = {"offer": "cpu", "team": allocation.team}
+        try:
+            answered = await self._call_slow_ok("POST", self.api_url + path, body)
+            if not answered and not await self._has_server(user, server):
+                raise TimeoutError(f"no server after {self.request_timeout:.0f} s")
+        except (HTTPClientError, OSError, TimeoutError) as e:
+            self.log.error(
+                "gpupool: reclaimed %s but could not restart it on cpu: %s", allocation.ref, e
+            )
+            return
+        self.log.info(
+            "gpupool: restart of %s on cpu %s",
+            allocation.ref,
+            "accepted" if answered else "still starting (JupyterHub carries on with it)",
+        )
+
+    async def _call_slow_ok(self, method: str, url: str, body: Any = None) -> bool:
+        """A call that starts or stops a server: ``False`` when the reply took longer than
+        ``request_timeout``. JupyterHub carries on with the start or stop regardless (it replies
+        202 after its ``slow_spawn_timeout``/``slow_stop_timeout``, 10 s by default), so the
+        caller reads the outcome from the hub's model."""
+        try:
+            await self._call(method, url, body)
+        except HTTPClientError as e:
+            if e.code != HTTP_CLIENT_TIMEOUT:
+                raise
+            return False
+        return True
+
+    async def _has_server(self, user: str, server: str) -> bool:
+        model = await self._call("GET", f"{self.api_url}/users/{quote(user, safe='')}")
+        return server in (model.get("servers") or {})
 
     async def _wait_stopped(self, user: str, server: str, timeout: float = 120.0) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while loop.time() < deadline:
-            model = await self._call("GET", f"{self.api_url}/users/{quote(user, safe='')}")
-            if server not in (model.get("servers") or {}):
+            if not await self._has_server(user, server):
                 return
             await asyncio.sleep(0.5)
         raise TimeoutError(f"server {user}/{server} did not stop within {timeout:.0f} s")
