@@ -169,7 +169,8 @@ JH5_PYTEST := PATH=$(CURDIR)/$(JH5_BIN):$(CURDIR)/node_modules/.bin:$$PATH $(JH5
 JH5_SKIP := test_api_fuzz test_bad_input test_broken_database test_mig_on_demand test_shares \
   test_metrics test_device_watch
 test-jh5: install $(JH5_STAMP) $(JH5_RUNTIME)
-	$(JH5_PYTEST) --durations=15 tests/hub $(foreach m,$(JH5_SKIP),--ignore=tests/hub/$(m).py)
+	$(JH5_PYTEST) --durations=15 $(PARALLEL) tests/hub \
+	  $(foreach m,$(JH5_SKIP),--ignore=tests/hub/$(m).py)
 	$(JH5_PYTEST) -m "not slow" tests/adapters $(wildcard tests/deploy/test_kube_*.py) \
 	  tests/deploy/test_images.py
 
