@@ -38,10 +38,10 @@ INSTALL_LOG := .run/install.log
 HUB_LOG     := .run/hub.log
 
 .PHONY: install install-demo run test test-fast test-jh5 test-clone conformance \
-  conformance-baseline lint format bench clean chromium node-check preflight
+  conformance-baseline lint format bench clean chromium postgresql node-check preflight
 
 # What the tests need; `install-demo` is what `make run` needs (no test tools, no browser).
-install: install-demo $(STAMP) chromium $(TOOLS)/nca
+install: install-demo $(STAMP) chromium postgresql $(TOOLS)/nca
 install-demo: node-check $(DEMO_STAMP) $(CHP) $(RUNTIME)
 
 # Manifest checkers the chart tests run (network-config-analyzer, checkov), in a venv of their
@@ -80,6 +80,14 @@ $(STAMP): $(DEMO_STAMP)
 # The runtime, as root (see the top): rebuilt when the package's sources change.
 $(RUNTIMES)/venv/.installed: $(DEMO_STAMP) $(PACKAGE_SRC) constraints.txt
 	scripts/build-runtime $(VENV) $(RUNTIMES)/venv constraints.txt
+	$(call runtime-postgresql,$(VENV),$(RUNTIMES)/venv,-c constraints.txt)
+
+# The production database's driver (the `postgresql` extra) in a runtime too, from the wheel
+# scripts/build-runtime just built, so that a hub run from it opens a PostgreSQL URL: $(1) the
+# hub's venv, $(2) the runtime, $(3) its constraints. A failure leaves the runtime to rebuild.
+runtime-postgresql = umask 022 && $(2)/bin/python -m pip install --quiet $(3) \
+  "$$(echo $(1)/gpupool-wheel/jupyterhub_gpupool-*.whl)[postgresql]" || { rm -f $(2)/.installed; \
+  exit 1; }
 
 # The second supported JupyterHub: the one the hub image of the z2jh chart release we depend on
 # ships (constraints-jh5.txt pins it). The same package, editable, with the same constraints,
@@ -101,6 +109,7 @@ $(JH5_STAMP): pyproject.toml constraints.txt constraints-jh5.txt $(LABEXT)
 
 $(RUNTIMES)/venv-jh5/.installed: $(JH5_STAMP) $(PACKAGE_SRC) constraints.txt constraints-jh5.txt
 	scripts/build-runtime $(JH5) $(RUNTIMES)/venv-jh5 constraints.txt constraints-jh5.txt
+	$(call runtime-postgresql,$(JH5),$(RUNTIMES)/venv-jh5,-c constraints.txt -c constraints-jh5.txt)
 
 # Browser tests drive Debian's Chromium (never a downloaded browser): installed as root; an
 # ordinary user without it gets the browser tests skipped, saying so.
@@ -110,6 +119,16 @@ chromium:
 	  apt-get could not install Debian's chromium (above); the browser tests need it" >&2; \
 	  exit 1; }; else echo "gpupool: Debian's chromium is not installed and only root can \
 	  install it (apt-get install chromium): the browser tests will be skipped"; fi; }
+
+# The store's tests also run against a real PostgreSQL server (tests/databases.py), Debian's
+# (initdb and pg_ctl): installed as root; an ordinary user without it gets those tests skipped,
+# saying so. As root they must run: a server that is missing or does not start fails them.
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { if [ -n "$(ROOT)" ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql || { \
+	  echo "gpupool: apt-get could not install Debian's postgresql (above); the store's tests \
+	  need it" >&2; exit 1; }; else echo "gpupool: Debian's postgresql is not installed and only \
+	  root can install it (apt-get install postgresql): the PostgreSQL tests will be skipped"; fi; }
 
 $(CHP): | node-check
 	npm install --no-save --no-package-lock --no-audit --no-fund configurable-http-proxy@5.3.0

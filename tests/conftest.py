@@ -23,6 +23,7 @@ from gpupool.config import GPUPool
 from gpupool.pool import Pool
 from tests import skips
 from tests.accounts import RUNTIME_PYTHON, as_account, shared_account, shared_mode
+from tests.databases import db_url, postgresql_server, postgresql_url  # noqa: F401 (fixtures)
 from tests.preflight import first_problem
 
 TESTS = Path(__file__).resolve().parent

@@ -257,8 +257,10 @@ def build(
     monkeypatch: pytest.MonkeyPatch,
     managed: Any = ("H100-80GB",),
     logger: logging.Logger | None = None,
+    url: str = "",
 ) -> Pool:
-    """A pool over ``sim`` as ``Pool.from_config`` builds it (a restart is another call)."""
+    """A pool over ``sim`` as ``Pool.from_config`` builds it (a restart is another call), its
+    database at ``url`` (default: a SQLite file in ``tmp_path``)."""
 
     def load(*_args: Any, **_kwargs: Any) -> tuple[Any, DeviceMonitor]:
         views = {n: sim.for_node(n) for n in sim.node_names}
@@ -267,7 +269,7 @@ def build(
     monkeypatch.setattr(pool_module, "load_inventory", load)
     c = Config()
     c.GPUPool.inventory = f"simulated:{SPEC}"
-    c.GPUPool.db_url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
+    c.GPUPool.db_url = url or f"sqlite:///{tmp_path / 'pool.sqlite'}"
     c.GPUPool.offers = OFFERS
     c.GPUPool.teams = {"vision": {"guarantee": 3}}
     c.GPUPool.managed_mig = list(managed) if not isinstance(managed, dict | bool) else managed
@@ -416,10 +418,11 @@ def test_an_admins_instance_destroyed_while_the_hub_runs_is_not_handed_out_again
 
 
 def test_a_restart_re_adopts_held_instances_and_destroys_orphans_only(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_url: str
 ) -> None:
+    """The records of the instances the pool made, kept in its database (SQLite, PostgreSQL)."""
     sim = SimulatedNVML(SPEC)
-    pool = build(tmp_path, sim, monkeypatch)
+    pool = build(tmp_path, sim, monkeypatch, url=db_url)
     kept = pool.allocate("ada", ["vision"], "mig-4g.40gb")  # made by the pool on GPU 1
     orphan = pool.allocate("ada", ["vision"], "mig-1g.10gb")
     # the hub dies after the orphan's instance was made and recorded, but its allocation is lost
@@ -427,7 +430,8 @@ def test_a_restart_re_adopts_held_instances_and_destroys_orphans_only(
     taken = {d.start for d in orphan.devices if d.gpu == pool.inventory.gpus[1].uuid}
     free = next(s for s in (6, 5, 4) if s not in taken)
     admin = Admin(sim).create("1g.10gb", free)  # meanwhile
-    again = build(tmp_path, sim, monkeypatch)
+    pool.store.close()
+    again = build(tmp_path, sim, monkeypatch, url=db_url)
     assert again.ledger.allocations[kept.id].devices == kept.devices
     b_admin = set(nvml_instances(sim, "b"))  # node b's admin 3g.40gb (and perhaps ours)
     assert all_instances(sim) == {kept.devices[0].instance, admin} | b_admin
@@ -440,6 +444,8 @@ def test_a_restart_re_adopts_held_instances_and_destroys_orphans_only(
     again.ledger.check_invariants()
     again.release(kept.id)
     assert all_instances(sim) == {admin} | (b_admin - {kept.devices[0].instance})
+    assert again.store.mig_records() == []
+    again.store.close()
 
 
 def test_an_allocation_whose_instance_vanished_is_lost_at_restart(
@@ -680,11 +686,13 @@ def test_setup_stops_retrying_draining_instances_when_the_hub_shuts_down(
                 for cb in watch.callbacks
                 if isinstance(getattr(cb, "__self__", None), PeriodicCallback)
             ]
-            assert [d.callback for d in drains] == [hub.pool.retry_draining]
-            (drain,) = drains
-            assert drain.is_running()
+            assert [d.callback for d in drains] == [
+                hub.pool.writes.retry_due,  # owed database writes, whatever the inventory
+                hub.pool.retry_draining,
+            ]
+            assert all(d.is_running() for d in drains)
             jupyterhub.info("Received signal SIGTERM, initiating shutdown...")
-            assert not drain.is_running()
+            assert not any(d.is_running() for d in drains)
         finally:
             for d in drains if "drains" in locals() else ():
                 d.stop()

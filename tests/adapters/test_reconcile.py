@@ -1,8 +1,9 @@
 """Reconciliation both ways: the decision (a pure function of the ledger, JupyterHub's records and
 the processes found), and the layer that reads ``/proc`` and JupyterHub's records (its database
 at start, its REST API while it runs) and stops processes, against real processes (started as the
-account that runs user code), a real pool database, a real JupyterHub database (made by
-JupyterHub's own ORM) and JupyterHub's REST API answered from it (:class:`tests.hubapi.FakeHub`).
+account that runs user code), a real pool database (SQLite; the whole pass also on PostgreSQL:
+:mod:`tests.databases`), a real JupyterHub database (made by JupyterHub's own ORM) and
+JupyterHub's REST API answered from it (:class:`tests.hubapi.FakeHub`).
 """
 
 from __future__ import annotations
@@ -270,10 +271,11 @@ SIMULATED = "local: 3x H100-80GB, mig=1:3g.40gb+2g.20gb+1g.10gb"
 
 
 class Setting:
-    """A real pool (simulated inventory, SQLite), JupyterHub's database made by its own ORM, its
-    REST API answered from that database, and a reconciler over them, as a hub would have them."""
+    """A real pool (simulated inventory, its database at ``pool_url``: SQLite unless given),
+    JupyterHub's database made by its own ORM, its REST API answered from that database, and a
+    reconciler over them, as a hub would have them."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, pool_url: str = "") -> None:
         self.nvml = SimulatedNVML(SIMULATED)
         inventory = simulated_inventory(self.nvml)
         self.whole = [g.uuid for g in inventory.gpus if g.mig_mode == "off"]
@@ -283,7 +285,7 @@ class Setting:
         offers = {k: v for k, v in OFFERS.items() if k in ("cpu", "gpu", "mig-3g.40gb")}
         ledger = Ledger(inventory, offers, TEAMS)
         monitor = DeviceMonitor({n: self.nvml.for_node(n) for n in self.nvml.node_names})
-        self.pool_url = f"sqlite:///{tmp / 'gpupool.sqlite'}"
+        self.pool_url = pool_url or f"sqlite:///{tmp / 'gpupool.sqlite'}"
         self.pool = Pool(ledger, Store(self.pool_url), monitor=monitor)
         self.hub_url = f"sqlite:///{tmp / 'jupyterhub.sqlite'}"
         self.db = orm.new_session_factory(self.hub_url)()
@@ -297,6 +299,7 @@ class Setting:
     def close(self) -> None:
         self.api.close()
         self.db.close()
+        self.pool.store.close()
 
     def server(self, user: str, team: str, state: dict[str, Any]) -> None:
         """JupyterHub's record of ``user``'s running server with ``state``."""
@@ -328,14 +331,22 @@ def setting(tmp_path: Path) -> Iterator[Setting]:
     s.close()
 
 
+@pytest.fixture
+def setting_on(tmp_path: Path, db_url: str) -> Iterator[Setting]:
+    """:func:`setting` with the pool's database on SQLite, then on PostgreSQL."""
+    s = Setting(tmp_path, db_url)
+    yield s
+    s.close()
+
+
 def actions_count(action: str) -> float:
     return REGISTRY.get_sample_value("gpupool_reconcile_actions_total", {"action": action}) or 0.0
 
 
 def test_at_start_and_while_running_real_processes_are_adopted_stopped_and_released(
-    setting: Setting,
+    setting_on: Setting,
 ) -> None:
-    s = setting
+    s = setting_on
     pool = s.pool
     ada = pool.allocate("ada", ["vision"], "gpu", 1, ref="ada/")
     dee = pool.allocate("dee", ["nlp"], "mig-3g.40gb", ref="dee/")
@@ -369,7 +380,9 @@ def test_at_start_and_while_running_real_processes_are_adopted_stopped_and_relea
         assert not gone(ada_server) and not gone(ada_kernel)
         assert group_members(orphan.pid) == [], "the orphan's child (its group) survived"
         assert sorted(a.action for a in actions) == ["adopted", "released", "stopped", "stopped"]
-        held = {a.ref: a for a in Store(s.pool_url, upgrade=False).load()}
+        reopened = Store(s.pool_url, upgrade=False)
+        held = {a.ref: a for a in reopened.load()}
+        reopened.close()
         assert set(held) == {"ada/"} and held["ada/"].devices == ada.devices
         assert held["ada/"].id == ada.id and held["ada/"].team == "vision"
         assert set(pool.ledger.allocations) == {ada.id}

@@ -3,6 +3,10 @@ another application's without gpupool tables, which gpupool shares), it is at a 
 gpupool knows, and the hub's account can write it. Otherwise the pool refuses to start with one
 line that names the database (never its password) and says what to do.
 
+What can be asked of any database runs on a SQLite file and on a real PostgreSQL server
+(``db_url``: :mod:`tests.databases`); what concerns a file (damage SQLite finds, paths, the journal
+next to the file, permissions, read-only mounts) on SQLite only, as each such test says.
+
 Read-only cases need an account that file permissions apply to: root ignores them, so run as root
 (as CI does) the store is opened in a child process as the unprivileged shared account
 (:mod:`tests.accounts`); run as an ordinary user, as that user.
@@ -19,6 +23,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -29,21 +34,46 @@ from traitlets.config import Config
 from gpupool.config import GPUPool
 from gpupool.pool import Pool
 from gpupool.settings import ConfigError
-from gpupool.store import MIGRATIONS, Store
+from gpupool.store import MIGRATIONS, Store, describe
 from tests.accounts import IS_ROOT, RUNTIME_PYTHON, as_account, shared_account
 
 INVENTORY = "simulated:node1: 2x H100-80GB"
 MOVE_AWAY = "move it away to start with an empty pool, or restore a backup"
+START_EMPTY = "point GPUPool.db_url at an empty database to start with an empty pool"
 KEY = "GPUPool.db_url: gpupool's database"
 
 
-def migrated_to(db: Path, revision: str) -> None:
-    """An SQLite database at ``db`` made by gpupool's migrations up to ``revision`` only."""
+def migrated_to(url: str, revision: str) -> None:
+    """The database at ``url`` made by gpupool's migrations up to ``revision`` only."""
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(MIGRATIONS))
-    with sa.create_engine(f"sqlite:///{db}").begin() as conn:
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
+    engine.dispose()
+
+
+def sql(url: str, statement: str) -> Any:
+    """Run one statement on the database at ``url`` (committed); its first column's value, if
+    it returns rows."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            result = conn.exec_driver_sql(statement)
+            return result.scalar_one() if result.returns_rows else None
+    finally:
+        engine.dispose()
+
+
+def named(url: str) -> str:
+    """How the refusal for the database at ``url`` begins: the key, then the database."""
+    return f"{KEY} {describe(url)}"
+
+
+def fresh_start(url: str) -> str:
+    """What a refusal advises to start over: move a SQLite file away, else take another URL."""
+    return MOVE_AWAY if url.startswith("sqlite") else START_EMPTY
 
 
 def build(url: str) -> Pool:
@@ -65,15 +95,22 @@ def refusal(db: Path | str) -> str:
     return message
 
 
-def real_database(path: Path) -> bytes:
-    """A gpupool database with an allocation in it, as a hub leaves it."""
-    pool = build(f"sqlite:///{path}")
+def populated(url: str) -> None:
+    """Make the database at ``url`` a gpupool database with an allocation in it, as a hub
+    leaves it."""
+    pool = build(url)
     pool.allocate("ada", ["vision"], "h100")
     pool.store.close()
+
+
+def real_database(path: Path) -> bytes:
+    """A gpupool SQLite file with an allocation in it, as a hub leaves it: its bytes."""
+    populated(f"sqlite:///{path}")
     return path.read_bytes()
 
 
 def test_a_garbage_file_is_refused_and_left_alone(tmp_path: Path) -> None:
+    """SQLite only: a file that is no database."""
     db = tmp_path / "gpupool.sqlite"
     garbage = random.Random(12).randbytes(8192)
     db.write_bytes(garbage)
@@ -84,6 +121,7 @@ def test_a_garbage_file_is_refused_and_left_alone(tmp_path: Path) -> None:
 
 
 def test_a_truncated_database_is_refused(tmp_path: Path) -> None:
+    """SQLite only: a file cut short."""
     db = tmp_path / "gpupool.sqlite"
     whole = real_database(db)
     db.write_bytes(whole[: len(whole) // 2])
@@ -91,7 +129,7 @@ def test_a_truncated_database_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_damaged_page_inside_a_database_is_refused(tmp_path: Path) -> None:
-    """The schema reads fine; only the allocations' own pages are garbage."""
+    """SQLite only: the schema reads fine; only the allocations' own pages are garbage."""
     db = tmp_path / "gpupool.sqlite"
     real_database(db)
     with sa.create_engine(f"sqlite:///{db}").connect() as conn:
@@ -109,7 +147,8 @@ def test_a_damaged_page_inside_a_database_is_refused(tmp_path: Path) -> None:
 
 
 def test_damage_that_only_the_integrity_check_sees_is_refused_in_one_line(tmp_path: Path) -> None:
-    """SQLite reads this file, but ``PRAGMA quick_check`` finds its header's freelist wrong."""
+    """SQLite only: SQLite reads this file, but ``PRAGMA quick_check`` finds its header's
+    freelist wrong."""
     db = tmp_path / "gpupool.sqlite"
     data = bytearray(real_database(db))
     data[36:40] = (5).to_bytes(4, "big")  # the header's count of free pages
@@ -119,52 +158,45 @@ def test_damage_that_only_the_integrity_check_sees_is_refused_in_one_line(tmp_pa
     )
 
 
-def test_an_unknown_migration_is_refused(tmp_path: Path) -> None:
-    db = tmp_path / "gpupool.sqlite"
-    real_database(db)
-    with sa.create_engine(f"sqlite:///{db}").begin() as conn:
-        conn.exec_driver_sql("UPDATE gpupool_alembic_version SET version_num = '0099'")
-    assert refusal(db) == (
-        f"{KEY} {db} is at migration '0099', which this gpupool does not know (its newest is "
+def test_an_unknown_migration_is_refused(db_url: str) -> None:
+    populated(db_url)
+    sql(db_url, "UPDATE gpupool_alembic_version SET version_num = '0099'")
+    assert refusal(db_url) == (
+        f"{named(db_url)} is at migration '0099', which this gpupool does not know (its newest is "
         "'0005'; written by a newer gpupool?): upgrade gpupool, or restore a backup made with "
         "this version"
     )
 
 
-def test_gpupool_tables_without_their_migration_record_are_refused(tmp_path: Path) -> None:
-    db = tmp_path / "gpupool.sqlite"
-    real_database(db)
-    with sa.create_engine(f"sqlite:///{db}").begin() as conn:
-        conn.exec_driver_sql("DROP TABLE gpupool_alembic_version")
-    assert refusal(db) == (
-        f"{KEY} {db} has gpupool tables (gpupool_allocation_devices, gpupool_allocations, "
+def test_gpupool_tables_without_their_migration_record_are_refused(db_url: str) -> None:
+    populated(db_url)
+    sql(db_url, "DROP TABLE gpupool_alembic_version")
+    assert refusal(db_url) == (
+        f"{named(db_url)} has gpupool tables (gpupool_allocation_devices, gpupool_allocations, "
         "gpupool_job_scripts, gpupool_jobs, gpupool_mig_instances) but no record of their "
         "migration "
-        f"(table gpupool_alembic_version): {MOVE_AWAY}"
+        f"(table gpupool_alembic_version): {fresh_start(db_url)}"
     )
 
 
-def test_a_missing_table_is_refused(tmp_path: Path) -> None:
-    db = tmp_path / "gpupool.sqlite"
-    real_database(db)
-    with sa.create_engine(f"sqlite:///{db}").begin() as conn:
-        conn.exec_driver_sql("DROP TABLE gpupool_jobs")
-    assert refusal(db) == (
-        f"{KEY} {db} is at migration '0005' but lacks the table gpupool_jobs: {MOVE_AWAY}"
+def test_a_missing_table_is_refused(db_url: str) -> None:
+    populated(db_url)
+    sql(db_url, "DROP TABLE gpupool_jobs")
+    assert refusal(db_url) == (
+        f"{named(db_url)} is at migration '0005' but lacks the table gpupool_jobs: "
+        f"{fresh_start(db_url)}"
     )
 
 
-def test_an_older_migration_is_upgraded(tmp_path: Path) -> None:
-    db = tmp_path / "gpupool.sqlite"
-    migrated_to(db, "0001")
-    build(f"sqlite:///{db}").store.close()
-    with sa.create_engine(f"sqlite:///{db}").connect() as conn:
-        version = conn.exec_driver_sql("SELECT version_num FROM gpupool_alembic_version")
-        assert version.scalar_one() == "0005"
+def test_an_older_migration_is_upgraded(db_url: str) -> None:
+    migrated_to(db_url, "0001")
+    build(db_url).store.close()
+    assert sql(db_url, "SELECT version_num FROM gpupool_alembic_version") == "0005"
 
 
 @pytest.mark.parametrize("content", [None, b""], ids=["no file", "empty file"])
 def test_a_new_or_empty_database_is_created(tmp_path: Path, content: bytes | None) -> None:
+    """SQLite only: no file, or an empty one (a new PostgreSQL database: test_store.py)."""
     db = tmp_path / "gpupool.sqlite"
     if content is not None:
         db.write_bytes(content)
@@ -173,18 +205,17 @@ def test_a_new_or_empty_database_is_created(tmp_path: Path, content: bytes | Non
     pool.store.close()
 
 
-def test_jupyterhubs_own_database_is_shared_not_refused(tmp_path: Path) -> None:
+def test_jupyterhubs_own_database_is_shared_not_refused(db_url: str) -> None:
     """gpupool keeps its tables (and its migration record) apart, so it may live in JupyterHub's
     database; JupyterHub's tables and migration record are left as they were."""
     from jupyterhub import orm
 
-    db = tmp_path / "jupyterhub.sqlite"
-    orm.new_session_factory(f"sqlite:///{db}")
-    engine = sa.create_engine(f"sqlite:///{db}")
+    orm.new_session_factory(db_url).kw["bind"].dispose()
+    engine = sa.create_engine(db_url)
     with engine.connect() as conn:
         hub_tables = set(sa.inspect(conn).get_table_names())
         hub_version = conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar_one()
-    pool = build(f"sqlite:///{db}")
+    pool = build(db_url)
     pool.allocate("ada", ["vision"], "h100")
     pool.store.close()
     with engine.connect() as conn:
@@ -192,6 +223,7 @@ def test_jupyterhubs_own_database_is_shared_not_refused(tmp_path: Path) -> None:
         assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar_one() == (
             hub_version
         )
+    engine.dispose()
     assert tables - hub_tables == {
         "gpupool_alembic_version",
         "gpupool_allocations",
@@ -202,19 +234,15 @@ def test_jupyterhubs_own_database_is_shared_not_refused(tmp_path: Path) -> None:
     }
 
 
-def test_a_database_of_another_application_without_gpupool_tables_is_shared(
-    tmp_path: Path,
-) -> None:
-    db = tmp_path / "notes.sqlite"
-    with sa.create_engine(f"sqlite:///{db}").begin() as conn:
-        conn.exec_driver_sql("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
-        conn.exec_driver_sql("INSERT INTO notes (body) VALUES ('keep me')")
-    build(f"sqlite:///{db}").store.close()
-    with sa.create_engine(f"sqlite:///{db}").connect() as conn:
-        assert conn.exec_driver_sql("SELECT body FROM notes").scalar_one() == "keep me"
+def test_a_database_of_another_application_without_gpupool_tables_is_shared(db_url: str) -> None:
+    sql(db_url, "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
+    sql(db_url, "INSERT INTO notes (id, body) VALUES (1, 'keep me')")
+    build(db_url).store.close()
+    assert sql(db_url, "SELECT body FROM notes") == "keep me"
 
 
 def test_a_missing_directory_is_named(tmp_path: Path) -> None:
+    """SQLite only: the file's directory."""
     db = tmp_path / "nowhere" / "gpupool.sqlite"
     message = refusal(db)
     assert message.startswith(f"{KEY} {db} cannot be created (unable to open database file): ")
@@ -222,6 +250,7 @@ def test_a_missing_directory_is_named(tmp_path: Path) -> None:
 
 
 def test_a_relative_path_is_named_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite only: a file's path."""
     monkeypatch.chdir(tmp_path)
     Path("gpupool.sqlite").write_bytes(b"not a database at all, not at all" * 10)
     assert refusal("sqlite:///gpupool.sqlite").startswith(
@@ -229,18 +258,35 @@ def test_a_relative_path_is_named_absolute(tmp_path: Path, monkeypatch: pytest.M
     )
 
 
-def test_a_server_url_is_named_without_its_password() -> None:
-    """No PostgreSQL driver is installed here: the pool says so, and hides the password."""
-    url = "postgresql+psycopg://gpupool:s3cret-pw@127.0.0.1:1/gpupool"
+def test_a_server_url_is_named_without_its_password(postgresql_url: str) -> None:
+    """A database the server does not have: the pool names it (never with its password) and
+    says what to check."""
+    url = sa.make_url(postgresql_url)
+    missing = url.set(password="s3cret-pw", database="no_such_database")
+    message = refusal(missing.render_as_string(hide_password=False))
+    assert "s3cret-pw" not in message
+    shown = missing.render_as_string(hide_password=True)
+    assert "***" in shown, shown
+    assert message.startswith(f"{KEY} {shown} cannot be read ("), message
+    assert '"no_such_database" does not exist' in message, message
+    assert message.endswith("): check that the database server is up and that the URL is right")
+
+
+def test_a_url_whose_driver_is_not_installed_is_named() -> None:
+    """pg8000, another PostgreSQL driver SQLAlchemy knows, is not installed here: the pool says
+    so, and hides the password."""
+    url = "postgresql+pg8000://gpupool:s3cret-pw@127.0.0.1:1/gpupool"
     message = refusal(url)
     assert "s3cret-pw" not in message
     assert message.startswith(
-        f"{KEY} postgresql+psycopg://gpupool:***@127.0.0.1:1/gpupool cannot be opened ("
+        f"{KEY} postgresql+pg8000://gpupool:***@127.0.0.1:1/gpupool cannot be opened ("
     ), message
+    assert ": install the database driver the URL names" in message, message
 
 
 def test_the_store_itself_names_the_database(tmp_path: Path) -> None:
-    """The store's own error (for callers other than the pool) says the same, without the key."""
+    """The store's own error (for callers other than the pool) says the same, without the key
+    (SQLite only: a file that is no database)."""
     from gpupool.store import StoreError
 
     db = tmp_path / "gpupool.sqlite"
@@ -306,8 +352,9 @@ def give(path: Path, account: str) -> None:
 
 
 def test_a_read_only_directory_is_refused(folder: Path) -> None:
-    """The file is writable, its directory is not: SQLite cannot make its journal there, so the
-    first write (every spawn, every job) would fail. The hub says so at start instead."""
+    """SQLite only: the file is writable, its directory is not: SQLite cannot make its journal
+    there, so the first write (every spawn, every job) would fail. The hub says so at start
+    instead."""
     db = folder / "gpupool.sqlite"
     real_database(db)
     if IS_ROOT:  # the folder stays root's; the file becomes the hub account's
@@ -323,6 +370,7 @@ def test_a_read_only_directory_is_refused(folder: Path) -> None:
 
 
 def test_a_read_only_file_is_refused(folder: Path) -> None:
+    """SQLite only: file permissions."""
     db = folder / "gpupool.sqlite"
     real_database(db)
     if IS_ROOT:  # the folder becomes the hub account's; the file stays root's
@@ -338,6 +386,7 @@ def test_a_read_only_file_is_refused(folder: Path) -> None:
 
 
 def test_a_new_database_in_a_read_only_directory_is_refused(folder: Path) -> None:
+    """SQLite only: directory permissions."""
     db = folder / "gpupool.sqlite"
     if not IS_ROOT:
         folder.chmod(0o555)
@@ -366,7 +415,7 @@ def tmpfs(folder: Path) -> Iterator[Path]:
 
 
 def test_a_read_only_file_system_is_refused_even_as_root(tmpfs: Path) -> None:
-    """Root writes through any permission, not through a read-only mount."""
+    """SQLite only: root writes through any permission, not through a read-only mount."""
     db = tmpfs / "gpupool.sqlite"
     real_database(db)
     subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
@@ -377,17 +426,16 @@ def test_a_read_only_file_system_is_refused_even_as_root(tmpfs: Path) -> None:
     )
 
 
-def test_jobs_of_a_database_at_0002_are_kept_by_the_upgrade(tmp_path: Path) -> None:
+def test_jobs_of_a_database_at_0002_are_kept_by_the_upgrade(db_url: str) -> None:
     """0003 adds the devices a job ran on; jobs written before it load with none; 0005 moves
     their scripts to a table of their own."""
-    db = tmp_path / "gpupool.sqlite"
-    migrated_to(db, "0002")
-    with sa.create_engine(f"sqlite:///{db}").begin() as conn:
-        conn.exec_driver_sql(
-            "INSERT INTO gpupool_jobs (id, owner, team, state, reason, spec, created) "
-            """VALUES ('j1', 'ada', 'vision', 'succeeded', 'done', '{"script": "pass"}', 1.0)"""
-        )
-    pool = build(f"sqlite:///{db}")
+    migrated_to(db_url, "0002")
+    sql(
+        db_url,
+        "INSERT INTO gpupool_jobs (id, owner, team, state, reason, spec, created) "
+        """VALUES ('j1', 'ada', 'vision', 'succeeded', 'done', '{"script": "pass"}', 1.0)""",
+    )
+    pool = build(db_url)
     [job] = pool.store.load_jobs()
     script = pool.store.job_script("j1")
     pool.store.close()

@@ -1,11 +1,10 @@
 """Text an older gpupool stored before it refused lone surrogates (issue 23) comes back as text
 every page, log and terminal can encode: a lone surrogate reads as U+FFFD, everything else
-(pairs, astral characters, markup) exactly as stored."""
+(pairs, astral characters, markup) exactly as stored; on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from gpupool.core.jobs import Job, JobSpec
 from gpupool.store import Store
@@ -13,10 +12,8 @@ from gpupool.store import Store
 LONE = "\ud800x\udfff"  # each half of a pair on its own: no UTF-8 encoding exists
 
 
-def test_a_lone_surrogate_an_older_hub_stored_reads_back_as_a_replacement(
-    tmp_path: Path,
-) -> None:
-    store = Store(f"sqlite:///{tmp_path / 'jobs.sqlite'}")
+def test_a_lone_surrogate_an_older_hub_stored_reads_back_as_a_replacement(db_url: str) -> None:
+    store = Store(db_url)
     spec = JobSpec(
         "print(1)", "h100", 1, 1, "vision", LONE, f"{LONE}.ipynb", "/home/ada",
         (LONE, "🙂<b>"), (("NAME", LONE),), 600, 0, 5,
