@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from traitlets import Any as AnyTrait
-from traitlets import Dict, Unicode, validate
+from traitlets import Dict, Float, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
 from .core.placement import POLICIES
@@ -164,6 +164,15 @@ class GPUPool(LoggingConfigurable):
         Example: ``c.GPUPool.db_url = "postgresql+psycopg://gpupool@db/gpupool"``""",
     )
 
+    store_retry_max_s = Float(
+        30.0,
+        config=True,
+        help="""The longest wait, in seconds, between retries of writes the database refused
+        (a release, a job's new state: kept in memory and retried, from 1 s doubling up to
+        this, until written; meanwhile the store is reported unhealthy and new allocations and
+        jobs are refused with 503). Example: ``c.GPUPool.store_retry_max_s = 10``""",
+    )
+
     managed_mig = AnyTrait(
         False,
         config=True,
@@ -207,6 +216,15 @@ class GPUPool(LoggingConfigurable):
     def _valid_user_limits(self, proposal: dict[str, Any]) -> Any:
         parse_user_limits("GPUPool.user_limits", proposal["value"])
         return proposal["value"]
+
+    @validate("store_retry_max_s")
+    def _valid_store_retry(self, proposal: dict[str, Any]) -> float:
+        value = float(proposal["value"])
+        if not 1.0 <= value <= 3600.0:
+            raise ConfigError(
+                "GPUPool.store_retry_max_s", f"must be 1 to 3600 seconds, got {value}"
+            )
+        return value
 
     @validate("policy")
     def _valid_policy(self, proposal: dict[str, Any]) -> str:

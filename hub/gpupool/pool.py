@@ -7,8 +7,11 @@ Vocabulary
 - *restore*: at start, the persisted allocations are re-applied to the inventory found now;
   those that can no longer exist are *lost*, removed from the store and logged.
 
-Contract: ``allocate`` and ``release`` are atomic: if writing to the database fails, the ledger is
-rolled back and the error propagates. Seams: ``clock`` (defaults to :func:`gpupool.clock.utcnow`)
+Contract: ``allocate`` (and ``adopt``) write before they answer: when the database cannot record
+the grant, the ledger is rolled back and :class:`~gpupool.store.outbox.StoreUnavailable` (HTTP
+503) says so. ``release`` never fails for the database: the devices are free in the ledger at
+once, and a delete the database refuses is owed (:class:`~gpupool.store.outbox.Outbox`, ``writes``)
+and retried until it is written. Seams: ``clock`` (defaults to :func:`gpupool.clock.utcnow`)
 and ``new_id``. On managed MIG GPUs (``GPUPool.managed_mig``) the pool's
 :class:`~gpupool.discovery.mig_manager.MigManager` creates an allocation's instances inside
 ``allocate`` (under the lock, recorded before the allocation is persisted and handed out) and
@@ -25,6 +28,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +44,7 @@ from .discovery.activity import DeviceMonitor
 from .discovery.mig_manager import DeviceUnavailable, MigCreateFailed, MigManager, parse_managed
 from .settings import ConfigError, config_warnings
 from .store import Store, StoreError
+from .store.outbox import Outbox
 
 log = logging.getLogger("gpupool")
 
@@ -104,6 +109,7 @@ class Pool:
         new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
         monitor: DeviceMonitor | None = None,
         mig: MigManager | None = None,
+        max_retry_s: float = 30.0,
     ) -> None:
         self.ledger = ledger
         self.mig = mig
@@ -111,6 +117,10 @@ class Pool:
         self.monitor = monitor or DeviceMonitor()
         """Reads device activity (utilisation, memory, processes) for metrics and reclaim."""
         self.store = store
+        self.writes = Outbox(
+            store.settle, store.write_check, store.where, logger, max_retry_s=max_retry_s
+        )
+        """Writes the database owes (releases, job states) and the store's health."""
         self.log = logger
         self.clock = clock
         self.new_id = new_id
@@ -153,7 +163,14 @@ class Pool:
         )
         if mig is not None:
             mig.attach(ledger)
-        pool = cls(ledger, store, logger=logger, monitor=monitor, mig=mig)
+        pool = cls(
+            ledger,
+            store,
+            logger=logger,
+            monitor=monitor,
+            mig=mig,
+            max_retry_s=config.store_retry_max_s,
+        )
         pool.restore()
         return pool
 
@@ -191,11 +208,13 @@ class Pool:
                 metrics.refusal(kind, e.code)
                 raise
             try:
-                self.store.insert(allocation)
-            except Exception:
+                self.writes.grant(lambda: self.store.insert(allocation))
+            except Exception as e:
                 if self.mig is not None:
                     self.mig.undo(allocation)
                 ledger.release(allocation.id)
+                if isinstance(e, PoolError):
+                    metrics.refusal(kind, e.code)
                 raise
             metrics.ALLOCATION_SECONDS.labels(kind=kind).observe(time.perf_counter() - began)
             self.log.info(
@@ -251,13 +270,12 @@ class Pool:
             return self.mig.retry_draining(self.ledger)
 
     def release(self, alloc_id: str) -> Allocation:
-        """Give an allocation's devices back; persisted first, then the ledger (and a managed
-        MIG instance is destroyed, or left draining while processes still run on it)."""
+        """Give an allocation's devices back: the ledger at once (and a managed MIG instance is
+        destroyed, or left draining while processes still run on it), the database now or, when
+        it refuses, owed (:attr:`writes`)."""
         with self._lock:
-            allocation = self.ledger.allocations.get(alloc_id)
-            if allocation is not None:
-                self.store.delete([alloc_id])
             released = self.ledger.release(alloc_id)
+            self.writes.release([alloc_id])
             if self.mig is not None and self.mig.manages(released):
                 self.mig.released(released, self.ledger)
             self.log.info("gpupool: released %s (%s)", alloc_id, released.user)
@@ -347,7 +365,7 @@ class Pool:
                 if not restored:
                     continue
                 try:
-                    self.store.insert(restored[0])
+                    self.writes.grant(partial(self.store.insert, restored[0]))
                 except Exception:
                     self.ledger.release(allocation.id)
                     raise

@@ -824,6 +824,7 @@ def test_alerts_use_the_metrics_the_hub_exports(chart: helm.Chart, tmp_path: Pat
         "GPUPoolJobsPending",
         "GPUPoolSlowQueue",
         "GPUPoolKubeDrift",
+        "GPUPoolStoreUnhealthy",
     }
     assert alerts["GPUPoolIdleGPUNotebooks"]["for"] == "20m"  # idleMinutes of the large values
     assert alerts["GPUPoolJobsPending"]["for"] == "90m"
@@ -831,7 +832,11 @@ def test_alerts_use_the_metrics_the_hub_exports(chart: helm.Chart, tmp_path: Pat
     assert alerts["GPUPoolTeamBorrowing"]["for"] == "120m"  # the chart's default
     exported = hub_metric_names(tmp_path)
     used = {n for r in group["rules"] for n in re.findall(r"\bgpupool_\w+", r["expr"])}
-    assert used >= {"gpupool_idle_notebooks", "gpupool_team_borrowed_gpu_equivalents"}
+    assert used >= {
+        "gpupool_idle_notebooks",
+        "gpupool_team_borrowed_gpu_equivalents",
+        "gpupool_store_healthy",
+    }
     assert used - exported <= PENDING_METRICS, sorted(used - exported)
     for r in group["rules"]:  # each alert says whose it is
         by = re.search(r"by \((\w+)", r["expr"])

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyterhub.roles import get_default_roles
+from tornado.ioloop import PeriodicCallback
 
 from ..config import GPUPool
 from ..podspec import check_share_settings
@@ -87,9 +88,10 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
         hub.devices.start()
     reconciler.start()
     stops = [hub.jobs.shutting_down, reconciler.shutting_down]
+    owed = PeriodicCallback(pool.writes.retry_due, 1000)  # the outbox's backoff decides when
+    owed.start()
+    stops.append(owed.stop)
     if pool.mig is not None:  # draining MIG instances: destroyed once their processes end
-        from tornado.ioloop import PeriodicCallback
-
         drain = PeriodicCallback(pool.retry_draining, 10_000)
         drain.start()
         stops.append(drain.stop)  # no retry (no NVML call) once the hub shuts down

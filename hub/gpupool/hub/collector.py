@@ -38,9 +38,26 @@ class PoolCollector(Collector):
         self.idle = idle
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._store()
         yield from self._pool()
         yield from self._jobs()
         yield from self._devices()
+
+    def _store(self) -> Iterator[Metric]:
+        health = self.pool.writes.health()
+        healthy = GaugeMetricFamily(
+            "gpupool_store_healthy",
+            "1 while the pool's database takes writes; 0 while it owes some (new allocations "
+            "and jobs are refused meanwhile).",
+        )
+        healthy.add_metric([], 1 if health["healthy"] else 0)
+        yield healthy
+        owed = GaugeMetricFamily(
+            "gpupool_store_pending_writes",
+            "Releases and job states the database refused, kept and retried until written.",
+        )
+        owed.add_metric([], health["pending_writes"])
+        yield owed
 
     def _pool(self) -> Iterator[Metric]:
         ledger = self.pool.ledger

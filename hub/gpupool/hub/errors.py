@@ -11,6 +11,7 @@ from tornado import web
 
 from ..core import errors
 from ..discovery.mig_manager import DeviceUnavailable
+from ..store.outbox import StoreUnavailable
 
 STATUS: dict[type[errors.PoolError], int] = {
     errors.UnknownAllocation: 404,
@@ -22,6 +23,7 @@ STATUS: dict[type[errors.PoolError], int] = {
     errors.NoCapacity: 409,
     errors.LimitReached: 429,
     DeviceUnavailable: 503,
+    StoreUnavailable: 503,
 }
 
 

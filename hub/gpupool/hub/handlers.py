@@ -5,6 +5,8 @@ Vocabulary
 - *scopes* (:mod:`gpupool.hub.scopes`): ``custom:gpupool:jobs`` lets a user (or their server's
   token) use the API for their own jobs; ``custom:gpupool:admin`` sees and cancels everyone's.
 - A job that is not yours is answered 404, exactly like one that does not exist.
+- ``GET /health`` needs no token: 200 while the pool's database takes writes, 503 while it owes
+  some (:mod:`gpupool.store.outbox`); new allocations and jobs are refused with 503 meanwhile.
 - ``GET /jobs`` answers a page, newest first (:mod:`gpupool.core.paging`); submissions and
   followed logs past a per-user limit are 429 (:mod:`gpupool.core.limits`), a submission before
   its body is parsed when the user has no room in any team.
@@ -197,9 +199,22 @@ class JobLogsHandler(GPUPoolHandler):
         self.client_left.set()
 
 
+class HealthHandler(GPUPoolHandler):
+    def get(self) -> None:
+        """Whether the pool's database takes writes (200) or not (503): for load balancers and
+        probes, without a token. An admin's token also gets the database's words and where it
+        is."""
+        health = self.gpupool.pool.writes.health()
+        store = {k: health[k] for k in ("healthy", "pending_writes", "since")}
+        if self.current_user is not None and ADMIN_SCOPE in self.expanded_scopes:
+            store.update(problem=health["problem"], database=health["database"])
+        self.write_json({"store": store}, 200 if health["healthy"] else 503)
+
+
 def handlers() -> list[tuple[str, type[GPUPoolHandler]]]:
     """The routes for ``c.JupyterHub.extra_handlers`` (served under ``/hub``)."""
     return [
+        (r"/api/gpupool/health", HealthHandler),
         (r"/api/gpupool/offers", OffersHandler),
         (r"/api/gpupool/teams", TeamsHandler),
         (r"/api/gpupool/allocations", AllocationsHandler),

@@ -363,6 +363,7 @@ def admin_view(
         team_rows.append(row)
     return {
         "pool": _pool_header(pool),
+        "store": pool.writes.health(),
         "job_network": {
             "private": jobs.backend.private_network,
             "text": jobs.backend.network_note,

@@ -32,10 +32,12 @@ Rules (:func:`plan`, pure: the ledger, the records, the scanned processes and th
 actions out):
 1. A notebook allocation named by a dead record is released, and processes still claiming it
    (kernels left behind) are stopped. Named by an alive or unchecked record: held.
-2. At start only, a notebook allocation no record names is released; if processes claim it (a
+2. At start, a notebook allocation no record names is released; if processes claim it (a
    server the hub started but died before recording: JupyterHub will never stop it), they are
-   stopped first. While the hub runs such an allocation is left alone: a start in progress
-   (allocated before its state names it), or a server missing from a page of the REST reply.
+   stopped first. While the hub runs such an allocation is released only once it has had no
+   holder at all for ``holderless_grace`` seconds (:func:`holderless`: no process claims it and
+   JupyterHub records no server of its ref, which covers a start in progress, allocated before
+   its state names it); a stop whose release was lost leaves no GPU held for good.
 3. Processes claiming an allocation the ledger does not know are stopped, except at start, where
    they are adopted when that is consistent: an alive record names the allocation and its pid is
    one of them; the offer and team in the server's environment exist, the record's user is in the
@@ -182,11 +184,18 @@ def plan(
     jobs: Iterable[str] = (),
     *,
     at_start: bool,
+    holderless_since: Mapping[str, float] | None = None,
+    now: float = 0.0,
+    grace: float = 0.0,
 ) -> list[Action]:
-    """What to do (the module docstring's rules); ``jobs``: the ids the job store knows."""
+    """What to do (the module docstring's rules); ``jobs``: the ids the job store knows;
+    ``holderless_since``: when each allocation was first seen without a holder (rule 2 while
+    the hub runs: released once that is ``grace`` seconds before ``now``)."""
     known_jobs = set(jobs)
     allocations = ledger.allocations
     named = {r.allocation: r for r in records if r.allocation}
+    refs = {r.ref for r in records}
+    since = holderless_since or {}
     by_alloc: dict[str, list[Proc]] = defaultdict(list)
     by_job: dict[str, list[Proc]] = defaultdict(list)
     loose: list[Proc] = []
@@ -218,6 +227,14 @@ def plan(
             actions.append(Action("stopped", f"stopped {what}: {reason}", a.id, claim))
         elif record is None and at_start:
             actions.append(Action("released", f"released {what}: no running server holds it", a.id))
+        elif record is None and not claim and a.ref not in refs and a.id in since:
+            if now - since[a.id] < grace:
+                continue
+            reason = (
+                f"no process holds it and JupyterHub records no server {a.ref} (for "
+                f"{now - since[a.id]:.0f} s; its stop or release was lost)"
+            )
+            actions.append(Action("released", f"released {what}: {reason}", a.id))
         else:
             continue
         if trial is not None:
@@ -285,6 +302,18 @@ def plan(
             )
             actions.append(Action("reported", message, level=logging.ERROR))
     return actions
+
+
+def holderless(ledger: Ledger, records: Sequence[Record], procs: Sequence[Proc]) -> set[str]:
+    """The notebook allocations with no holder at all: no record names them or their server
+    (a start in progress has a record of its server), and no process claims them."""
+    named = {r.allocation for r in records} | {r.ref for r in records}
+    claimed = {p.allocation for p in procs}
+    return {
+        a.id
+        for a in ledger.allocations.values()
+        if a.kind == "notebook" and not ({a.id, a.ref} & named) and a.id not in claimed
+    }
 
 
 def lost_database(ledger: Ledger, records: Sequence[Record]) -> list[Record]:
@@ -606,6 +635,13 @@ class Reconciler(LoggingConfigurable):
         help="""Seconds one call to JupyterHub's REST API may take. Example:
         ``c.Reconciler.request_timeout = 30``""",
     )
+    holderless_grace = Float(
+        60.0,
+        config=True,
+        help="""Seconds a notebook allocation may go without any holder (no live process claims
+        it and JupyterHub records no server for it) before a pass releases it, while the hub
+        runs. Example: ``c.Reconciler.holderless_grace = 120``""",
+    )
 
     def __init__(
         self, pool: Pool, hub_db_url: str, api_url: str = "", token: str = "", **kwargs: Any
@@ -624,6 +660,8 @@ class Reconciler(LoggingConfigurable):
         self._task: asyncio.Task[None] | None = None
         self._warned: set[str] = set()
         """The one-time warnings given (no REST API; no servers' state)."""
+        self._holderless: dict[str, float] = {}
+        """When each allocation without a holder was first seen so (monotonic seconds)."""
 
     # -- observing ---------------------------------------------------------------------------
     def processes(self, records: Sequence[Record]) -> list[Proc]:
@@ -744,7 +782,19 @@ class Reconciler(LoggingConfigurable):
         jobs = self.known_jobs(procs)
 
         def decide(ledger: Ledger) -> list[Action]:
-            return plan(ledger, records, procs, jobs, at_start=False)
+            now = time.monotonic()
+            alone = holderless(ledger, records, procs)
+            self._holderless = {a: self._holderless.get(a, now) for a in alone}
+            return plan(
+                ledger,
+                records,
+                procs,
+                jobs,
+                at_start=False,
+                holderless_since=self._holderless,
+                now=now,
+                grace=self.holderless_grace,
+            )
 
         actions = cast(list[Action], self.pool.deciding(decide))
         await self._stop_soon([p for a in actions for p in a.stop])

@@ -14,7 +14,10 @@ Vocabulary
 - *retention*: jobs that ended over ``retention_days`` ago are forgotten (:meth:`prune`: their
   logs, rows and scripts); a job's script lives only in the database, read when it starts.
 
-Contract: every state change is persisted before anyone is told; nothing large stays in memory
+Contract: a submit is persisted before anyone is told (503 when the database cannot record it);
+a later state change is kept at once and written now or, when the database refuses, owed and
+retried (:class:`~gpupool.store.outbox.Outbox`): a job that ended is never left running in
+memory because its row could not be written. Nothing large stays in memory
 (the jobs the manager keeps carry no script). Jobs and notebooks share the
 pool (``kind="job"`` allocations), so quotas hold across both doors. Time comes from ``clock``
 (default :func:`gpupool.clock.utcnow`), the one time seam.
@@ -430,7 +433,7 @@ class JobManager(LoggingConfigurable):
                 for job_id, why in plan.waiting.items()
                 if (job := self.jobs[job_id]).state == "queued" and job.reason != why
             ]
-            self.pool.store.save_jobs(waits)  # one transaction, however many changed
+            self.pool.writes.save_jobs(waits)  # one transaction, however many changed
             self.jobs.update((job.id, job) for job in waits)
             await asyncio.gather(*(self._launch(job_id) for job_id in granted))
 
@@ -630,10 +633,15 @@ class JobManager(LoggingConfigurable):
         return self._save(ended)
 
     def _save(self, job: Job) -> Job:
-        """Persist ``job`` (with its script, at submit), then keep it in memory without one."""
-        self.pool.store.save_job(job)
+        """Persist ``job``, then keep it in memory without its script. At submit (the job
+        carries its script) a grant: when the database cannot record it, nothing is kept
+        (:class:`~gpupool.store.outbox.StoreUnavailable`, 503). Any later state is kept at once
+        and written now or, when the database refuses, owed (``pool.writes``)."""
         if job.spec.script:
+            self.pool.writes.grant(lambda: self.pool.store.save_job(job))
             job = replace(job, spec=replace(job.spec, script=""))
+        else:
+            self.pool.writes.save_jobs([job])
         self.jobs[job.id] = job
         return job
 
@@ -643,6 +651,8 @@ class JobManager(LoggingConfigurable):
         backend's :meth:`~gpupool.jobs.backend.JobBackend.forget`), then their rows and scripts;
         returns their ids. Jobs still queued or running are never forgotten."""
         now = self.now()
+        if not self.pool.writes.pay():  # an owed row written after its delete would come back
+            return []
         gone = expired(self.jobs.values(), now, self.retention_days * 86400)
         for job in gone:
             try:

@@ -168,7 +168,7 @@ class Store:
                 f"gpupool's database {self.where} is at migration {head!r} but lacks {lacks}: "
                 f"{self._fresh_start()}"
             )
-        self._checked("is not writable", self._write_check)
+        self._checked("is not writable", self.write_check)
 
     # -- the checks --------------------------------------------------------------------------
     def _read(self) -> tuple[list[str], list[str] | None]:
@@ -190,7 +190,7 @@ class Store:
             rows = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}"))
             return tables, [str(r[0]) for r in rows]
 
-    def _write_check(self) -> None:
+    def write_check(self) -> None:
         """Write one row into each table the pool writes, then roll back: what the first spawn
         or job would do (for SQLite, this makes the journal next to the file)."""
         with self.engine.connect() as conn:
@@ -391,12 +391,27 @@ class Store:
         if not changed:
             return
         with self.engine.begin() as conn:
-            for job in changed:
-                conn.execute(delete(jobs).where(jobs.c.id == job.id))
-                conn.execute(insert(jobs).values(**_job_row(job)))
-                if job.spec.script:
-                    conn.execute(delete(job_scripts).where(job_scripts.c.job_id == job.id))
-                    conn.execute(insert(job_scripts).values(job_id=job.id, script=job.spec.script))
+            self._save_jobs(conn, changed)
+
+    @staticmethod
+    def _save_jobs(conn: Connection, changed: Iterable[Job]) -> None:
+        for job in changed:
+            conn.execute(delete(jobs).where(jobs.c.id == job.id))
+            conn.execute(insert(jobs).values(**_job_row(job)))
+            if job.spec.script:
+                conn.execute(delete(job_scripts).where(job_scripts.c.job_id == job.id))
+                conn.execute(insert(job_scripts).values(job_id=job.id, script=job.spec.script))
+
+    def settle(self, release_ids: Sequence[str], changed: Sequence[Job]) -> None:
+        """Delete these allocations and write these jobs' rows, in one transaction (what the
+        :class:`~gpupool.store.outbox.Outbox` owes)."""
+        if not release_ids and not changed:
+            return
+        with self.engine.begin() as conn:
+            if release_ids:
+                conn.execute(delete(devices).where(devices.c.allocation_id.in_(release_ids)))
+                conn.execute(delete(allocations).where(allocations.c.id.in_(release_ids)))
+            self._save_jobs(conn, changed)
 
     def load_jobs(self) -> list[Job]:
         """Every job, oldest first, without its script (:meth:`job_script` reads that)."""
