@@ -21,7 +21,10 @@ pool has created the MIG instance before the server starts, and the server sees 
 gpupool does not manage) is refused, so a server never sees a whole GPU by mistake. The state
 keeps the server's process start time next to its pid, so a restarted hub never takes (or
 signals) a recycled pid for its server; a re-attached server that ends is reported with an
-unknown exit status (only its parent could read it).
+unknown exit status (only its parent could read it). A server's exit is noticed at once, not at
+JupyterHub's next poll (``poll_interval``, 30 s): while JupyterHub polls it, a pidfd of its
+process (Linux 5.3+) wakes JupyterHub's own ``poll_and_notify`` when the process ends, which
+stops the server in the hub and releases its devices within a second or so.
 
 A share of a GPU without MIG (see :mod:`gpupool.shares`) also gets ``GPUPOOL_SHARE_MILLI``,
 ``GPUPOOL_SHARE_MIB`` (its cap), ``GPUPOOL_SHARE_ENFORCEMENT``, under MPS the client limits, and
@@ -31,6 +34,8 @@ A share of a GPU without MIG (see :mod:`gpupool.shares`) also gets ``GPUPOOL_SHA
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 from collections.abc import Callable
 from typing import Any
@@ -98,6 +103,8 @@ class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     """When the server's process started (clock ticks since boot; saved in the state)."""
     _gpupool_polled_pid = 0
     _gpupool_gone: UnknownExit | None = None
+    _gpupool_exit_fd: int | None = None
+    _gpupool_exit_notice: asyncio.Task[Any] | None = None
 
     @default("home_dir")
     def _default_home_dir(self) -> str:
@@ -170,6 +177,45 @@ class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         started = await super().start()
         self.gpupool_process_start = process_start(self.pid) if self.pid else None
         return started
+
+    # -- the server's exit, noticed at once -----------------------------------------------
+    def start_polling(self) -> None:
+        super().start_polling()
+        self._gpupool_watch_exit()
+
+    def stop_polling(self) -> None:
+        super().stop_polling()
+        self._gpupool_unwatch_exit()
+
+    def _gpupool_watch_exit(self) -> None:
+        """Run JupyterHub's ``poll_and_notify`` as soon as the server's process ends (its pidfd
+        turns readable), as its periodic poll would later; a pid that is gone already, or a
+        kernel without pidfds, leaves it to the periodic poll."""
+        self._gpupool_unwatch_exit()
+        if not self.pid or not hasattr(os, "pidfd_open"):
+            return
+        saved = self.gpupool_process_start
+        try:
+            fd = os.pidfd_open(self.pid)
+        except OSError:
+            return
+        if saved is not None and process_start(self.pid) != saved:  # a recycled pid
+            os.close(fd)
+            return
+        self._gpupool_exit_fd = fd
+        asyncio.get_running_loop().add_reader(fd, self._gpupool_exited)
+
+    def _gpupool_exited(self) -> None:
+        self._gpupool_unwatch_exit()
+        self.log.info("gpupool: %s's server process ended; the hub stops it now", self.gpupool_ref)
+        self._gpupool_exit_notice = asyncio.ensure_future(self.poll_and_notify())
+
+    def _gpupool_unwatch_exit(self) -> None:
+        fd, self._gpupool_exit_fd = self._gpupool_exit_fd, None
+        if fd is not None:
+            with contextlib.suppress(RuntimeError, ValueError):  # the loop is closed
+                asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
 
     # -- a server re-attached after a hub restart: its pid and start time; its exit ---------
     async def _signal(self, sig: int) -> bool:

@@ -122,7 +122,8 @@ class Store:
         except ImportError as e:  # the URL names a driver that is not installed
             raise StoreError(
                 f"gpupool's database {describe(url)} cannot be opened ({e}): install the "
-                "database driver the URL names"
+                "database driver the URL names (PostgreSQL: pip install "
+                "'jupyterhub-gpupool[postgresql]' and a postgresql+psycopg:// URL)"
             ) from None
         self.where = describe(self.engine.url)
         """The database as messages name it (never with its password)."""

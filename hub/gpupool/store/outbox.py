@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 
 from ..clock import iso, utcnow
 from ..core.errors import PoolError
@@ -37,6 +37,9 @@ from ..core.jobs import Job
 T = TypeVar("T")
 STORE_FAULTS = (SQLAlchemyError, OSError)
 """What a failed database write raises (the driver's errors come wrapped by SQLAlchemy)."""
+ROW_ERRORS = (IntegrityError, DataError)
+"""What a grant's own row caused (a duplicate id, a value too long): raised as it is, and the
+database is not taken for unhealthy (it works; the row was wrong)."""
 
 
 class StoreUnavailable(PoolError):
@@ -118,6 +121,8 @@ class Outbox:
                 raise StoreUnavailable(self.refusal())
             try:
                 done = write()
+            except ROW_ERRORS:
+                raise
             except STORE_FAULTS as e:
                 self._failed(e)
                 raise StoreUnavailable(self.refusal()) from None
