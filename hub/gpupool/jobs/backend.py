@@ -38,6 +38,19 @@ class Observation:
         return self.state in ("succeeded", "failed", "lost")
 
 
+def every_rank_exited(seen: Observation, ranks: int) -> Observation | None:
+    """What a job ended as when each of its ``ranks`` has an exit code although ``seen`` says it
+    still runs (the launcher tearing down, a process a rank left behind); ``None`` while a
+    rank has not exited."""
+    codes = dict(seen.exit_codes)
+    if seen.ended or any(r not in codes for r in range(ranks)):
+        return None
+    bad = [f"rank {r} exited {c}" for r, c in sorted(codes.items()) if c != 0]
+    if bad:
+        return Observation("failed", f"{', '.join(bad)} (see the rank logs)", seen.exit_codes)
+    return Observation("succeeded", "all ranks exited 0", seen.exit_codes)
+
+
 class JobBackend(LoggingConfigurable):
     """Base class; see :class:`gpupool.jobs.local.LocalJobBackend`."""
 

@@ -51,7 +51,7 @@ from ..core.quota import PRIORITY_RANGE, Team, check_offer, check_priority, reso
 from ..core.retention import expired
 from ..pool import Pool
 from ..settings import ConfigError
-from .backend import JobBackend, Observation
+from .backend import JobBackend, Observation, every_rank_exited
 from .local import LocalJobBackend
 
 MAX_SCRIPT_BYTES = 1 << 20
@@ -340,7 +340,8 @@ class JobManager(LoggingConfigurable):
 
     async def cancel(self, job_id: str, user: str, admin: bool) -> Job:
         """Cancel in any state: a queued job at once; a starting or running one once everything
-        it started is stopped. A job that ended first keeps its own final state."""
+        it started is stopped. A job that ended first keeps its own final state, also when
+        every rank had exited and only the launcher's teardown (or a process a rank left) ran."""
         self.get(job_id, user, admin)
         async with self._owner(job_id):
             job = self.jobs[job_id]
@@ -348,12 +349,17 @@ class JobManager(LoggingConfigurable):
                 return job
             if job.state == "queued":
                 return self._finish(job_id, "cancelled", f"cancelled by {user}")
+            done = None
             if job.handle:  # it may have ended on its own before the cancel: that is its state
                 seen = await self.backend.check(job)
                 if seen.ended:
                     return self._finish(job_id, seen.state, seen.reason, seen.exit_codes)
+                done = every_rank_exited(seen, job.spec.ranks)  # only tearing down
             await self._stop_processes(job)  # by its handle, or by its marker if it has none
-            job = self._finish(job_id, "cancelled", f"cancelled by {user}")
+            if done is not None:
+                job = self._finish(job_id, done.state, done.reason, done.exit_codes)
+            else:
+                job = self._finish(job_id, "cancelled", f"cancelled by {user}")
         self.kick()
         return job
 
