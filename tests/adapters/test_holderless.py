@@ -45,3 +45,16 @@ def test_an_allocation_a_process_still_claims_is_never_released_as_holderless() 
     assert holderless(ledger, [], [kernel]) == set()
     since = {"a0": 0.0}  # even if an earlier pass saw it alone
     assert plan(ledger, [], [kernel], at_start=False, holderless_since=since, now=1e6) == []
+
+
+def test_ranks_of_unknown_jobs_are_left_running_when_the_pool_database_was_lost() -> None:
+    """An emptied pool database knows no job: a running job's ranks are reported and left
+    running (an admin decides), not stopped as ranks of a job that never was."""
+    ranks = [Proc(pid=500 + r, pgid=500, uid=1000, start=1, job="j1") for r in range(2)]
+    (stopped,) = plan(Ledger(mixed_inventory(), OFFERS, TEAMS), [], ranks, at_start=True)
+    assert stopped.action == "stopped"
+    (kept,) = plan(
+        Ledger(mixed_inventory(), OFFERS, TEAMS), [], ranks, at_start=True, keep_unknown_jobs=True
+    )
+    assert kept.action == "reported" and kept.stop == ()
+    assert "job j1 runs (processes 500, 501" in kept.message and "left running" in kept.message

@@ -186,7 +186,9 @@ class JobLogsHandler(GPUPoolHandler):
                     await self.flush()
         except StreamClosedError:  # it left between our look and the write
             self.client_left.set()
-        if self.client_left.is_set():
+        if self.client_left.is_set() and self.gpupool.jobs.stopping:  # the hub's own leaving
+            self.log.info("gpupool: the hub shuts down; it stopped sending job %s's log", job.id)
+        elif self.client_left.is_set():
             self.log.info("gpupool: the client following job %s's log left; stopped", job.id)
         else:
             self.finish()

@@ -48,7 +48,9 @@ actions out):
    its allocation are stopped. While the hub runs, an unknown allocation was released (a server
    being stopped, a kernel left behind): stopped, never adopted.
 4. Job ranks (``GPUPOOL_JOB``) of a job the job store does not know are stopped; ranks of known
-   jobs are the job manager's (it re-attaches active jobs and releases what no job holds).
+   jobs are the job manager's (it re-attaches active jobs and releases what no job holds). When
+   the pool database was lost (rule 6) and knows no job at all, such ranks are reported and left
+   running, then and in every later pass (``kept_jobs``): an admin decides.
    Job allocations are the job manager's too.
 5. A process of this hub claiming no allocation and no job but holding devices is stopped.
 6. Reported: a record naming an allocation the ledger does not know, with no process of it to
@@ -187,10 +189,12 @@ def plan(
     holderless_since: Mapping[str, float] | None = None,
     now: float = 0.0,
     grace: float = 0.0,
+    keep_unknown_jobs: bool = False,
 ) -> list[Action]:
     """What to do (the module docstring's rules); ``jobs``: the ids the job store knows;
     ``holderless_since``: when each allocation was first seen without a holder (rule 2 while
-    the hub runs: released once that is ``grace`` seconds before ``now``)."""
+    the hub runs: released once that is ``grace`` seconds before ``now``); ``keep_unknown_jobs``
+    (the pool database was lost): ranks of jobs it does not know are reported, not stopped."""
     known_jobs = set(jobs)
     allocations = ledger.allocations
     named = {r.allocation: r for r in records if r.allocation}
@@ -275,7 +279,15 @@ def plan(
 
     # 4, 5: job ranks of unknown jobs, and processes holding devices with no claim at all
     for job_id, ranks in sorted(by_job.items()):
-        if job_id not in known_jobs:
+        if job_id not in known_jobs and keep_unknown_jobs:
+            what = ", ".join(dict.fromkeys(d for p in ranks for d in p.devices)) or "no device"
+            message = (
+                f"job {job_id} runs (processes {_pids(ranks)}, {what}) but the pool database, "
+                "deleted or emptied, does not know it: left running; its history is gone. An "
+                "admin stops it (kill its processes) or lets it finish"
+            )
+            actions.append(Action("reported", message, level=logging.ERROR))
+        elif job_id not in known_jobs:
             what = ", ".join(dict.fromkeys(d for p in ranks for d in p.devices)) or "no device"
             message = (
                 f"stopped processes {_pids(ranks)} of job {job_id} ({what}): the job store does "
@@ -660,6 +672,9 @@ class Reconciler(LoggingConfigurable):
         self._task: asyncio.Task[None] | None = None
         self._warned: set[str] = set()
         """The one-time warnings given (no REST API; no servers' state)."""
+        self.kept_jobs: set[str] = set()
+        """Jobs found running at start when the pool database was lost: never stopped by a pass
+        (an admin decides), reported once."""
         self._holderless: dict[str, float] = {}
         """When each allocation without a holder was first seen so (monotonic seconds)."""
 
@@ -745,11 +760,15 @@ class Reconciler(LoggingConfigurable):
 
             def decide(ledger: Ledger) -> tuple[list[Record], list[Action]]:
                 lost = lost_database(ledger, records)
-                return lost, plan(ledger, records, procs, jobs, at_start=True)
+                keep = bool(lost) and not jobs
+                return lost, plan(
+                    ledger, records, procs, jobs, at_start=True, keep_unknown_jobs=keep
+                )
 
             lost, actions = cast(tuple[list[Record], list[Action]], self.pool.deciding(decide))
             if lost:
                 self._lost_database(lost)
+                self.kept_jobs = {p.job for p in procs if p.job and p.job not in jobs}
             self._stop_now([p for a in actions for p in a.stop])
             refused = self._carry_out(actions)
             for a in refused:  # devices taken since the decision: cannot happen at start
@@ -779,7 +798,7 @@ class Reconciler(LoggingConfigurable):
 
         records, procs = await asyncio.to_thread(look)
         procs = self.on_devices(procs)
-        jobs = self.known_jobs(procs)
+        jobs = self.known_jobs(procs) | self.kept_jobs
 
         def decide(ledger: Ledger) -> list[Action]:
             now = time.monotonic()
@@ -929,7 +948,8 @@ class Reconciler(LoggingConfigurable):
             "gpupool: the pool database %s holds no allocation, but JupyterHub's database %s "
             "records %d running server(s) holding one (%s): the pool database was deleted or "
             "emptied, and is not taken for an empty pool: each server is taken back where "
-            "what it runs with is consistent, or else stopped, before anything is handed out",
+            "what it runs with is consistent, or else stopped, before anything is handed out; "
+            "the history of jobs is gone, and jobs found running are left running (listed next)",
             self.pool.store.engine.url.render_as_string(hide_password=True),
             _safe_url(self.hub_db_url),
             len(lost),

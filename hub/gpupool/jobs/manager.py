@@ -670,10 +670,12 @@ class JobManager(LoggingConfigurable):
             self.jobs.pop(job.id, None)
             self._locks.pop(job.id, None)
         if gone:
+            shown = ", ".join(j.id for j in gone[:50]) + (" …" if len(gone) > 50 else "")
             self.log.info(
-                "gpupool: forgot %d job(s) that ended over %g days ago",
+                "gpupool: forgot %d job(s) that ended over %g days ago: %s",
                 len(gone),
                 self.retention_days,
+                shown,
             )
         self._next_prune = now + self.prune_interval
         return [j.id for j in gone]
