@@ -186,7 +186,7 @@ JH5_PYTEST := PATH=$(CURDIR)/$(JH5_BIN):$(CURDIR)/node_modules/.bin:$$PATH $(JH5
 # bad input, a broken pool database, MIG on demand, shares, metrics, the device watch), the same
 # whichever JupyterHub serves it; the main run covers them.
 JH5_SKIP := test_api_fuzz test_bad_input test_broken_database test_mig_on_demand test_shares \
-  test_metrics test_device_watch
+  test_metrics test_device_watch test_store_faults
 test-jh5: install $(JH5_STAMP) $(JH5_RUNTIME)
 	$(JH5_PYTEST) --durations=15 $(PARALLEL) tests/hub \
 	  $(foreach m,$(JH5_SKIP),--ignore=tests/hub/$(m).py)
