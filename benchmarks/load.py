@@ -1,10 +1,13 @@
-"""``python -m benchmarks.load [--users N] [--jobs J] [--timeout S] [--json]``: a hub under load.
+"""``python -m benchmarks.load [--users N] [--jobs J] [--timeout S] [--only PHASE] [--db-url URL]
+[--json]``: a hub under load.
 
 One real hub (the repository's ``jupyterhub_config.py`` through the test harness, free loopback
 ports, state in a temporary directory) with a simulated pool of 16 H100-80GB (12 whole, 4 with
 two fixed 3g.40gb instances each: 16 GPU-equivalents), four teams whose quotas bind, and N users
 (default 90) with real JupyterLab servers (``jupyterhub-singleuser``, nothing faked) and real
-torchrun jobs. The phases, in order:
+torchrun jobs. The pool's database is ``--db-url`` (any SQLAlchemy URL; by default SQLite in the
+state dir), set as ``c.GPUPool.db_url`` before the demo's ``setup(c)`` builds the pool. The
+phases, in order:
 
 1. *storm 1*: every user POSTs ``/hub/api/users/<name>/server`` at once with their own token
    (each POST timed); then wait until no server is pending.
@@ -12,24 +15,35 @@ torchrun jobs. The phases, in order:
    0-3 s after submission) while four threads time ``GET /hub/api/gpupool/jobs``; until every job
    has ended or waits in the queue for GPUs the notebooks hold.
 3. *stop*: every server is stopped (DELETE, at once).
-4. *storm 2 and crash*: a few 40-second jobs, then every user spawns again; once ``--kill-at``
-   server processes are up (or ``--kill-after`` seconds in), the hub gets SIGKILL (the proxy,
-   servers and jobs live on: ``cleanup_servers`` is off) and is started again. Users whose
-   server is not running after the restart retry once (*retry*).
-5. *abuse* (:mod:`benchmarks.abuse`): one user floods the hub with jobs, log followers and
+4. *storm 2 and crash*: one 40-second job, then every user spawns again while short jobs are
+   submitted one a second; the REST view is read every 0.1 s and once it shows a server pending
+   its spawn and a job starting at the same look, the hub gets SIGKILL (or ``--kill-after``
+   seconds in; the proxy, servers and jobs live on) and is started again. Users whose server is
+   not running after the restart retry once (*retry*).
+5. *contested* (:mod:`benchmarks.load_contested`): for ``--contested-s`` seconds users spawn and
+   stop GPU servers of various offers and submit and cancel GPU jobs, beyond capacity and quota;
+   the hub's grants, releases and refusals are counted from ``/hub/metrics``.
+6. *faults* (:mod:`benchmarks.load_faults`): the pool's store fails (a full tmpfs, or its tables
+   renamed) while jobs end, servers stop and spawns are tried; then *dead holder*: GPU servers'
+   processes are killed and the release of their allocations timed.
+7. *abuse* (:mod:`benchmarks.abuse`): one user floods the hub with jobs, log followers and
    spawn retries beyond every per-user limit while another user's ``GET /jobs`` and
-   ``/offers`` are timed (``--only abuse`` runs just this phase, on a hub of its own).
-6. *stop everything*: every server stopped, every job cancelled; the pool must be empty.
+   ``/offers`` are timed.
+8. *stop everything*: every server stopped, every job cancelled; the pool must be empty.
 
-Invariants, checked by a monitor every ``--monitor-interval`` seconds and at the end of each phase
-(*checkpoints*), in three views: the pool's database (*db*, read with ``gpupool.store``), the
-REST view (*rest*: ``GET /hub/api/gpupool/allocations?all=1`` and ``/teams`` as an admin), and
-the live processes (*proc*: ``/proc/<pid>/environ`` of every process whose ``HOME`` is under
-this run's homes: servers carry ``GPUPOOL_ALLOCATION``, job processes ``GPUPOOL_JOB``, both
-``CUDA_VISIBLE_DEVICES`` and ``GPUPOOL_TEAM``).
+``--only abuse|contested|faults|dead-holder`` runs one phase on a hub of its own (then stop
+everything).
 
-- ``double_owner``: distinct (GPU, pair of holders) whose devices overlap (a whole GPU and a MIG
-  instance on it overlap; holders are allocations, named ``alloc:<id>``, or jobs, ``job:<id>``).
+Invariants, in three views (:mod:`benchmarks.load_views`: the pool's database, the REST view,
+the live processes): a monitor looks at all three every ``--monitor-interval`` seconds (0.5),
+the processes alone are scanned every ``--proc-interval`` seconds (0.25), and each phase ends
+with a look.
+
+- ``double_owner``: distinct findings of two holders of one device: within one view at once
+  (a whole GPU and a MIG instance on it overlap), and across views (a live process's devices
+  not in an allocation of its own holder in the db or rest view, a device of an allocation used
+  by another holder's process, the db and rest views giving a device to two holders) once seen
+  in every look for ``--view-grace`` seconds (12): the rule is in :mod:`benchmarks.load_views`.
 - ``over_quota``: distinct teams seen holding more than guarantee + borrow limit (proc: summed
   over the distinct devices of live holders of that ``GPUPOOL_TEAM``).
 - ``orphans``: at checkpoints, live server processes JupyterHub does not list with that pid (or
@@ -37,23 +51,34 @@ this run's homes: servers carry ``GPUPOOL_ALLOCATION``, job processes ``GPUPOOL_
   or running; counted only if still so ``kill_grace + 2`` s later. After "stop everything",
   anything still alive is an orphan.
 - ``leaked``: allocations left in the database after everything was stopped (and 30 s of grace).
+  ``leaked_during_run``: allocations (db or rest view) whose holder was gone (no live process,
+  no JupyterHub server record) in every look for ``--leak-grace`` seconds (15) with the hub up.
 - ``status_5xx``: HTTP answers >= 500 over the whole run, except those to requests in flight
   when the hub was killed or sent before it answered again (the proxy's 503 for a dead hub:
-  ``http.while_the_hub_was_down``); requests without an answer are ``http.errors``.
-- ``final_state_changed``: jobs seen in a final state and later in another state.
+  ``http.while_the_hub_was_down``), and 503s during the store fault (``fault_503`` from the
+  gpupool API, ``http.fault_spawn_503`` for spawns); requests without an answer are
+  ``http.errors``.
+- ``final_state_changed``: jobs seen in a final state and later in another state; every job is
+  polled as the admin every ``--jobs-poll-interval`` seconds (1) throughout, across the restart
+  (not during the abuse phase, whose victim is timed).
+- ``contested_decisions``, ``killed_with_spawns_in_flight``, ``killed_with_job_starts_in_flight``,
+  ``stranded_jobs``, ``leaked_on_fault``, ``fault_503``, ``dead_holder_release_s``: see the
+  phases' modules.
 
 Latencies: ``spawn_p50_s``/``spawn_p99_s`` over the POSTs of storm 1 (every answer; refusals
 included), ``jobs_get_p50_s``/``jobs_get_p99_s`` over the GETs during the burst (the admin's
 look follows every page), ``victim_p99_s`` over the victim's GETs during the abuse phase;
 nearest-rank percentiles (:mod:`benchmarks.stats`). ``abuse_accepted_beyond_limit``: what the
-hub accepted beyond the per-user limits in that phase.
+hub accepted beyond the per-user limits in that phase. ``proc_scan``: what each scan of
+``/proc`` cost.
 
 Contract: loopback only; bounded in count (``--users``, ``--jobs``, ``--storm-jobs``) and time
 (``--timeout`` bounds every wait; phases left when it is spent are skipped, stop and checks are
-not); a monitor stops adding load if the machine's available memory drops under 1.5 GiB.
-Always stops what it started (hub, proxy, servers, job processes: found by this run's homes in
-their environment), also on failure or Ctrl-C. Progress goes to stderr; the table (or, with
-``--json``, one JSON object) to stdout: ``> benchmarks/results/load.json`` keeps it.
+not; ``--contested-s``, ``--fault-s``); a monitor stops adding load if the machine's available
+memory drops under 1.5 GiB. Always stops what it started (hub, proxy, servers, job processes:
+found by this run's homes in their environment; the tmpfs is unmounted), also on failure or
+Ctrl-C. Progress goes to stderr; the table (or, with ``--json``, one JSON object) to stdout:
+``> benchmarks/results/load.json`` keeps it.
 """
 
 from __future__ import annotations
@@ -62,9 +87,9 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,15 +99,30 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import requests
 
+from benchmarks.load_faults import tmpfs
+from benchmarks.load_report import _brief, machine, summarize, table
+from benchmarks.load_views import (
+    Held,
+    Persistence,
+    Proc,
+    ScanCost,
+    Snapshot,
+    conflicts,
+    cross_view,
+    device_slots,
+    gone_holders,
+    live_processes,
+    over_limit,
+    team_use,
+    views_of,
+)
 from benchmarks.stats import percentile
-from benchmarks.text import align
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -181,85 +221,6 @@ def plan_jobs(personas: Sequence[Persona], count: int) -> list[tuple[Persona, di
     return jobs
 
 
-# -- devices and the invariants (pure) ----------------------------------------------------------
-Slots = dict[str, tuple[str, int]]
-"""Visible id (GPU or MIG UUID) -> (GPU UUID, memory-slot mask it blocks)."""
-
-
-def device_slots(spec: str = SPEC) -> Slots:
-    """Every visible id of the simulated inventory ``spec`` and the slots it blocks."""
-    from gpupool.core.mig import geometry_for
-    from gpupool.discovery import SimulatedNVML, simulated_inventory
-
-    slots: Slots = {}
-    for node in simulated_inventory(SimulatedNVML(spec)).nodes:
-        for gpu in node.gpus:
-            geometry = geometry_for(gpu.model)
-            slots[gpu.uuid] = (gpu.uuid, geometry.full_mask if geometry else 0xFF)
-            for inst in gpu.instances:
-                profile = geometry.resolve(inst.profile) if geometry else None
-                if inst.uuid and profile:
-                    slots[inst.uuid] = (gpu.uuid, profile.mask_at(inst.start))
-    return slots
-
-
-def slot_cost(mask: int, total_slots: int = 8) -> float:
-    """GPU-equivalents a slot mask blocks (its slots / 8)."""
-    return bin(mask).count("1") / total_slots
-
-
-def conflicts(holdings: Mapping[str, Iterable[str]], slots: Slots) -> list[tuple[str, str, str]]:
-    """``(gpu, holder, other holder)`` for every pair of holders whose devices overlap; an id
-    ``slots`` does not know is a device of its own."""
-    by_gpu: dict[str, list[tuple[str, int]]] = defaultdict(list)
-    for holder, ids in holdings.items():
-        for vid in ids:
-            if vid:
-                gpu, mask = slots.get(vid, (vid, 0xFF))
-                by_gpu[gpu].append((holder, mask))
-    found: set[tuple[str, str, str]] = set()
-    for gpu, held in by_gpu.items():
-        for i, (a, mask_a) in enumerate(held):
-            for b, mask_b in held[i + 1 :]:
-                if a != b and mask_a & mask_b:
-                    found.add((gpu, min(a, b), max(a, b)))
-    return sorted(found)
-
-
-def team_use(holdings: Mapping[str, tuple[str, Iterable[str]]], slots: Slots) -> dict[str, float]:
-    """GPU-equivalents per team from ``holder -> (team, visible ids)``, each device counted
-    once per team."""
-    per_team: dict[str, dict[str, int]] = defaultdict(dict)
-    for team, ids in holdings.values():
-        for vid in ids:
-            if vid:
-                gpu, mask = slots.get(vid, (vid, 0xFF))
-                per_team[team][gpu] = per_team[team].get(gpu, 0) | mask
-    return {team: sum(slot_cost(m) for m in gpus.values()) for team, gpus in per_team.items()}
-
-
-def over_limit(
-    used: Mapping[str, float], limits: Mapping[str, float]
-) -> list[tuple[str, float, float]]:
-    """``(team, used, limit)`` for each team using more than its limit (a team without a limit
-    has 0: only CPU)."""
-    return [
-        (team, round(u, 3), limits.get(team, 0.0))
-        for team, u in sorted(used.items())
-        if u > limits.get(team, 0.0) + 1e-9
-    ]
-
-
-def parse_environ(raw: bytes) -> dict[str, str]:
-    """``/proc/<pid>/environ`` as a dict."""
-    env = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            env[key.decode(errors="replace")] = value.decode(errors="replace")
-    return env
-
-
 def status_class(code: int | None) -> str:
     """``201``, ``202``, ``2xx``, ``4xx``, ``5xx`` or ``error`` (no answer)."""
     if code is None:
@@ -284,51 +245,6 @@ def final_changes(
             if s in ends:
                 seen_final = s
     return out
-
-
-# -- live processes ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Proc:
-    pid: int
-    kind: str  # "server" or "job"
-    user: str
-    holder: str  # "alloc:<id>" for servers (or "pid:<pid>" without one), "job:<id>"
-    team: str
-    devices: tuple[str, ...]
-    env: Mapping[str, str] = field(repr=False, compare=False)
-
-
-def live_processes(homes: Path) -> list[Proc]:
-    """Servers and job processes whose ``HOME`` is under ``homes`` (this run's)."""
-    prefix = f"{homes}/"
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry.name}/environ").read_bytes()
-            if prefix.encode() not in raw:
-                continue
-            env = parse_environ(raw)
-            cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            status = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if status == "Z" or not env.get("HOME", "").startswith(prefix):
-            continue
-        devices = tuple(d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d)
-        user = env.get("JUPYTERHUB_USER") or env.get("USER", "")
-        if env.get("GPUPOOL_JOB"):
-            holder, kind = f"job:{env['GPUPOOL_JOB']}", "job"
-        elif SERVER_CMD in cmd:
-            alloc = env.get("GPUPOOL_ALLOCATION", "")
-            holder, kind = (f"alloc:{alloc}" if alloc else f"pid:{entry.name}"), "server"
-        else:
-            continue  # a kernel or another child of a server: its server is what counts
-        found.append(
-            Proc(int(entry.name), kind, user, holder, env.get("GPUPOOL_TEAM", ""), devices, env)
-        )
-    return found
 
 
 def mem_available_gib() -> float:
@@ -375,15 +291,25 @@ class Tally:
 
 
 class LoadRun:
-    def __init__(self, args: argparse.Namespace, state: Path, homes: Path) -> None:
+    def __init__(
+        self, args: argparse.Namespace, state: Path, homes: Path, fault_mode: str = "rename"
+    ) -> None:
         from tests.hub.conftest import Hub  # the harness: real hub, real proxy, real servers
 
         self.args = args
         self.personas = plan_users(args.users)
         self.by_name = {p.name: p for p in self.personas}
-        self.slots = device_slots()
+        self.slots = device_slots(SPEC)
         self.limits = team_limits()
         self.homes = homes
+        self.fault_mode = fault_mode
+        self.pool_db_dir = state / "pooldb"  # a tmpfs of its own in the tmpfs fault mode
+        self.db_url: str = args.db_url or f"sqlite:///{self.pool_db_dir / 'gpupool.sqlite'}"
+        self.pool_db_dir.mkdir(parents=True, exist_ok=True)
+        if not args.db_url:  # where the abuse phase looks for the database's size
+            (state / "gpupool.sqlite").symlink_to(self.pool_db_dir / "gpupool.sqlite")
+        self.started = time.monotonic()
+        self.db_where = _describe(self.db_url)
         self.hub = Hub(state, homes, extra_config=self._extra_config(), prelude=self._prelude())
         self.hub.env["GPUPOOL_INVENTORY"] = f"simulated:{SPEC}"
         if args.hub_pythonpath:  # another gpupool for the hub (e.g. an older one)
@@ -404,6 +330,15 @@ class LoadRun:
         self.double = Tally()
         self.quota = Tally()
         self.orphans = Tally()
+        self.cross = Persistence(args.view_grace)
+        self.leaks = Persistence(args.leak_grace)
+        self.fault_window = False
+        self.fault_503 = 0
+        self.fault_spawn_503 = 0
+        self.scan_cost = ScanCost()
+        self.look_times: dict[str, list[float]] = defaultdict(list)
+        self.looks = 0
+        self.job_polls = 0
         self.job_history: dict[str, list[str]] = defaultdict(list)
         self.job_ids: dict[str, str] = {}  # job id -> phase
         self.hub_up = threading.Event()
@@ -415,11 +350,16 @@ class LoadRun:
         self.machine: dict[str, Any] = {}
         self.responsiveness: dict[str, list[float]] = defaultdict(list)
         self.peaks: dict[str, int] = {}  # phase -> most jobs with live processes at one look
+        self._store: Any = None
+
+    def say(self, msg: str) -> None:
+        log(msg)
 
     # -- config ------------------------------------------------------------------------------
     def _prelude(self) -> str:
-        """Config run before the demo's: the demo sets its own teams and offers right before
-        ``setup(c)``, so the benchmark's are put in by wrapping ``setup`` (in the hub process)."""
+        """Config run before the demo's: the demo sets its own teams, offers and database right
+        before ``setup(c)``, so the benchmark's are put in by wrapping ``setup`` (in the hub
+        process)."""
         return (
             "import gpupool.hub as _gpupool_hub\n"
             "_gpupool_setup = _gpupool_hub.setup\n"
@@ -427,6 +367,7 @@ class LoadRun:
             f"    c.GPUPool.offers = {OFFERS!r}\n"
             f"    c.GPUPool.teams = {TEAMS!r}\n"
             "    c.GPUPool.everyone = {'offers': ['cpu']}\n"
+            f"    c.GPUPool.db_url = {self.db_url!r}\n"
             "    return _gpupool_setup(c, *args, **kwargs)\n"
             "_gpupool_hub.setup = _load_setup\n"
         )
@@ -450,7 +391,7 @@ class LoadRun:
             r = requests.request(
                 method,
                 f"{self.hub.url}{path}",
-                headers={"Authorization": f"token {token}"},
+                headers={"Authorization": f"token {token}"} if token else {},
                 timeout=timeout,
                 **kw,
             )
@@ -466,6 +407,15 @@ class LoadRun:
                 self.down_codes[r.status_code] += 1
                 return r, elapsed
             self.codes[r.status_code] += 1
+            if route(path) == "/hub/api/gpupool/health":
+                return r, elapsed  # 503 while the store is unhealthy: by design
+            if r.status_code == 503 and self.fault_window:
+                if path.startswith("/hub/api/gpupool/"):
+                    self.fault_503 += 1
+                    return r, elapsed
+                if method == "POST" and route(path) == "/hub/api/users/<name>/server":
+                    self.fault_spawn_503 += 1  # an expected refusal while the store is down
+                    return r, elapsed
             if r.status_code >= 500:
                 self.statuses["5xx"] += 1
                 if len(self.fivexx) < 10:
@@ -521,8 +471,9 @@ class LoadRun:
             if not cursor:
                 return {"jobs": jobs}
 
-    def servers(self, phase: str) -> dict[str, dict[str, Any]] | None:
-        """Every user's default server as JupyterHub lists it (``None`` if it does not answer)."""
+    def all_servers(self, phase: str) -> dict[str, dict[str, Any]] | None:
+        """Every server JupyterHub has a record of, named ``<user>/<server name>`` (``None`` if
+        it does not answer)."""
         out: dict[str, dict[str, Any]] = {}
         offset = 0
         while True:
@@ -531,51 +482,106 @@ class LoadRun:
                 return None
             page = r.json()
             for u in page:
-                server = (u.get("servers") or {}).get("")
-                if server:
-                    out[u["name"]] = server
+                for name, server in (u.get("servers") or {}).items():
+                    out[f"{u['name']}/{name}"] = server
             if len(page) < 200:
                 return out
             offset += 200
 
+    def servers(self, phase: str) -> dict[str, dict[str, Any]] | None:
+        """Every user's default server as JupyterHub lists it (``None`` if it does not answer)."""
+        listed = self.all_servers(phase)
+        if listed is None:
+            return None
+        return {ref[:-1]: s for ref, s in listed.items() if ref.endswith("/")}
+
+    def server_records(self, phase: str) -> set[str] | None:
+        listed = self.all_servers(phase)
+        return None if listed is None else set(listed)
+
     def db_allocations(self) -> list[Any] | None:
+        """The pool's database, read with ``gpupool.store`` (``None`` if it cannot be read)."""
         from gpupool.store import Store
 
-        path = self.hub.state / "gpupool.sqlite"
-        if not path.exists():
+        if self.db_url.startswith("sqlite:///") and not Path(self.db_url[10:]).exists():
             return None
         try:
-            store = Store(f"sqlite:///{path}", upgrade=False)
-            try:
-                return store.load()
-            finally:
-                store.close()
-        except Exception as e:  # a locked or half-written database: the next look reads it
-            log(f"  (the pool database could not be read: {type(e).__name__})")
+            if self._store is None:
+                self._store = Store(self.db_url, upgrade=False)
+            return list(self._store.load())
+        except Exception as e:  # locked, half-written, or its tables renamed by the fault
+            if self._store is not None:
+                with contextlib.suppress(Exception):
+                    self._store.close()
+                self._store = None
+            if not self.fault_window:
+                log(f"  (the pool database could not be read: {type(e).__name__})")
             return None
 
-    def look(self, phase: str) -> None:
-        """One look at every view for double owners and teams over quota."""
+    def db_held(self) -> tuple[Held, ...] | None:
         db = self.db_allocations()
-        if db is not None:
-            hold = {_holder(a.kind, a.id, a.ref): [d.visible_id for d in a.devices] for a in db}
-            self._record_conflicts("db", hold, phase)
-            used: Counter[str] = Counter()
-            for a in db:
-                used[a.team] += a.cost_milli / 1000
-            self._record_quota("db", used, phase)
-        if self.hub_up.is_set():
-            rest = self.pool_admin("/allocations?all=1", phase, timed=True)
-            if rest is not None:
-                hold = {
-                    _holder(a["kind"], a["id"], a["ref"]): a["devices"] for a in rest["allocations"]
-                }
-                self._record_conflicts("rest", hold, phase)
+        return None if db is None else self.db_held_from(db)
+
+    def rest_allocations(self, phase: str, timed: bool = False) -> list[Held] | None:
+        from benchmarks.load_faults import holders_of
+
+        rest = self.pool_admin("/allocations?all=1", phase, timed=timed)
+        return None if rest is None else holders_of(rest["allocations"])
+
+    def look(self, phase: str) -> None:
+        """One look at every view: double owners (within a view and across views), teams over
+        quota, and (every fourth look, with the hub up) allocations whose holder is gone."""
+        now = time.monotonic()
+        with self.lock:
+            self.look_times[phase].append(now)
+            self.looks += 1
+            leak_look = self.looks % 4 == 1
+        procs = live_processes(self.homes, self.scan_cost)
+        db_raw = self.db_allocations()
+        db = None if db_raw is None else self.db_held_from(db_raw)
+        rest: list[Held] | None = None
+        up = self.hub_up.is_set()
+        if up:
+            rest = self.rest_allocations(phase, timed=True)
             teams = self.pool_admin("/teams", phase, timed=True)
             if teams is not None:
                 used = Counter({t["name"]: t["used"] or 0 for t in teams["teams"]})
                 self._record_quota("rest", used, phase)
-        procs = live_processes(self.homes)
+        if db_raw is not None:
+            db_used: Counter[str] = Counter()
+            for a in db_raw:
+                db_used[a.team] += a.cost_milli / 1000
+            self._record_quota("db", db_used, phase)
+        snap = Snapshot(db, None if rest is None else tuple(rest), tuple(procs))
+        for view, allocs in snap.views().items():
+            self._record_conflicts(view, {a.holder: a.devices for a in allocs}, phase)
+        self._proc_checks(procs, phase)
+        read = snap.read()
+        found = cross_view(snap, self.slots)
+        for key in self.cross.update(now, found, lambda k: views_of(k) <= read):
+            with self.lock:
+                self.double.add(key, key[1], {"phase": phase, "kind": key[0], **found[key]})
+        if not up or self.fault_window:
+            self.leaks.reset()  # a hub that is down (or a store that fails) releases nothing
+        elif leak_look:
+            records = self.server_records(phase)
+            if records is not None:
+                gone: dict[Any, dict[str, Any]] = {}
+                for view, allocs in snap.views().items():
+                    for key, seen in gone_holders(allocs, procs, records).items():
+                        gone[(*key, view)] = {"phase": phase, "view": view, **seen}
+                self.leaks.update(now, gone, lambda k: k[-1] in read)
+
+    @staticmethod
+    def db_held_from(db: Sequence[Any]) -> tuple[Held, ...]:
+        return tuple(
+            Held(a.id, a.user, a.kind, a.ref, tuple(d.visible_id for d in a.devices), a.team)
+            for a in db
+        )
+
+    def _proc_checks(self, procs: Sequence[Proc], phase: str) -> None:
+        """The process view alone: overlapping devices of live holders (at once: one scan is one
+        instant), teams over quota, the most jobs alive."""
         with self.lock:
             jobs_alive = len({p.holder for p in procs if p.kind == "job"})
             self.peaks[phase] = max(self.peaks.get(phase, 0), jobs_alive)
@@ -598,23 +604,30 @@ class LoadRun:
         for gpu, a, b in conflicts(holdings, self.slots):
             pids = {h: [p.pid for p in procs if p.holder == h] for h in (a, b)} if procs else {}
             users = {h: sorted({p.user for p in procs if p.holder == h}) for h in (a, b)}
-            self.double.add(
-                (gpu, a, b),
-                view,
-                {
-                    "phase": phase,
-                    "gpu": gpu,
-                    "holders": [a, b],
-                    **({"pids": pids, "users": users} if procs else {}),
-                },
-            )
+            with self.lock:
+                self.double.add(
+                    (gpu, a, b),
+                    view,
+                    {
+                        "phase": phase,
+                        "gpu": gpu,
+                        "holders": [a, b],
+                        **({"pids": pids, "users": users} if procs else {}),
+                    },
+                )
 
     def _record_quota(self, view: str, used: Mapping[str, float], phase: str) -> None:
         for team, u, limit in over_limit(used, self.limits):
-            self.quota.add(team, view, {"phase": phase, "team": team, "used": u, "limit": limit})
+            with self.lock:
+                self.quota.add(
+                    team, view, {"phase": phase, "team": team, "used": u, "limit": limit}
+                )
 
     def monitor(self) -> None:
-        while not self.stop_monitor.wait(self.args.monitor_interval):
+        """All three views every ``--monitor-interval`` seconds (from the start of one look to
+        the start of the next; a look slower than that starts the next at once)."""
+        while not self.stop_monitor.is_set():
+            t0 = time.monotonic()
             try:
                 self.look(self.phase)
             except Exception as e:  # never let the monitor kill the run
@@ -624,12 +637,33 @@ class LoadRun:
             if mem < 1.5 and not self.abort:
                 self.abort = f"available memory fell to {mem:.2f} GiB during {self.phase}"
                 log(f"ABORTING the load phases: {self.abort}")
+            self.stop_monitor.wait(max(0.0, self.args.monitor_interval - (time.monotonic() - t0)))
+
+    def proc_watch(self) -> None:
+        """The process view alone every ``--proc-interval`` seconds (cheap: one /proc scan)."""
+        while not self.stop_monitor.wait(self.args.proc_interval):
+            try:
+                self._proc_checks(live_processes(self.homes, self.scan_cost), self.phase)
+            except Exception as e:
+                log(f"  (process watch: {type(e).__name__}: {e})")
+
+    def poll_jobs(self) -> None:
+        """Every job, as the admin, every ``--jobs-poll-interval`` seconds, across restarts
+        (paused during the abuse phase, whose victim is timed)."""
+        while not self.stop_monitor.wait(self.args.jobs_poll_interval):
+            if self.phase == "abuse" or not self.hub_up.is_set():
+                continue
+            everything = self.all_jobs("jobs-poll")
+            if everything is not None:
+                self.record_jobs(everything["jobs"])
+                with self.lock:
+                    self.job_polls += 1
 
     phase = "start"
 
     # -- orphans ------------------------------------------------------------------------------
     def orphan_candidates(self, phase: str, everything_stopped: bool) -> dict[str, dict[str, Any]]:
-        procs = live_processes(self.homes)
+        procs = live_processes(self.homes, self.scan_cost)
         if everything_stopped:
             servers: dict[str, dict[str, Any]] = {}
             allocs: set[str] = set()
@@ -953,45 +987,88 @@ class LoadRun:
             time.sleep(1)
         return len(users)
 
-    def crash_storm(self) -> dict[str, Any]:
-        """A few longer jobs, then storm 2; SIGKILL to the hub once ``--kill-at`` server
-        processes are up (or ``--kill-after`` s have passed); restart; settle."""
-        assert self.hub.proc is not None
-        jobs = [
-            (p, {**body, "name": f"storm-{i}", "env": {"LOAD_SLEEP": "40"}})
-            for i, (p, body) in enumerate(plan_jobs(self.personas[1:], self.args.storm_jobs))
+    def in_flight(self, phase: str) -> tuple[list[str], list[str]] | None:
+        """The REST view of what is in flight: servers pending their spawn (JupyterHub's
+        ``GET /users?state=active``) and jobs ``starting`` (the newest 200 jobs, as the admin);
+        ``None`` if either did not answer."""
+        r = self.admin("GET", "/users?state=active&limit=500", phase, timeout=10)
+        j, _ = self.http(
+            "GET", "/hub/api/gpupool/jobs?limit=200", self.admin_token, phase, timeout=10
+        )
+        if r is None or r.status_code != 200 or j is None or j.status_code != 200:
+            return None
+        pending = [
+            f"{u['name']}/{name}"
+            for u in r.json()
+            for name, s in (u.get("servers") or {}).items()
+            if s.get("pending") == "spawn"
         ]
-        submitted, submitters = self.submit_jobs("storm2", jobs)
+        starting = [job["id"] for job in j.json()["jobs"] if job["state"] == "starting"]
+        return pending, starting
+
+    def crash_storm(self) -> dict[str, Any]:
+        """One 40 s job, then storm 2 with short jobs submitted one a second; SIGKILL to the hub
+        once the REST view shows a spawn pending and a job starting at one look (or
+        ``--kill-after`` s have passed); restart; settle."""
+        assert self.hub.proc is not None
+        plans = plan_jobs(self.personas[1:], max(1, self.args.storm_jobs))
+        long_ = [(plans[0][0], {**plans[0][1], "name": "storm-long", "env": {"LOAD_SLEEP": "40"}})]
+        submitted, submitters = self.submit_jobs("storm2", long_)
         for t in submitters:
             t.join(self.deadline.left(60))
         mine = {f"job:{s['id']}" for s in submitted if s["id"]}
         end = time.monotonic() + self.deadline.left(30)
-        while mine and time.monotonic() < end:  # so that jobs run across the crash
-            if mine & {p.holder for p in live_processes(self.homes)}:
+        while mine and time.monotonic() < end:  # so that a job runs across the crash
+            if mine & {p.holder for p in live_processes(self.homes, self.scan_cost)}:
                 break
             time.sleep(0.5)
         since = self.log_offset()
         t0 = time.monotonic()
         results, join = self.storm("storm2", self.personas)
+        killed = threading.Event()
+        trickled: list[dict[str, Any]] = []
+
+        def trickle() -> None:  # job starts to be in flight when the hub dies
+            for i, (p, body) in enumerate(plans[1:]):
+                if killed.wait(1.0):
+                    return
+                sent, threads = self.submit_jobs(
+                    "storm2", [(p, {**body, "name": f"storm-{i}", "env": {"LOAD_SLEEP": "1"}})]
+                )
+                for t in threads:
+                    t.join(30)
+                trickled.extend(sent)
+
+        trickler = threading.Thread(target=trickle, daemon=True)
+        trickler.start()
         end = t0 + self.args.kill_after
+        flight: tuple[list[str], list[str]] = ([], [])
+        seen = time.monotonic()
+        looks = 0
         while time.monotonic() < end:
-            up = sum(p.kind == "server" for p in live_processes(self.homes))
-            if up >= self.args.kill_at:
-                break
-            time.sleep(0.2)
+            now = self.in_flight("storm2")
+            looks += 1
+            if now is not None:
+                flight, seen = now, time.monotonic()
+                if flight[0] and flight[1]:
+                    break
+            time.sleep(0.1)
         killed_at = time.monotonic() - t0
         with self.lock:
             in_flight = len(self.personas) - len(results)
-        procs = live_processes(self.homes)
+        procs = live_processes(self.homes, self.scan_cost)
         self.hub_up.clear()
         self.epoch += 1
         os.kill(self.hub.proc.pid, signal.SIGKILL)
         self.hub.proc.wait()
+        killed.set()
+        age = time.monotonic() - seen
         log(
             f"  SIGKILL to the hub (pid {self.hub.proc.pid}) {killed_at:.1f} s into the storm, "
-            f"with {in_flight} spawn POSTs unanswered, {sum(p.kind == 'server' for p in procs)} "
-            f"server processes and {len({p.holder for p in procs if p.kind == 'job'})} jobs "
-            "alive"
+            f"with {len(flight[0])} spawns pending and {len(flight[1])} jobs starting "
+            f"({age:.2f} s before), {in_flight} spawn POSTs unanswered, "
+            f"{sum(p.kind == 'server' for p in procs)} server processes and "
+            f"{len({p.holder for p in procs if p.kind == 'job'})} jobs alive"
         )
         t1 = time.monotonic()
         self.hub.start()
@@ -999,15 +1076,21 @@ class LoadRun:
         self.epoch += 1
         self.hub_up.set()
         join(self.deadline.left(self.args.request_timeout))
+        trickler.join(30)
         log(f"  hub answering again after {restart:.1f} s")
         servers = self.settle("restart", 180)
         summary = self.spawn_summary(results, servers, since)
         return {
             "killed_after_s": round(killed_at, 1),
+            "killed_with_spawns_in_flight": len(flight[0]),
+            "killed_with_job_starts_in_flight": len(flight[1]),
+            "in_flight_look_age_s": round(age, 2),
+            "in_flight_looks": looks,
+            "in_flight_examples": {"spawns": flight[0][:8], "jobs": flight[1][:8]},
             "posts_unanswered_at_kill": in_flight,
             "server_processes_at_kill": sum(p.kind == "server" for p in procs),
             "jobs_alive_at_kill": len({p.holder for p in procs if p.kind == "job"}),
-            "storm_jobs_accepted": sum(1 for s in submitted if s["id"]),
+            "storm_jobs_accepted": sum(1 for s in [*submitted, *trickled] if s["id"]),
             "hub_up_again_s": round(restart, 1),
             "servers_listed_after_restart": len(servers),
             "spawns": summary,
@@ -1028,60 +1111,50 @@ class LoadRun:
             finally:
                 timings[name] = round(time.monotonic() - t0, 1)
 
+        def go() -> bool:
+            return not self.abort and not self.deadline.spent
+
+        from benchmarks.load_contested import brief, contested
+        from benchmarks.load_faults import dead_holder, store_fault
         from gpupool.jobs.local import LocalJobBackend
 
         self.kill_grace = float(LocalJobBackend.kill_grace.default_value)  # the demo's
-        only_abuse = self.args.only == "abuse"
+        only = self.args.only
         with phase("start"):
             self.hub.start()
             self.hub_up.set()
             self.admin_token = self.hub.token("admin", ["custom:gpupool:admin"])
-            for p in self.abuse_pair() if only_abuse else self.personas:
+            for p in self.abuse_pair() if only == "abuse" else self.personas:
                 self.tokens[p.name] = self.hub.token(p.name, ["self", "custom:gpupool:jobs"])
-        monitor = threading.Thread(target=self.monitor, daemon=True)
-        monitor.start()
+        threads = [
+            threading.Thread(target=f, daemon=True)
+            for f in (self.monitor, self.proc_watch, self.poll_jobs)
+        ]
+        for t in threads:
+            t.start()
         interrupted = False
         try:
-            if not only_abuse:
-                with phase("storm1"):
-                    since = self.log_offset()
-                    results, join = self.storm("storm1", self.personas)
-                    join(self.deadline.left(self.args.request_timeout + 5))
-                    servers = self.settle("storm1", 300)
-                    self.result["storm1"] = self.spawn_summary(results, servers, since)
-                    log(f"  storm 1: {_brief(self.result['storm1'])}")
-                with phase("check-storm1"):
-                    self.look("check-storm1")
-                    self.check_orphans("check-storm1")
-                if not self.abort and not self.deadline.spent:
-                    with phase("burst"):
-                        self.result["burst"] = self.burst()
-                        log(
-                            f"  burst: {self.result['burst']['states_at_end']}, GET /jobs p99 "
-                            f"{self.result['burst']['jobs_get_p99_s']} s"
-                        )
-                    with phase("check-burst"):
-                        self.look("check-burst")
-                        self.check_orphans("check-burst")
-                with phase("stop1"):
-                    self.stop_servers("stop1")
-                if not self.abort and not self.deadline.spent:
-                    with phase("storm2-crash"):
-                        self.result["crash"] = self.crash_storm()
-                        log(f"  storm 2: {_brief(self.result['crash']['spawns'])}")
-                    with phase("retry"):
-                        listed = self.servers("retry") or {}
-                        again = [p for p in self.personas if p.name not in listed]
-                        since = self.log_offset()
-                        results, join = self.storm("retry", again)
-                        join(self.deadline.left(self.args.request_timeout + 5))
-                        servers = self.settle("retry", 300)
-                        self.result["retry"] = self.spawn_summary(results, servers, since)
-                        log(f"  retry: {_brief(self.result['retry'])}")
-                    with phase("check-restart"):
-                        self.look("check-restart")
-                        self.check_orphans("check-restart")
-            if not self.abort and not self.deadline.spent:
+            if only is None:
+                self.main_phases(phase, go)
+            if only in (None, "contested") and go():
+                with phase("contested"):
+                    self.result["contested"] = contested(self)
+                    brief(self.result["contested"], log)
+                with phase("check-contested"):
+                    self.look("check-contested")
+                    self.check_orphans("check-contested")
+            if only in (None, "faults") and go():
+                with phase("faults"):
+                    self.result["faults"] = store_fault(self)
+                    f = self.result["faults"]
+                    log(
+                        f"  store fault: stranded_jobs {f.get('stranded_jobs')}, "
+                        f"leaked_on_fault {f.get('leaked_on_fault')}, fault_503 {self.fault_503}"
+                    )
+            if only in (None, "dead-holder") and go():
+                with phase("dead-holder"):
+                    self.result["dead_holder"] = dead_holder(self)
+            if only in (None, "abuse") and go():
                 with phase("abuse"):
                     self.result["abuse"] = self.abuse()
         except (KeyboardInterrupt, SystemExit):
@@ -1092,9 +1165,57 @@ class LoadRun:
                 with phase("stop-all"):
                     self.result["final"] = self.stop_everything()
             self.stop_monitor.set()
-            monitor.join(30)
+            for t in threads:
+                t.join(30)
         self.result["total_s"] = round(time.monotonic() - started, 1)
         return self.result
+
+    def main_phases(
+        self,
+        phase: Callable[[str], contextlib.AbstractContextManager[None]],
+        go: Callable[[], bool],
+    ) -> None:
+        """Storm 1, the burst, storm 2 with the crash, the retry (each with its checkpoint)."""
+        with phase("storm1"):
+            since = self.log_offset()
+            results, join = self.storm("storm1", self.personas)
+            join(self.deadline.left(self.args.request_timeout + 5))
+            servers = self.settle("storm1", 300)
+            self.result["storm1"] = self.spawn_summary(results, servers, since)
+            log(f"  storm 1: {_brief(self.result['storm1'])}")
+        with phase("check-storm1"):
+            self.look("check-storm1")
+            self.check_orphans("check-storm1")
+        if go():
+            with phase("burst"):
+                self.result["burst"] = self.burst()
+                log(
+                    f"  burst: {self.result['burst']['states_at_end']}, GET /jobs p99 "
+                    f"{self.result['burst']['jobs_get_p99_s']} s"
+                )
+            with phase("check-burst"):
+                self.look("check-burst")
+                self.check_orphans("check-burst")
+        with phase("stop1"):
+            self.stop_servers("stop1")
+        if go():
+            with phase("storm2-crash"):
+                self.result["crash"] = self.crash_storm()
+                log(f"  storm 2: {_brief(self.result['crash']['spawns'])}")
+            with phase("retry"):
+                listed = self.servers("retry") or {}
+                again = [p for p in self.personas if p.name not in listed]
+                since = self.log_offset()
+                results, join = self.storm("retry", again)
+                join(self.deadline.left(self.args.request_timeout + 5))
+                servers = self.settle("retry", 300)
+                self.result["retry"] = self.spawn_summary(results, servers, since)
+                log(f"  retry: {_brief(self.result['retry'])}")
+            with phase("check-restart"):
+                self.look("check-restart")
+                self.check_orphans("check-restart")
+        with phase("stop2"):  # the contested phase starts from an empty pool
+            self.stop_servers("stop2")
 
     def abuse_pair(self) -> tuple[Persona, Persona]:
         """The abuse phase's attacker (the first user of team vision) and victim (the first
@@ -1190,7 +1311,7 @@ class LoadRun:
             if b"configurable-http-proxy" in cmd:
                 os.kill(pid, signal.SIGKILL)
                 killed["proxy"] = 1
-        for p in live_processes(self.homes):
+        for p in live_processes(self.homes, self.scan_cost):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.pid, signal.SIGKILL)
                 killed["servers" if p.kind == "server" else "job_processes"] += 1
@@ -1211,236 +1332,36 @@ def route(path: str) -> str:
     return re.sub(r"/jobs/[^/]+", "/jobs/<id>", path)
 
 
-def _holder(kind: str, alloc_id: str, ref: str) -> str:
-    return f"job:{ref}" if kind == "job" else f"alloc:{alloc_id}"
+def fault_mode(args: argparse.Namespace) -> str:
+    """``tmpfs`` when asked, or (``auto``) as root on the default SQLite database with
+    ``mount`` at hand; else ``rename``."""
+    if args.fault != "auto":
+        return str(args.fault)
+    root = os.geteuid() == 0 and not args.db_url and shutil.which("mount") is not None
+    return "tmpfs" if root else "rename"
 
 
-def _brief(s: Mapping[str, Any]) -> str:
-    return (
-        f"{s['posts']} POSTs: {s['201']}x201 {s['202']}x202 {s['4xx']}x4xx {s['5xx']}x5xx "
-        f"{s['error']} errors; {s['ready_after']} ready; p50 {s['p50_s']} s, p99 {s['p99_s']} s"
-    )
+def _describe(url: str) -> str:
+    from gpupool.store import describe
 
-
-def machine() -> dict[str, Any]:
-    commit = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    total = 0.0
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            total = int(line.split()[1]) / (1 << 20)
-    import gpupool
-
-    return {
-        "cores": os.cpu_count(),
-        "memory_gib": round(total, 1),
-        "cpu": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
-        "commit": commit + ("+changes" if dirty else ""),
-        "uncommitted": sorted(
-            line[3:] for line in dirty.splitlines() if line[3:].startswith(("hub/", "spawner/"))
-        ),
-        "gpupool_from": str(Path(gpupool.__file__).resolve().parents[1]),
-    }
-
-
-def summarize(run: LoadRun, cleanup: Mapping[str, int]) -> dict[str, Any]:
-    r = run.result
-    storm1 = r.get("storm1", {})
-    burst = r.get("burst", {})
-    final = r.get("final", {})
-    jobs_seen = {j: s for j, s in run.job_history.items() if j in run.job_ids}
-    changed = final_changes(jobs_seen, ("succeeded", "failed", "cancelled", "lost"))
-    end_states = Counter(states[-1] for states in jobs_seen.values() if states)
-    return {
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "note": run.args.note,
-        "machine": run.machine,
-        "pool": f"simulated: {SPEC} (16 GPU-eq)",
-        "servers": "real JupyterLab (jupyterhub-singleuser), real torchrun jobs; nothing faked",
-        "users": run.args.users,
-        "double_owner": len(run.double.seen),
-        "over_quota": len(run.quota.seen),
-        "orphans": len(run.orphans.seen),
-        "leaked": final.get("leaked"),
-        "status_5xx": run.statuses["5xx"],
-        "final_state_changed": len(changed),
-        "spawn_p50_s": storm1.get("p50_s"),
-        "spawn_p99_s": storm1.get("p99_s"),
-        "jobs_get_p50_s": burst.get("jobs_get_p50_s"),
-        "jobs_get_p99_s": burst.get("jobs_get_p99_s"),
-        "victim_p99_s": r.get("abuse", {}).get("victim_p99_s"),
-        "abuse_accepted_beyond_limit": r.get("abuse", {}).get("abuse_accepted_beyond_limit"),
-        "by_view": {"double_owner": run.double.by_view(), "over_quota": run.quota.by_view()},
-        "storm1": storm1,
-        "burst": burst,
-        "crash": r.get("crash", {}),
-        "retry": r.get("retry", {}),
-        "abuse": r.get("abuse", {}),
-        "final": final,
-        "jobs": {
-            "submitted": len(run.job_ids),
-            "end_states": dict(end_states),
-        },
-        "http": {
-            "codes": {str(k): v for k, v in sorted(run.codes.items())},
-            "errors": dict(run.errors),
-            "while_the_hub_was_down": {str(k): v for k, v in sorted(run.down_codes.items())},
-        },
-        "examples": {
-            "double_owner": run.double.examples,
-            "over_quota": run.quota.examples,
-            "orphans": run.orphans.examples,
-            "status_5xx": run.fivexx,
-            "final_state_changed": [{"job": j, "states": s} for j, s in list(changed.items())[:8]],
-        },
-        "phases_s": r.get("phases_s", {}),
-        "total_s": r.get("total_s"),
-        "min_mem_available_gib": round(run.min_mem, 2),
-        "peak_live_jobs": dict(run.peaks),
-        "monitor_get_s": {
-            phase: {
-                "n": len(times),
-                "p50": round(percentile(times, 0.5), 3),
-                "p99": round(percentile(times, 0.99), 3),
-                "max": round(max(times), 3),
-            }
-            for phase, times in run.responsiveness.items()
-            if times
-        },
-        "aborted": run.abort or None,
-        "error": r.get("error"),
-        "cleanup_killed": dict(cleanup),
-    }
-
-
-def table(s: Mapping[str, Any]) -> str:
-    def fmt(v: Any) -> str:
-        return "-" if v is None else str(v)
-
-    rows = [["invariant / figure", "value"]]
-    for key in (
-        "double_owner",
-        "over_quota",
-        "orphans",
-        "leaked",
-        "status_5xx",
-        "final_state_changed",
-        "spawn_p50_s",
-        "spawn_p99_s",
-        "jobs_get_p50_s",
-        "jobs_get_p99_s",
-        "victim_p99_s",
-        "abuse_accepted_beyond_limit",
-    ):
-        rows.append([key, fmt(s.get(key))])
-    out = [align(rows), ""]
-    spawn_rows = [
-        [
-            "storm",
-            "POSTs",
-            "201",
-            "202",
-            "4xx",
-            "5xx",
-            "no answer",
-            "ready after",
-            "202 then not running",
-            "p50 s",
-            "p99 s",
-        ]
-    ]
-    for name, sp in (
-        ("storm 1", s["storm1"]),
-        ("storm 2 (kill -9)", s["crash"].get("spawns")),
-        ("retry after restart", s["retry"]),
-    ):
-        if sp:
-            spawn_rows.append(
-                [
-                    name,
-                    *(
-                        fmt(sp.get(k))
-                        for k in (
-                            "posts",
-                            "201",
-                            "202",
-                            "4xx",
-                            "5xx",
-                            "error",
-                            "ready_after",
-                            "202_then_not_running",
-                            "p50_s",
-                            "p99_s",
-                        )
-                    ),
-                ]
-            )
-    out += [align(spawn_rows)]
-    if s["crash"]:
-        out.append("(storm 2's 5xx: the proxy's 503 for the killed hub, not in status_5xx)")
-    out.append("")
-    b = s["burst"]
-    if b:
-        out.append(
-            f"burst: {b['submitted']} jobs ({b['cancel_requests']} cancelled by their owner), "
-            f"states at its end {b['states_at_end']}, {b['jobs_get_requests']} GET /jobs: "
-            f"p50 {b['jobs_get_p50_s']} s, p99 {b['jobs_get_p99_s']} s, max {b['jobs_get_max_s']} s"
-        )
-    c = s["crash"]
-    if c:
-        out.append(
-            f"kill -9 {c['killed_after_s']} s into storm 2: "
-            f"{c['posts_unanswered_at_kill']} spawn POSTs "
-            f"unanswered, {c['server_processes_at_kill']} server processes, "
-            f"{c['jobs_alive_at_kill']} jobs alive; hub answering again after "
-            f"{c['hub_up_again_s']} s"
-        )
-    if s["abuse"]:
-        from benchmarks.abuse import table as abuse_table
-
-        out.append(abuse_table(s["abuse"]))
-    out.append(f"jobs over the run: {s['jobs']}; HTTP: {s['http']['codes']}")
-    if s["http"]["errors"]:
-        out.append(f"requests without an answer: {s['http']['errors']}")
-    looks = ", ".join(
-        f"{phase} p99 {m['p99']} s (max {m['max']} s)" for phase, m in s["monitor_get_s"].items()
-    )
-    out.append(f"the hub's responsiveness (monitor's GETs): {looks}")
-    out.append(f"phases (s): {s['phases_s']}; total {s['total_s']} s")
-    out.append(f"machine and code: {s['machine']}{'; ' + s['note'] if s['note'] else ''}")
-    for key in ("double_owner", "over_quota", "orphans", "status_5xx", "final_state_changed"):
-        for ex in s["examples"][key][:3]:
-            out.append(f"  e.g. {key}: {json.dumps(ex)}")
-    if s["final"].get("leaked_examples"):
-        out.append(f"  e.g. leaked: {json.dumps(s['final']['leaked_examples'][0])}")
-    if s["aborted"]:
-        out.append(f"ABORTED: {s['aborted']}")
-    return "\n".join(out)
+    return describe(url)
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=90, help="users spawning at once (90)")
     parser.add_argument("--jobs", type=int, default=64, help="jobs in the burst (64)")
-    parser.add_argument("--storm-jobs", type=int, default=8, help="jobs with storm 2 (8)")
     parser.add_argument(
-        "--kill-at",
+        "--storm-jobs",
         type=int,
-        default=20,
-        help="SIGKILL the hub once storm 2 has this many servers up (20)",
+        default=8,
+        help="jobs with storm 2: one of 40 s, the rest of 1 s one a second until the kill (8)",
     )
     parser.add_argument(
         "--kill-after",
         type=float,
         default=60.0,
-        help="... or this many seconds into storm 2, whichever is first (60)",
+        help="SIGKILL the hub this many s into storm 2 if no spawn and job start overlap (60)",
     )
 
     parser.add_argument(
@@ -1451,13 +1372,49 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--burst-timeout", type=float, default=180)
     parser.add_argument("--request-timeout", type=float, default=120)
-    parser.add_argument("--monitor-interval", type=float, default=2.0)
+    parser.add_argument(
+        "--monitor-interval", type=float, default=0.5, help="seconds between looks (0.5)"
+    )
+    parser.add_argument(
+        "--proc-interval", type=float, default=0.25, help="seconds between /proc scans (0.25)"
+    )
+    parser.add_argument(
+        "--view-grace", type=float, default=12.0, help="a cross-view finding must last (12)"
+    )
+    parser.add_argument(
+        "--leak-grace", type=float, default=15.0, help="a holder must stay gone (15)"
+    )
+    parser.add_argument("--jobs-poll-interval", type=float, default=1.0)
+    parser.add_argument(
+        "--db-url", default="", help="the pool's database (any SQLAlchemy URL; SQLite by default)"
+    )
+    parser.add_argument(
+        "--contested-s", type=float, default=120.0, help="the contested phase's length (120)"
+    )
+    parser.add_argument("--contested-users", type=int, default=24, help="users spawning (24)")
+    parser.add_argument(
+        "--contested-job-users", type=int, default=4, help="users submitting jobs (4)"
+    )
+    parser.add_argument(
+        "--fault",
+        choices=["auto", "tmpfs", "rename"],
+        default="auto",
+        help="how the store fails: a full tmpfs (root, SQLite) or renamed tables (auto)",
+    )
+    parser.add_argument("--fault-s", type=float, default=30.0, help="the store fault lasts (30)")
+    parser.add_argument(
+        "--fault-grace", type=float, default=45.0, help="then counted this much later (45)"
+    )
+    parser.add_argument("--tmpfs-size", default="128m", help="the tmpfs of the tmpfs fault")
+    parser.add_argument("--dead-holders", type=int, default=3, help="servers killed (3)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", metavar="DIR", help="keep the hub's state and log in DIR")
     parser.add_argument("--note", default="", help="a note stored in the JSON (what was run)")
     parser.add_argument("--json", action="store_true", help="print a JSON object")
     parser.add_argument(
-        "--only", choices=["abuse"], help="run only this phase (on a hub of its own)"
+        "--only",
+        choices=["abuse", "contested", "faults", "dead-holder"],
+        help="run only this phase (on a hub of its own)",
     )
     parser.add_argument("--abuse-jobs", type=int, default=300, help="jobs the attacker posts")
     parser.add_argument(
@@ -1477,8 +1434,8 @@ def main(argv: list[str]) -> int:
         help="folders (':'-separated) first on the hub's PYTHONPATH: another gpupool",
     )
     args = parser.parse_args(argv)
-    if not 1 <= args.users <= 500 or not 0 <= args.jobs <= 1000 or args.storm_jobs > 100:
-        parser.error("--users 1..500, --jobs 0..1000, --storm-jobs 0..100")
+    if not 1 <= args.users <= 500 or not 0 <= args.jobs <= 1000 or not 1 <= args.storm_jobs <= 100:
+        parser.error("--users 1..500, --jobs 0..1000, --storm-jobs 1..100")
     if not (
         0 <= args.abuse_jobs <= 2000
         and 0 <= args.abuse_followers <= 2000
@@ -1486,6 +1443,20 @@ def main(argv: list[str]) -> int:
         and 0 <= args.spawn_retries <= 100
     ):
         parser.error("--abuse-jobs and --abuse-followers 0..2000, --abuse-spawns 1..100")
+    if not (
+        0 < args.contested_s <= 1800
+        and 0 <= args.contested_users <= 200
+        and 0 <= args.contested_job_users <= 50
+        and 0 < args.fault_s <= 600
+        and 0 <= args.fault_grace <= 600
+        and 1 <= args.dead_holders <= 10
+        and args.monitor_interval > 0
+        and args.proc_interval > 0
+    ):
+        parser.error(
+            "--contested-s 0..1800, --contested-users 0..200, --contested-job-users 0..50, "
+            "--fault-s 0..600, --fault-grace 0..600, --dead-holders 1..10, intervals > 0"
+        )
     sys.path.insert(0, str(ROOT))
     from tests.accounts import homes
 
@@ -1497,7 +1468,10 @@ def main(argv: list[str]) -> int:
         else:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpupool-load-"))
         home_root = stack.enter_context(homes())
-        run = LoadRun(args, Path(tmp), home_root)
+        mode = fault_mode(args)
+        if mode == "tmpfs" and args.only in (None, "faults"):
+            stack.enter_context(tmpfs(Path(tmp) / "pooldb", args.tmpfs_size))
+        run = LoadRun(args, Path(tmp), home_root, mode)
         run.machine = info
         previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         cleanup: dict[str, int] = {}

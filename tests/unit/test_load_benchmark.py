@@ -1,4 +1,5 @@
-"""The load benchmark's pure helpers: who asks for what, device overlap, quotas, job histories."""
+"""The load benchmark's pure helpers: who asks for what, device overlap within and across views,
+quotas, job histories, leaks, the hub's decision counts."""
 
 from __future__ import annotations
 
@@ -8,18 +9,29 @@ from benchmarks.load import (
     ROLES,
     SPEC,
     TEAMS,
-    conflicts,
-    device_slots,
     final_changes,
     groups,
-    over_limit,
-    parse_environ,
     plan_jobs,
     plan_users,
     route,
     status_class,
     team_limits,
+)
+from benchmarks.load_views import (
+    Held,
+    Persistence,
+    Proc,
+    Snapshot,
+    classify,
+    conflicts,
+    cross_view,
+    device_slots,
+    gone_holders,
+    intervals,
+    over_limit,
+    parse_environ,
     team_use,
+    views_of,
 )
 
 FINAL = ("succeeded", "failed", "cancelled", "lost")
@@ -218,3 +230,258 @@ def test_servers_starting_at_once_are_read_from_the_hubs_log_in_order() -> None:
     assert most_starting("\n".join(log), "u000") == 2
     assert most_starting("\n".join([granted("a"), granted("b"), granted("c")]), "u000") == 3
     assert most_starting("", "u000") == 0
+
+
+# -- the three views compared (benchmarks.load_views) --------------------------------------------
+def server(pid: int, user: str, alloc: str, *devices: str) -> Proc:
+    return Proc(pid, "server", user, f"alloc:{alloc}", "vision", devices)
+
+
+def job_proc(pid: int, user: str, job: str, *devices: str) -> Proc:
+    return Proc(pid, "job", user, f"job:{job}", "vision", devices)
+
+
+def nb(alloc: str, user: str, *devices: str) -> Held:
+    return Held(alloc, user, "notebook", f"{user}/", devices)
+
+
+def kinds(found: dict[tuple[str, ...], object]) -> list[tuple[str, ...]]:
+    return sorted(found)
+
+
+def test_views_that_agree_report_nothing() -> None:
+    allocs = (nb("a1", "u1", "GPU-a"), Held("a2", "u2", "job", "j2", ("GPU-b",)))
+    procs = (server(1, "u1", "a1", "GPU-a"), job_proc(2, "u2", "j2", "GPU-b"))
+    assert cross_view(Snapshot(allocs, allocs, procs), SLOTS) == {}
+    halves = (nb("a1", "u1", "MIG-a0"), nb("a3", "u3", "MIG-a4"))  # two halves of one GPU
+    procs = (server(1, "u1", "a1", "MIG-a0"), server(3, "u3", "a3", "MIG-a4"))
+    assert cross_view(Snapshot(halves, halves, procs), SLOTS) == {}
+
+
+def test_a_process_on_a_device_the_views_gave_to_another_holder_is_a_double_owner() -> None:
+    # u1's server still runs on GPU-b; the pool (db and rest) gave GPU-b to u2's job
+    allocs = (nb("a1", "u1", "GPU-a"), Held("a2", "u2", "job", "j2", ("GPU-b",)))
+    procs = (server(1, "u1", "a1", "GPU-a", "GPU-b"),)
+    found = cross_view(Snapshot(allocs, allocs, procs), SLOTS)
+    assert kinds(found) == [
+        ("other_holder", "proc~db", "job:j2", "alloc:a1", "GPU-b"),
+        ("other_holder", "proc~rest", "job:j2", "alloc:a1", "GPU-b"),
+        ("uncovered", "proc~db", "alloc:a1", "GPU-b"),
+        ("uncovered", "proc~rest", "alloc:a1", "GPU-b"),
+    ]
+    assert found[("other_holder", "proc~db", "job:j2", "alloc:a1", "GPU-b")]["process_user"] == "u1"
+
+
+def test_a_process_without_an_allocation_or_with_anothers_is_found_in_each_view() -> None:
+    db = (nb("a1", "u2", "GPU-a"),)  # a1 is u2's in the db
+    rest: tuple[Held, ...] = ()  # and gone from the pool's memory
+    procs = (
+        server(1, "u1", "a1", "GPU-a"),
+        job_proc(2, "u3", "j9", "MIG-a4"),
+        server(3, "u4", "c"),
+    )
+    found = cross_view(Snapshot(db, rest, procs), SLOTS)
+    assert ("wrong_holder", "proc~db", "alloc:a1") in found
+    assert ("unallocated", "proc~rest", "alloc:a1") in found
+    assert ("unallocated", "proc~db", "job:j9") in found
+    assert ("unallocated", "proc~rest", "job:j9") in found
+    assert not [k for k in found if "alloc:c" in k]  # a CPU-only server holds nothing
+
+
+def test_a_mig_instance_is_covered_by_its_allocation_and_a_whole_gpu_is_not() -> None:
+    allocs = (nb("a1", "u1", "MIG-a0"),)
+    ok = cross_view(Snapshot(allocs, None, (server(1, "u1", "a1", "MIG-a0"),)), SLOTS)
+    assert ok == {}
+    wide = cross_view(Snapshot(allocs, None, (server(1, "u1", "a1", "GPU-a"),)), SLOTS)
+    assert list(wide) == [("uncovered", "proc~db", "alloc:a1", "GPU-a")]
+
+
+def test_the_db_and_rest_views_giving_one_device_to_two_holders_disagree() -> None:
+    db = (nb("a1", "u1", "GPU-a"),)
+    rest = (nb("a2", "u2", "MIG-a4"),)
+    found = cross_view(Snapshot(db, rest, ()), SLOTS)
+    assert list(found) == [("views_disagree", "db~rest", "alloc:a1", "alloc:a2", "GPU-a")]
+    assert cross_view(Snapshot(db, None, ()), SLOTS) == {}  # one view read: nothing to compare
+
+
+def test_a_view_not_read_is_left_out() -> None:
+    snap = Snapshot(None, (nb("a1", "u1", "GPU-a"),), (server(1, "u1", "a2", "GPU-a"),))
+    assert snap.read() == {"proc", "rest"}
+    assert {k[1] for k in cross_view(snap, SLOTS)} == {"proc~rest"}
+    assert views_of(("unallocated", "proc~db", "alloc:x")) == {"proc", "db"}
+
+
+def test_a_finding_counts_only_once_it_lasted_the_grace_in_every_look() -> None:
+    p = Persistence(grace=12)
+    key = ("other_holder", "proc~db", "alloc:a", "alloc:b", "GPU-a")
+    assert p.update(0.0, {key: "x"}) == []
+    assert p.update(6.0, {key: "x"}) == []
+    assert p.update(12.0, {key: "x"}) == [key]  # seen for 12 s: a double owner
+    assert p.update(13.0, {key: "x"}) == []  # counted once
+    assert p.confirmed == {key: "x"}
+
+
+def test_a_finding_gone_at_a_recheck_was_timing_and_starts_again() -> None:
+    p = Persistence(grace=12)
+    key = ("unallocated", "proc~rest", "alloc:a")
+    p.update(0.0, {key: 1})
+    p.update(5.0, {})  # the allocation was recorded meanwhile (or the process ended)
+    assert p.update(12.5, {key: 1}) == []  # seen again: its time starts anew
+    assert p.update(24.5, {key: 1}) == [key]
+
+
+def test_a_look_that_could_not_read_a_view_neither_confirms_nor_clears() -> None:
+    p = Persistence(grace=10)
+    key = ("unallocated", "proc~rest", "alloc:a")
+
+    def rest_read(k: tuple[str, ...]) -> bool:
+        return False  # the hub was down: no rest view
+
+    p.update(0.0, {key: 1})
+    p.update(5.0, {}, rest_read)
+    assert p.update(10.0, {key: 1}) == [key]
+    p2 = Persistence(grace=10)
+    p2.update(0.0, {key: 1})
+    p2.reset()
+    assert p2.update(10.0, {key: 1}) == []
+
+
+def test_an_allocation_is_leaked_once_no_process_and_no_server_record_hold_it() -> None:
+    allocs = [
+        nb("a1", "u1", "GPU-a"),  # a live server
+        nb("a2", "u2", "GPU-b"),  # JupyterHub still has a record of it (starting)
+        nb("a3", "u3", "MIG-a0"),  # gone
+        Held("a4", "u4", "job", "j4", ("MIG-a4",)),  # a live job
+        Held("a5", "u5", "job", "j5", ()),  # a job without processes: gone
+    ]
+    procs = [server(1, "u1", "a1", "GPU-a"), job_proc(2, "u4", "j4", "MIG-a4")]
+    gone = gone_holders(allocs, procs, {"u2/", "u5/"})
+    assert sorted(gone) == [("leak", "a3"), ("leak", "a5")]
+
+
+def test_processes_are_told_apart_by_their_environment() -> None:
+    base = {"HOME": "/h/u1", "JUPYTERHUB_USER": "u1", "CUDA_VISIBLE_DEVICES": "GPU-a,MIG-a4"}
+    s = classify(10, {**base, "GPUPOOL_ALLOCATION": "a1"}, "python jupyterhub-singleuser")
+    assert s is not None and (s.kind, s.holder, s.devices) == (
+        "server",
+        "alloc:a1",
+        ("GPU-a", "MIG-a4"),
+    )
+    j = classify(11, {"USER": "u2", "GPUPOOL_JOB": "j1", "CUDA_VISIBLE_DEVICES": ""}, "torchrun")
+    assert j is not None and (j.kind, j.user, j.holder, j.devices) == ("job", "u2", "job:j1", ())
+    assert classify(12, base, "python -m ipykernel_launcher") is None  # a kernel: its server counts
+    bare = classify(13, base, "jupyterhub-singleuser")
+    assert bare is not None and bare.holder == "pid:13"
+
+
+def test_look_intervals() -> None:
+    assert intervals([0.0, 0.5, 1.25]) == [0.5, 0.75]
+    assert intervals([1.0]) == []
+
+
+# -- the contested phase's counts (benchmarks.load_contested) -------------------------------------
+METRICS_BEFORE = """# HELP gpupool_allocation_duration_seconds x
+# TYPE gpupool_allocation_duration_seconds histogram
+gpupool_allocation_duration_seconds_bucket{kind="notebook",le="+Inf"} 3.0
+gpupool_allocation_duration_seconds_count{kind="notebook"} 3.0
+gpupool_allocation_duration_seconds_sum{kind="notebook"} 0.01
+# HELP gpupool_refusals_total x
+# TYPE gpupool_refusals_total counter
+gpupool_refusals_total{kind="notebook",reason="quota_exceeded"} 1.0
+# HELP gpupool_allocations x
+# TYPE gpupool_allocations gauge
+gpupool_allocations{kind="notebook",offer="h100",team="vision"} 2.0
+gpupool_allocations{kind="notebook",offer="cpu",team="everyone"} 1.0
+# HELP gpupool_store_healthy x
+# TYPE gpupool_store_healthy gauge
+gpupool_store_healthy 1.0
+"""
+METRICS_AFTER = """# TYPE gpupool_allocation_duration_seconds histogram
+gpupool_allocation_duration_seconds_count{kind="notebook"} 13.0
+gpupool_allocation_duration_seconds_count{kind="job"} 4.0
+# TYPE gpupool_refusals_total counter
+gpupool_refusals_total{kind="notebook",reason="quota_exceeded"} 6.0
+gpupool_refusals_total{kind="notebook",reason="no_capacity"} 2.0
+gpupool_refusals_total{kind="job",reason="store_unavailable"} 1.0
+# TYPE gpupool_allocations gauge
+gpupool_allocations{kind="notebook",offer="h100",team="vision"} 4.0
+"""
+
+
+def test_decisions_are_the_hubs_grants_releases_and_refusals() -> None:
+    from benchmarks.load_contested import decisions, pool_counts
+
+    before, after = pool_counts(METRICS_BEFORE), pool_counts(METRICS_AFTER)
+    assert before == {
+        "allocations": 3.0,
+        "grants:notebook": 3.0,
+        "refusals:notebook:quota_exceeded": 1.0,
+        "store_healthy": 1.0,
+    }
+    d = decisions(before, after)
+    # 14 grants; the pool grew by 1 (3 -> 4 allocations): 13 releases; 8 refusals
+    assert d == {
+        "decisions": 14 + 13 + 8,
+        "grants": 14,
+        "releases": 13,
+        "refusals": 8,
+        "grants_by_kind": {"job": 4, "notebook": 10},
+        "refusals_by_kind_reason": {
+            "job:store_unavailable": 1,
+            "notebook:no_capacity": 2,
+            "notebook:quota_exceeded": 5,
+        },
+    }
+
+
+def test_contested_spawns_ask_for_what_the_team_allows() -> None:
+    import random
+
+    from benchmarks.load_contested import spawn_options
+
+    rng = random.Random(0)
+    seen = {tuple(sorted(spawn_options("vision", rng).items())) for _ in range(200)}
+    assert seen == {
+        (("count", 1), ("offer", "h100")),
+        (("count", 2), ("offer", "h100")),
+        (("count", 1), ("offer", "mig-3g.40gb")),
+    }
+    assert {spawn_options("nlp", rng)["offer"] for _ in range(20)} == {"mig-3g.40gb"}
+    assert spawn_options(None, rng) == {}
+
+
+# -- the store fault (benchmarks.load_faults) -----------------------------------------------------
+def test_filling_a_folder_stops_at_the_first_refused_write(tmp_path: object) -> None:
+    import errno
+    from pathlib import Path
+    from unittest import mock
+
+    from benchmarks import load_faults
+
+    folder = Path(str(tmp_path))
+    writes = iter(
+        [
+            1 << 20,
+            1 << 20,
+            OSError(errno.ENOSPC, "full"),
+            4096,
+            OSError(errno.ENOSPC, "full"),
+            OSError(errno.ENOSPC, "full"),
+        ]
+    )
+
+    class Full:
+        def __enter__(self) -> Full:
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            return None
+
+        def write(self, block: bytes) -> int:
+            n = next(writes)
+            if isinstance(n, OSError):
+                raise n
+            return n
+
+    with mock.patch.object(Path, "open", lambda *_a, **_k: Full()):
+        assert load_faults.fill(folder) == 2 * (1 << 20) + 4096
