@@ -228,6 +228,7 @@ class FakeHub:
         self.follow_cut_after: int | None = None  # close a follow stream after N bytes (a proxy)
         self.allocations: list[dict[str, Any]] = []
         self.allocations_fail: int | None = None  # GET allocations answers this status instead
+        self.store_problem: str | None = None  # GET health: the database refuses writes
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self.handler_class())
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -418,10 +419,26 @@ class FakeHub:
                     if not url.path.startswith("/hub/api/gpupool/"):
                         raise HttpError(404, "Not Found")
                     parts = url.path.removeprefix("/hub/api/gpupool/").strip("/").split("/")
+                    if (method, parts) == ("GET", ["health"]):  # no token needed, as the hub's
+                        return self.health()
                     user = hub.user(self.headers.get("Authorization"))
                     self.route(method, parts, query, raw, user)
                 except HttpError as exc:
                     self.send_json(exc.status, {"status": exc.status, "message": exc.message})
+
+            def health(self) -> None:
+                """The hub's ``GET /health``: 200, or 503 while the store owes writes; an
+                admin's token also gets the problem and the database."""
+                sick = hub.store_problem is not None
+                store: dict[str, Any] = {
+                    "healthy": not sick,
+                    "pending_writes": 1 if sick else 0,
+                    "since": "2025-01-01T13:00:00+00:00" if sick else None,
+                }
+                auth = (self.headers.get("Authorization") or "").partition(" ")[2]
+                if TOKENS.get(auth) in ADMINS:
+                    store.update(problem=hub.store_problem, database="/srv/gpupool.sqlite")
+                self.send_json(503 if sick else 200, {"store": store})
 
             def route(
                 self, method: str, parts: list[str], query: dict[str, str], raw: bytes, user: str

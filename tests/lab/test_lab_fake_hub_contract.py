@@ -173,6 +173,9 @@ def test_reading_offers_teams_and_allocations(hub: FakeHub, checked: requests.Se
     assert raw(checked, hub, "GET", "allocations?all=1") == 403
     for path in ("offers", "teams", "allocations"):
         assert raw(checked, hub, "GET", path, token="wrong") == 403
+    assert raw(checked, hub, "GET", "health", token="wrong") == 200  # no token needed
+    hub.store_problem = "database or disk is full"
+    assert raw(checked, hub, "GET", "health", token="admin-token") == 503
 
 
 def test_jobs_through_their_life(hub: FakeHub, checked: requests.Session) -> None:
