@@ -163,7 +163,7 @@ def test_an_unknown_migration_is_refused(db_url: str) -> None:
     sql(db_url, "UPDATE gpupool_alembic_version SET version_num = '0099'")
     assert refusal(db_url) == (
         f"{named(db_url)} is at migration '0099', which this gpupool does not know (its newest is "
-        "'0005'; written by a newer gpupool?): upgrade gpupool, or restore a backup made with "
+        "'0006'; written by a newer gpupool?): upgrade gpupool, or restore a backup made with "
         "this version"
     )
 
@@ -183,7 +183,7 @@ def test_a_missing_table_is_refused(db_url: str) -> None:
     populated(db_url)
     sql(db_url, "DROP TABLE gpupool_jobs")
     assert refusal(db_url) == (
-        f"{named(db_url)} is at migration '0005' but lacks the table gpupool_jobs: "
+        f"{named(db_url)} is at migration '0006' but lacks the table gpupool_jobs: "
         f"{fresh_start(db_url)}"
     )
 
@@ -191,7 +191,7 @@ def test_a_missing_table_is_refused(db_url: str) -> None:
 def test_an_older_migration_is_upgraded(db_url: str) -> None:
     migrated_to(db_url, "0001")
     build(db_url).store.close()
-    assert sql(db_url, "SELECT version_num FROM gpupool_alembic_version") == "0005"
+    assert sql(db_url, "SELECT version_num FROM gpupool_alembic_version") == "0006"
 
 
 @pytest.mark.parametrize("content", [None, b""], ids=["no file", "empty file"])

@@ -16,7 +16,7 @@ allocations = Table(
     Column("team", String(255), nullable=False, index=True),
     Column("offer", String(255), nullable=False),
     Column("kind", String(16), nullable=False),
-    Column("ref", String(255), nullable=False, server_default=""),
+    Column("ref", String(511), nullable=False, server_default=""),
     Column("count", Integer, nullable=False),
     Column("cost_milli", Integer, nullable=False),
     Column("node", String(255), nullable=True),
@@ -33,10 +33,10 @@ devices = Table(
         primary_key=True,
     ),
     Column("position", Integer, primary_key=True),
-    Column("gpu", String(128), nullable=False),
+    Column("gpu", String(300), nullable=False),
     Column("profile", String(64), nullable=True),
     Column("start", Integer, nullable=True),
-    Column("instance", String(128), nullable=True),
+    Column("instance", String(300), nullable=True),
     Column("share_milli", Integer, nullable=True),
 )
 
