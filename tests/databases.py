@@ -89,6 +89,21 @@ def unavailable(reason: str) -> None:
 class PostgresServer:
     folder: Path
     """Holds the data directory, the log and the unix socket."""
+    bin_dir: Path
+    """Where ``pg_ctl`` is."""
+
+    def stop(self) -> None:
+        """Stop the server (fast: open connections are cut), as when it goes down under a hub."""
+        self._pg_ctl("-m", "fast", "stop")
+
+    def start(self) -> None:
+        """Start it again (returns once it takes connections)."""
+        self._pg_ctl("-l", str(self.folder / "server.log"), "start")
+
+    def _pg_ctl(self, *args: str) -> None:
+        data = self.folder / "data"
+        command = [str(self.bin_dir / "pg_ctl"), "-D", str(data), "-w", "-t", str(WAIT_S)]
+        _run([*command, *args], f"pg_ctl {args[-1]}", self.folder, self.folder / "server.log")
 
     def url(self, database: str) -> str:
         """The SQLAlchemy URL of ``database`` (psycopg 3, over the folder's socket)."""
@@ -148,7 +163,7 @@ def running_server(bin_dir: Path) -> Iterator[PostgresServer]:
         with (data / "postgresql.conf").open("a") as conf:
             conf.writelines(f"{k} = {v}\n" for k, v in settings.items())
         _run([*pg_ctl, "-l", str(log), "start"], "pg_ctl start", folder, log)
-        yield PostgresServer(folder)
+        yield PostgresServer(folder, bin_dir)
     except BaseException:
         if (data / "postmaster.pid").exists():  # stop it, but say what went wrong first
             subprocess.run([*(["runuser", "-u", ACCOUNT, "--"] if IS_ROOT else []), *pg_ctl,
