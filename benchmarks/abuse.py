@@ -426,14 +426,18 @@ class Abuse:
     def run(self) -> dict[str, Any]:
         hub = self.hub
         pid = hub.proc.pid
-        db = hub.state / "gpupool.sqlite"
+        db = hub.state / "gpupool.sqlite"  # absent when the pool's database is elsewhere
+
+        def db_mib() -> float | None:
+            return round(db.stat().st_size / (1 << 20), 1) if db.is_file() else None
+
         log_start = hub.log.stat().st_size
         out: dict[str, Any] = {
             "attacker": self.attacker,
             "victim": self.victim,
             "limits": self.limits,
             "rss_mib": {"before": rss_mib(pid)},
-            "db_mib": {"before": round(db.stat().st_size / (1 << 20), 1)},
+            "db_mib": {"before": db_mib()},
         }
         requests.post(
             f"{hub.url}/hub/api/gpupool/jobs",
@@ -464,7 +468,7 @@ class Abuse:
             victim.thread.join(150)
             self._stop_servers(self.spawned)
         out["rss_mib"]["after_floods"] = rss_mib(pid)
-        out["db_mib"]["after_floods"] = round(db.stat().st_size / (1 << 20), 1)
+        out["db_mib"]["after_floods"] = db_mib()
         out["attacker_jobs_cancelled"] = self.cancel_jobs()
         out["rss_mib"]["after_cancel"] = rss_mib(pid)
         out["rss_mib"]["after_rounds"] = []
