@@ -379,6 +379,9 @@ class LoadRun:
             f"c.JupyterHub.load_groups = "
             f"{ {t: {'users': m} for t, m in groups(self.personas).items()}!r}\n"
             "c.JupyterHub.allow_named_servers = True\n"  # the abuse phase's spawn flood
+            # JupyterHub's own poll interval (the test harness polls every second): a dead
+            # server must be noticed by the spawner's exit watch (dead_holder_release_s)
+            "c.Spawner.poll_interval = 30\n"
         )
 
     # -- HTTP, counted -------------------------------------------------------------------------
