@@ -51,6 +51,7 @@ from typing import Any
 
 import pytest
 import schemathesis
+from bs4 import BeautifulSoup
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from schemathesis.checks import (
@@ -257,8 +258,9 @@ FIGURES = Figures()
 
 
 # -- the hub -----------------------------------------------------------------------------------
-CHEAP_JOBS = 'c.LocalJobBackend.python = "/bin/false"\n'
-"""Jobs start and fail at once (set before the demo's config builds the job manager)."""
+CHEAP_JOBS = 'c.LocalJobBackend.python = "/bin/false"\nc.LocalJobBackend.job_network = "host"\n'
+"""Jobs start and fail at once (set before the demo's config builds the job manager), on the
+machine's network: the admin page must then say that jobs' rendezvous are reachable."""
 
 
 @dataclass
@@ -389,6 +391,19 @@ def test_what_the_fuzz_stored_renders_on_the_pages_and_in_the_cli(api: API) -> N
     table = gpupool(hub, token, "jobs")
     safe_for_a_terminal(table, "gpupool jobs")
     assert len(table.splitlines()) == 1 + len(listed)  # a line per job
+
+
+def test_the_admin_page_warns_when_jobs_share_the_machines_network(api: API) -> None:
+    """Without a private network per job (``host``, or where the kernel refuses one) the admin
+    page says, in warning style, that any account can reach a job's rendezvous."""
+    hub = api.hub
+    password = (hub.state / "admin-password").read_text().strip()
+    r = hub.login("admin", password).get(f"{hub.url}/hub/gpupool", timeout=60)
+    assert r.status_code == 200
+    line = BeautifulSoup(r.content.decode(), "html.parser").select_one("#gp-job-network")
+    assert line is not None, "the admin page does not say what network jobs have"
+    assert "text-warning-emphasis" in (line.get("class") or [])
+    assert "any account on this machine can reach a job's rendezvous" in line.get_text()
 
 
 def test_the_fuzz_reached_every_operation(capsys: pytest.CaptureFixture[str]) -> None:
