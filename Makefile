@@ -42,7 +42,7 @@ HUB_LOG     := .run/hub.log
 
 # What the tests need; `install-demo` is what `make run` needs (no test tools, no browser).
 install: install-demo $(STAMP) chromium postgresql $(TOOLS)/nca
-install-demo: node-check $(DEMO_STAMP) $(CHP) $(RUNTIME)
+install-demo: $(NODE_CHECK) $(DEMO_STAMP) $(CHP) $(RUNTIME)
 
 # Manifest checkers the chart tests run (network-config-analyzer, checkov), in a venv of their
 # own: their pins (PyYAML, networkx, packaging) clash with the hub's.
@@ -51,6 +51,9 @@ $(TOOLS)/nca:
 	$(TOOLS)/python -m pip install --quiet "checkov==3.3.30" "network-config-analyzer==1.9.2"
 
 # Node.js builds the extension and runs configurable-http-proxy: say which one is needed, once.
+# `make run` checks it first and runs its install steps with GPUPOOL_NODE_CHECKED=1, which drops
+# the check from them (each step is a make of its own: its warning would print again).
+NODE_CHECK := $(if $(GPUPOOL_NODE_CHECKED),,node-check)
 node-check:
 	@scripts/check-node
 
@@ -63,7 +66,7 @@ $(VENV)/.base: constraints.txt
 	  'hatch-jupyter-builder>=0.9'
 	touch $@
 
-$(LABEXT): $(VENV)/.base $(LABSRC) | node-check
+$(LABEXT): $(VENV)/.base $(LABSRC) | $(NODE_CHECK)
 	cd labextension && $(JLPM) install --immutable && $(JLPM) build:prod
 	touch $@
 
@@ -130,19 +133,37 @@ postgresql:
 	  need it" >&2; exit 1; }; else echo "gpupool: Debian's postgresql is not installed and only \
 	  root can install it (apt-get install postgresql): the PostgreSQL tests will be skipped"; fi; }
 
-$(CHP): | node-check
+$(CHP): | $(NODE_CHECK)
 	npm install --no-save --no-package-lock --no-audit --no-fund configurable-http-proxy@5.3.0
+
+# `make run`'s install: what install-demo makes, one step at a time, each a line on the terminal
+# ("up to date" when there is nothing to do) and a make of its own whose output goes to
+# $(INSTALL_LOG); a failed step shows the log's end. The steps are recursive makes (`+`): `make -n
+# run` asks each whether it is up to date and prints, on the terminal, what it would run.
+DEMO_STEPS := $(VENV)/.base $(LABEXT) $(DEMO_STAMP) $(CHP) $(RUNTIME)
+DRY_RUN := $(findstring n,$(firstword -$(MAKEFLAGS)))
+STEP_MAKE = $(MAKE) --no-print-directory GPUPOOL_NODE_CHECKED=1
+# $(1) the step's number, $(2) its name, $(3) its target.
+demo-step = printf 'gpupool: [%s/%s] %s' $(1) $(words $(DEMO_STEPS)) '$(2)'; \
+  if $(STEP_MAKE) -q $(3) >/dev/null 2>&1; then echo ': up to date'; else echo ' ...'; \
+  $(STEP_MAKE) $(3) $(if $(DRY_RUN),,>>$(INSTALL_LOG) 2>&1) || { echo "gpupool: [$(1)/$(words \
+  $(DEMO_STEPS))] $(2) failed; the end of $(CURDIR)/$(INSTALL_LOG):"; tail -n 25 $(INSTALL_LOG); \
+  exit 1; }; fi
 
 # The demo hub on http://127.0.0.1:8000 (Ctrl-C stops the hub, its proxy and its servers). As
 # root, servers and jobs run as the unprivileged account gpupool-demo, created here. The install
-# (make install) prints into $(INSTALL_LOG), the hub into $(HUB_LOG); the terminal gets the
-# hub's warnings and, last, its banner: the address, the demo password, the admin-password file.
+# (install-demo, by step, above) prints into $(INSTALL_LOG), the hub into $(HUB_LOG); the
+# terminal gets a line per install step, the hub's warnings and, last, its banner: the address,
+# the demo password, the admin-password file. Node.js is checked once, here.
 run: node-check
 	@scripts/run-hub --check-ports
-	@mkdir -p -m 700 .run && echo "gpupool: installing what is missing (log: $(INSTALL_LOG))" && \
-	  $(MAKE) --no-print-directory install-demo >$(INSTALL_LOG) 2>&1 || { \
-	  echo "gpupool: make install-demo failed; the end of $(CURDIR)/$(INSTALL_LOG):"; \
-	  tail -n 25 $(INSTALL_LOG); exit 1; }
+	@mkdir -p -m 700 .run && : >$(INSTALL_LOG) && \
+	  echo "gpupool: installing what is missing (details: $(INSTALL_LOG))"
+	@+$(call demo-step,1,venv and JupyterLab,$(VENV)/.base)
+	@+$(call demo-step,2,the JupyterLab extension (jlpm build),$(LABEXT))
+	@+$(call demo-step,3,the gpupool package (editable),$(DEMO_STAMP))
+	@+$(call demo-step,4,configurable-http-proxy,$(CHP))
+	$(if $(RUNTIME),@+$(call demo-step,5,the runtime for user code,$(RUNTIME)))
 	@scripts/demo-account gpupool-demo $(RUNTIME_PYTHON)
 	@echo "gpupool: starting the hub (log: $(HUB_LOG); Ctrl-C stops it, its proxy and servers)"
 	@$(BIN)/python scripts/run-hub $(HUB_LOG) $(BIN)/jupyterhub -f jupyterhub_config.py

@@ -186,12 +186,19 @@ c.GPUPool.simulated_activity_file = str(STATE / "activity.json")
 hub = setup(c, logging.getLogger("JupyterHub").getChild("gpupool"))
 RUNS_AS = c.LocalGPUSpawner.get("shared_account") or pwd.getpwuid(os.geteuid()).pw_name
 HOMES_TEMPLATE = c.LocalGPUSpawner.home_dir_template
+ACCOUNTS = (  # the shared mode (run_as_hub_user, the default) gives users no isolation
+    f"  servers and jobs run as the unix account {RUNS_AS}, homes in {HOMES_TEMPLATE}\n"
+    "  shared-account mode: all users share that account, so they are not isolated from each"
+    " other (files, processes)\n"
+    if c.LocalGPUSpawner.get("run_as_hub_user", True)
+    else "  servers and jobs run as each user's own unix account\n"
+)
 teams = "; ".join(f"{team}: {', '.join(users)}" for team, users in TEAMS.items())
 print(
     f"\ngpupool demo hub on {c.JupyterHub.bind_url} with {hub.pool.inventory.label}\n"
     f"  users: {', '.join(sorted(c.Authenticator.allowed_users))} ({teams}; eve: no team)\n"
     f"  shared demo password: {c.SharedPasswordAuthenticator.user_password}\n"
-    f"  servers and jobs run as the unix account {RUNS_AS}, homes in {HOMES_TEMPLATE}\n"
+    f"{ACCOUNTS}"
     f"  admin: user 'admin', password in {STATE / 'admin-password'};"
     f" the pool: {c.JupyterHub.bind_url}/hub/gpupool\n",
     flush=True,

@@ -1,16 +1,21 @@
 """The container images (``images/``): lint, best practices and frozen requirements.
 
-No image is built here (that needs a Docker engine); the Dockerfiles and their inputs are checked:
+No image is built here (that needs a Docker engine); ``images/Dockerfile`` (one wheel stage, two
+targets: ``hub`` and ``singleuser``) and its inputs are checked:
 
-- hadolint, with ``images/.hadolint.yaml``, passes on both Dockerfiles, and fails on a bad one
+- hadolint, with ``images/.hadolint.yaml``, passes on the Dockerfile, and fails on a bad one
   (so the linter and its configuration really run); its inline exceptions stay narrow;
 - a small Dockerfile parser checks the rules the images promise: every base image pinned by a
-  version tag or a digest (``ARG`` defaults resolved), a non-root ``USER`` last, a
-  ``HEALTHCHECK``, ``pip install`` without a cache, ``apt-get install`` without recommends and
-  with its lists removed in the same ``RUN``, no ``ADD`` of URLs, no ``ENV``/``ARG`` named like a
-  secret. The same checker is fed bad Dockerfiles, each of which it must report;
-- the wheel-building stage is the same in both Dockerfiles and installs the build backend that
-  ``pyproject.toml`` asks for (the wheel is built without build isolation);
+  version tag or a digest (``ARG`` defaults resolved), in each target a non-root ``USER`` last
+  and a ``HEALTHCHECK``, ``pip install`` without a cache, ``apt-get install`` without
+  recommends and with its lists removed in the same ``RUN``, no ``ADD`` of URLs, no
+  ``ENV``/``ARG`` named like a secret. The same checker is fed bad Dockerfiles, each of which it
+  must report;
+- the stages: the wheel stage, then the two targets, each from its own pinned base-image ``ARG``
+  (the hub's at the z2jh chart's version); the wheel stage installs the build backend that
+  ``pyproject.toml`` asks for (the wheel is built without build isolation); each target
+  installs its own lock, then the wheel from the wheel stage with ``--no-deps``, and its build
+  checks modules and files that the wheel really has;
 - the frozen requirements: every line ``name==version``; every ``requirements.in`` name frozen;
   whatever the wheel's ``lab``/``hub`` extra needs frozen at a version the extra accepts (the
   wheel is installed with ``--no-deps``); torch left to the base image;
@@ -43,9 +48,13 @@ IMAGES = ROOT / "images"
 JH5_CONSTRAINTS = ROOT / "constraints-jh5.txt"
 HADOLINT_CONFIG = IMAGES / ".hadolint.yaml"
 IMAGE_NAMES = ("singleuser", "hub")
-DOCKERFILES = {name: IMAGES / name / "Dockerfile" for name in IMAGE_NAMES}
+"""The Dockerfile's targets (``docker build --target``), one per image; each image's
+requirements are in ``images/<target>/``."""
+DOCKERFILE = IMAGES / "Dockerfile"
 WHEEL_STAGE = "wheel"
-"""The stage that builds the jupyterhub-gpupool wheel, duplicated in both Dockerfiles."""
+"""The stage that builds the jupyterhub-gpupool wheel, which both targets install."""
+BASE_IMAGE_ARG = {"singleuser": "SINGLEUSER_BASE_IMAGE", "hub": "HUB_BASE_IMAGE"}
+Z2JH_HUB_IMAGE = "quay.io/jupyterhub/k8s-hub"
 EXTRA_OF_IMAGE = {"singleuser": "lab", "hub": "hub"}
 FROM_BASE_IMAGE = {"torch"}
 """Packages of the notebook image's base image, which its frozen requirements must not
@@ -171,8 +180,9 @@ def image_problem(image: str, stage_names: set[str]) -> str | None:
     return None
 
 
-def check_dockerfile(text: str) -> list[str]:
-    """Best-practice problems of a Dockerfile, one line each (empty: none)."""
+def check_dockerfile(text: str, targets: tuple[str, ...] = ()) -> list[str]:
+    """Best-practice problems of a Dockerfile, one line each (empty: none). The image rules
+    (USER, HEALTHCHECK) apply to each of ``targets`` (stage names), or to the last stage."""
     head, stages = split_stages(parse_dockerfile(text))
     if not stages:
         return ["no FROM"]
@@ -211,19 +221,32 @@ def check_dockerfile(text: str) -> list[str]:
                 if not any(c.startswith("rm ") and "/var/lib/apt/lists" in c for c in commands):
                     problems.append(f"{where}: apt-get install, /var/lib/apt/lists not removed")
 
-    final = stages[-1]
-    variables = global_args | stage_variables(final, global_args)
-    users = [i for i in final.instructions if i.keyword == "USER"]
-    if not users:
-        problems.append("final stage: no USER (it would run as root)")
-    else:
-        user = expand(users[-1].args, variables).split(":")[0].strip()
-        if user in ("root", "0") or "$" in user:
-            problems.append(f"final stage: USER {user} is root or unresolved")
-    checks = [i for i in final.instructions if i.keyword == "HEALTHCHECK"]
-    if not checks or checks[-1].args.strip().upper() == "NONE":
-        problems.append("final stage: no HEALTHCHECK")
+    by_name = {s.name: s for s in stages if s.name}
+    images = [(f"target {t}", by_name.get(t)) for t in targets] or [("final stage", stages[-1])]
+    for label, image in images:
+        if image is None:
+            problems.append(f"{label}: no such stage")
+            continue
+        variables = global_args | stage_variables(image, global_args)
+        users = [i for i in image.instructions if i.keyword == "USER"]
+        if not users:
+            problems.append(f"{label}: no USER (it would run as root)")
+        else:
+            user = expand(users[-1].args, variables).split(":")[0].strip()
+            if user in ("root", "0") or "$" in user:
+                problems.append(f"{label}: USER {user} is root or unresolved")
+        checks = [i for i in image.instructions if i.keyword == "HEALTHCHECK"]
+        if not checks or checks[-1].args.strip().upper() == "NONE":
+            problems.append(f"{label}: no HEALTHCHECK")
     return problems
+
+
+def dockerfile() -> tuple[dict[str, str], dict[str, Stage]]:
+    """images/Dockerfile: its global ARG defaults and its stages by name (all are named)."""
+    head, stages = split_stages(parse_dockerfile(DOCKERFILE.read_text()))
+    args = {n: v for i in head if i.keyword == "ARG" for n, v in declared(i) if v is not None}
+    assert all(s.name for s in stages), [s.base for s in stages if not s.name]
+    return args, {str(s.name): s for s in stages}
 
 
 # -- hadolint ------------------------------------------------------------------------------------
@@ -244,10 +267,9 @@ def run_hadolint(dockerfile: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("image", IMAGE_NAMES)
-def test_hadolint_passes(image: str) -> None:
-    result = run_hadolint(DOCKERFILES[image])
-    assert result.returncode == 0, f"hadolint {DOCKERFILES[image]}:\n{result.stdout}{result.stderr}"
+def test_hadolint_passes() -> None:
+    result = run_hadolint(DOCKERFILE)
+    assert result.returncode == 0, f"hadolint {DOCKERFILE}:\n{result.stdout}{result.stderr}"
 
 
 def test_hadolint_fails_a_bad_dockerfile(tmp_path: Path) -> None:
@@ -268,42 +290,49 @@ def test_hadolint_fails_a_bad_dockerfile(tmp_path: Path) -> None:
 def test_hadolint_exceptions_are_narrow() -> None:
     """The only inline exception is DL3008 (apt pins, which Debian's archive does not keep),
     each with its reason in the comment just above."""
-    for path in DOCKERFILES.values():
-        lines = path.read_text().splitlines()
-        for number, line in enumerate(lines):
-            match = re.match(r"#\s*hadolint\s+ignore=(\S+)", line.strip())
-            if not match:
-                continue
-            assert match.group(1).split(",") == ["DL3008"], f"{path}:{number + 1}: {line}"
-            assert lines[number - 1].lstrip().startswith("#"), f"{path}:{number + 1}: no reason"
+    lines = DOCKERFILE.read_text().splitlines()
+    for number, line in enumerate(lines):
+        match = re.match(r"#\s*hadolint\s+ignore=(\S+)", line.strip())
+        if not match:
+            continue
+        where = f"{DOCKERFILE}:{number + 1}"
+        assert match.group(1).split(",") == ["DL3008"], f"{where}: {line}"
+        assert lines[number - 1].lstrip().startswith("#"), f"{where}: no reason"
 
 
 # -- best practices ------------------------------------------------------------------------------
-@pytest.mark.parametrize("image", IMAGE_NAMES)
-def test_dockerfile_best_practices(image: str) -> None:
-    assert check_dockerfile(DOCKERFILES[image].read_text()) == []
+def test_dockerfile_best_practices() -> None:
+    assert check_dockerfile(DOCKERFILE.read_text(), IMAGE_NAMES) == []
 
 
-def test_dockerfiles_are_multi_stage_from_pinned_args() -> None:
-    """A wheel stage, then the image; the final base image comes from ARG BASE_IMAGE."""
-    for path in DOCKERFILES.values():
-        head, stages = split_stages(parse_dockerfile(path.read_text()))
-        assert [s.name for s in stages] == [WHEEL_STAGE, None], path
-        assert stages[-1].base == "${BASE_IMAGE}", path
-        assert any(i.args.startswith("BASE_IMAGE=") for i in head if i.keyword == "ARG"), path
+# -- one Dockerfile: the wheel stage and two targets ---------------------------------------------
+def test_the_dockerfile_has_the_wheel_stage_and_both_targets() -> None:
+    """The wheel first, then one stage per image, each from its own pinned ARG; no other stage."""
+    args, stages = dockerfile()
+    assert next(iter(stages)) == WHEEL_STAGE, list(stages)
+    assert sorted(stages) == sorted((WHEEL_STAGE, *IMAGE_NAMES)), list(stages)
+    assert stages[WHEEL_STAGE].base == "${BUILDER_IMAGE}" and "BUILDER_IMAGE" in args
+    for image in IMAGE_NAMES:
+        arg = BASE_IMAGE_ARG[image]
+        assert stages[image].base == "${" + arg + "}", (image, stages[image].base)
+        assert image_problem(args.get(arg, "$" + arg), set()) is None, (arg, args.get(arg))
 
 
-def test_wheel_stage_is_shared_and_has_the_build_backend() -> None:
-    stages = {}
-    builder_images = set()
-    for image, path in DOCKERFILES.items():
-        head, parsed = split_stages(parse_dockerfile(path.read_text()))
-        stages[image] = [(i.keyword, i.args) for i in parsed[0].instructions]
-        builder_images |= {i.args for i in head if i.args.startswith("BUILDER_IMAGE=")}
-    assert stages["singleuser"] == stages["hub"], "the two wheel stages differ"
-    assert len(builder_images) == 1, builder_images
+def test_the_hub_target_is_built_on_the_z2jh_charts_hub_image() -> None:
+    """HUB_BASE_IMAGE is z2jh's hub image at the version of the chart helm/gpupool depends on:
+    the chart's hub configuration is written for its own image."""
+    args, _ = dockerfile()
+    chart = yaml.safe_load((ROOT / "helm" / "gpupool" / "Chart.yaml").read_text())
+    (dep,) = [d for d in chart["dependencies"] if d["name"] == "jupyterhub"]
+    assert args["HUB_BASE_IMAGE"] == f"{Z2JH_HUB_IMAGE}:{dep['version']}", args["HUB_BASE_IMAGE"]
 
-    installs = [a for k, a in stages["hub"] if k == "RUN" and re.search(r"\bpip install\b", a)]
+
+def test_the_wheel_stage_installs_the_build_backend() -> None:
+    _, stages = dockerfile()
+    wheel = stages[WHEEL_STAGE].instructions
+    installs = [
+        i.args for i in wheel if i.keyword == "RUN" and re.search(r"\bpip install\b", i.args)
+    ]
     pins = {
         canonicalize_name(n): v
         for a in installs
@@ -315,6 +344,71 @@ def test_wheel_stage_is_shared_and_has_the_build_backend() -> None:
         name = canonicalize_name(requirement.name)
         assert name in pins, f"the wheel stage does not install {text}"
         assert requirement.specifier.contains(pins[name], prereleases=True), (text, pins[name])
+    assert any("pip wheel" in i.args and "/wheels" in i.args for i in wheel if i.keyword == "RUN")
+
+
+def source_of(module: str) -> Path | None:
+    """Where the wheel's sources hold ``module`` (pyproject's wheel packages), None if nowhere."""
+    wheel = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]
+    for package in wheel["targets"]["wheel"]["packages"]:
+        folder = ROOT / str(package)
+        top, *rest = module.split(".")
+        if folder.name != top:
+            continue
+        path = folder.joinpath(*rest)
+        for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+@pytest.mark.parametrize("image", IMAGE_NAMES)
+def test_each_target_installs_its_lock_then_the_wheel(image: str) -> None:
+    """Its own images/<target>/requirements.txt (never the other's), then the wheel from the
+    wheel stage with --no-deps, and a build check that imports gpupool modules that exist."""
+    _, stages = dockerfile()
+    instructions = stages[image].instructions
+    copies = [i.args.split()[0] for i in instructions if i.keyword == "COPY"]
+    assert f"images/{image}/requirements.txt" in copies, copies
+    assert not [c for c in copies if c.startswith("images/") and f"images/{image}/" not in c]
+    runs = [i.args for i in instructions if i.keyword == "RUN"]
+    lock = [r for r in runs if re.search(r"pip install .*--requirement /tmp/requirements.txt", r)]
+    assert len(lock) == 1, runs
+    (wheel,) = [r for r in runs if f"from={WHEEL_STAGE}," in r]
+    assert runs.index(lock[0]) < runs.index(wheel), "the wheel goes in after the lock"
+    assert "pip install --no-cache-dir --no-deps /wheels/*.whl" in wheel, wheel
+    imported = {
+        m.strip()
+        for line in re.findall(r"\bimport ([\w., ]+)", wheel)
+        for m in line.split(",")
+        if m.strip().startswith("gpupool")
+    }
+    assert imported, f"the {image} target's build imports nothing of gpupool"
+    missing = sorted(m for m in imported if source_of(m) is None)
+    assert not missing, f"the {image} target's build imports {missing}, not in the wheel"
+
+
+def test_the_singleuser_build_checks_the_extension_where_the_wheel_puts_it() -> None:
+    _, stages = dockerfile()
+    runs = " ".join(i.args for i in stages["singleuser"].instructions if i.keyword == "RUN")
+    wheel = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]
+    shared = wheel["targets"]["wheel"]["shared-data"]
+    target = shared["labextension/gpupool_lab/labextension"]
+    assert f"'{target}/package.json'" in runs, (target, runs)
+
+
+def test_the_rule_checker_checks_every_target() -> None:
+    text = (
+        "FROM python:3.12.12-slim AS wheel\n"
+        "FROM python:3.12.12-slim AS one\nUSER 0\n"
+        'HEALTHCHECK CMD ["true"]\n'
+        "FROM python:3.12.12-slim AS two\nUSER 1000\n"
+        'HEALTHCHECK CMD ["true"]\n'
+    )
+    assert check_dockerfile(text) == []
+    assert check_dockerfile(text, ("two",)) == []
+    assert check_dockerfile(text, ("one", "two")) == ["target one: USER 0 is root or unresolved"]
+    assert check_dockerfile(text, ("two", "three")) == ["target three: no such stage"]
 
 
 GOOD = (
@@ -501,10 +595,10 @@ def test_both_images_pin_the_z2jh_charts_jupyterhub() -> None:
     assert pins == dict.fromkeys(IMAGE_NAMES, z2jh_jupyterhub()), pins
 
 
-def lock_install(dockerfile: Path) -> str:
-    """The shell command of the hub image's final-stage RUN that installs requirements.txt."""
-    _, stages = split_stages(parse_dockerfile(dockerfile.read_text()))
-    runs = [i.args for i in stages[-1].instructions if i.keyword == "RUN"]
+def lock_install(image: str) -> str:
+    """The shell command of the image's target-stage RUN that installs requirements.txt."""
+    _, stages = dockerfile()
+    runs = [i.args for i in stages[image].instructions if i.keyword == "RUN"]
     (run,) = [r for r in runs if re.search(r"\bpip3? install\b.*requirements", r)]
     return run
 
@@ -541,7 +635,7 @@ def run_lock_install(tmp_path: Path, command: str, pip_installs: str | None) -> 
 
 def test_the_hub_image_keeps_its_base_images_jupyterhub(tmp_path: Path) -> None:
     """pip is constrained to the base image's JupyterHub, and the build checks it kept it."""
-    command = lock_install(DOCKERFILES["hub"])
+    command = lock_install("hub")
     code, output = run_lock_install(tmp_path / "kept", command, None)
     assert code == 0, output
     args = (tmp_path / "kept" / "pip-args").read_text()
