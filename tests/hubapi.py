@@ -166,6 +166,27 @@ class FakeHub:
             finally:
                 db.close()
 
+    def set_running(self, user: str, name: str, running: bool) -> None:
+        """Give ``user``'s server ``name`` a server record (started) or take it away (stopped)."""
+        with self._lock:
+            db = self.db()
+            try:
+                found = db.query(orm.User).filter_by(name=user).first()
+                spawner = None
+                if found is not None:
+                    spawner = next((s for s in found._orm_spawners if s.name == name), None)
+                if spawner is None and running and found is not None:
+                    spawner = orm.Spawner(user=found, name=name)
+                    db.add(spawner)
+                if spawner is not None and running and spawner.server is None:
+                    spawner.server = orm.Server(base_url=f"/user/{user}/{name}")
+                elif spawner is not None and not running and spawner.server is not None:
+                    db.delete(spawner.server)
+                    spawner.server = None
+                db.commit()
+            finally:
+                db.close()
+
     # -- HTTP --------------------------------------------------------------------------------
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         hub = self
@@ -201,6 +222,12 @@ class FakeHub:
                     found = hub.user(parts[3])
                     return self.reply(404 if found is None else 200, found)
                 if parts[:3] == ["hub", "api", "users"] and method in ("DELETE", "POST"):
+                    # jupyterhub/apihandlers/users.py, UserServerAPIHandler: DELETE stops the
+                    # server and answers 204 once it has stopped (its record is gone from the
+                    # user's model; 204 also when it was not running); POST starts it and
+                    # answers 201 once it is up (the record is there).
+                    name = parts[5] if parts[4:5] == ["servers"] and len(parts) > 5 else ""
+                    hub.set_running(parts[3], name, running=method == "POST")
                     return self.reply(204 if method == "DELETE" else 201)
                 if method == "GET" and path.endswith("/api/kernels"):
                     kernels = hub.kernels.get(path[: -len("api/kernels")], [])

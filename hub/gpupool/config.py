@@ -2,10 +2,11 @@
 
 Every setting is a traitlet with ``config=True`` and an example in its help. Each part is checked
 when it is set (``@validate``), and :meth:`GPUPool.settings` adds the checks across parts; a bad
-value raises :class:`gpupool.settings.ConfigError`, whose message starts with the key path, so the
-hub stops at start naming the key to fix. Settings that are valid but odd for the pool found at
-start (an offer it can never grant, a user cap above the team's limit, a guarantee larger than
-the pool) are logged as warnings when the pool is built (:func:`gpupool.settings.config_warnings`).
+value raises :class:`gpupool.declarations.ConfigError`, whose message starts with the key path,
+so the hub stops at start naming the key to fix. Settings that are valid but odd for the pool
+found at start (an offer it can never grant, a user cap above the team's limit, a guarantee
+larger than the pool) are logged as warnings when the pool is built
+(:func:`gpupool.declarations.config_warnings`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from traitlets import Any as AnyTrait
 from traitlets import Dict, Float, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
-from .core.placement import POLICIES
-from .settings import (
+from gpupool.core.placement import POLICIES
+from gpupool.declarations import (
     ConfigError,
     Settings,
     parse_offers,
@@ -192,7 +193,7 @@ class GPUPool(LoggingConfigurable):
 
     @validate("managed_mig")
     def _valid_managed_mig(self, proposal: dict[str, Any]) -> Any:
-        from .discovery.mig_manager import parse_managed
+        from gpupool.mig.manager import parse_managed
 
         parse_managed(proposal["value"])
         return proposal["value"]
@@ -241,7 +242,7 @@ class GPUPool(LoggingConfigurable):
         if value in ("nvml", "kubernetes") or value.startswith("kubernetes:"):
             return value
         if value.startswith("simulated:"):
-            from .discovery import parse_spec
+            from gpupool.discovery import parse_spec
 
             try:
                 parse_spec(value.removeprefix("simulated:"))
@@ -256,7 +257,7 @@ class GPUPool(LoggingConfigurable):
 
     @validate("node_pools")
     def _valid_node_pools(self, proposal: dict[str, Any]) -> Any:
-        from .discovery.node_pools import parse_node_pools
+        from gpupool.discovery.node_pools import parse_node_pools
 
         parse_node_pools(proposal["value"])
         return proposal["value"]
@@ -265,7 +266,7 @@ class GPUPool(LoggingConfigurable):
     def _valid_fallback(self, proposal: dict[str, Any]) -> str:
         value = str(proposal["value"]).strip()
         if value:
-            from .discovery import parse_spec
+            from gpupool.discovery import parse_spec
 
             try:
                 parse_spec(value)

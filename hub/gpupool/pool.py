@@ -13,10 +13,10 @@ the grant, the ledger is rolled back and :class:`~gpupool.store.outbox.StoreUnav
 once, and a delete the database refuses is owed (:class:`~gpupool.store.outbox.Outbox`, ``writes``)
 and retried until it is written. Seams: ``clock`` (defaults to :func:`gpupool.clock.utcnow`)
 and ``new_id``. On managed MIG GPUs (``GPUPool.managed_mig``) the pool's
-:class:`~gpupool.discovery.mig_manager.MigManager` creates an allocation's instances inside
+:class:`~gpupool.mig.manager.MigManager` creates an allocation's instances inside
 ``allocate`` (under the lock, recorded before the allocation is persisted and handed out) and
 destroys them inside ``release``; a creation NVML refuses releases the allocation again and
-raises :class:`~gpupool.discovery.mig_manager.DeviceUnavailable` (HTTP 503) naming what is free.
+raises :class:`~gpupool.mig.manager.DeviceUnavailable` (HTTP 503) naming what is free.
 """
 
 from __future__ import annotations
@@ -32,19 +32,24 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from . import metrics
-from .clock import utcnow
-from .config import GPUPool
-from .core.errors import PoolError
-from .core.inventory import Inventory
-from .core.ledger import Allocation, Ledger
-from .core.offers import Request, RequestKind
-from .core.quota import resolve_team
-from .discovery.activity import DeviceMonitor
-from .discovery.mig_manager import DeviceUnavailable, MigCreateFailed, MigManager, parse_managed
-from .settings import ConfigError, config_warnings
-from .store import Store, StoreError
-from .store.outbox import Outbox
+from gpupool import metrics
+from gpupool.clock import utcnow
+from gpupool.config import GPUPool
+from gpupool.core.errors import PoolError
+from gpupool.core.inventory import Inventory
+from gpupool.core.ledger import Allocation, Ledger
+from gpupool.core.offers import Request, RequestKind
+from gpupool.core.quota import resolve_team
+from gpupool.declarations import ConfigError, config_warnings
+from gpupool.mig.manager import (
+    DeviceUnavailable,
+    MigCreateFailed,
+    MigManager,
+    parse_managed,
+)
+from gpupool.monitors.activity import DeviceMonitor
+from gpupool.store import Store, StoreError
+from gpupool.store.outbox import Outbox
 
 log = logging.getLogger("gpupool")
 
@@ -60,10 +65,10 @@ def load_inventory(
     outlive a hub restart as real ones do.
     Kubernetes nodes are read on a worker thread's own event loop (this may run inside the hub's
     loop); an unreachable cluster raises ``RuntimeError`` saying so."""
-    from .discovery import SimulatedNVML, discover, simulated_inventory
+    from gpupool.discovery import SimulatedNVML, discover, simulated_inventory
 
     if source == "kubernetes" or source.startswith("kubernetes:"):
-        from .discovery.kubernetes import load_kubernetes_inventory
+        from gpupool.kube.nodes import load_kubernetes_inventory
 
         found = load_kubernetes_inventory(source.partition(":")[2].strip() or None)
         for note in found.notes:
@@ -89,7 +94,7 @@ def load_inventory(
 def with_node_pools(inventory: Inventory, declared: Any, source: str) -> Inventory:
     """``inventory`` with the declared autoscaled node pools (``GPUPool.node_pools``), which only
     a Kubernetes inventory can have (a ConfigError naming the key otherwise)."""
-    from .discovery.node_pools import KEY, parse_node_pools
+    from gpupool.discovery.node_pools import KEY, parse_node_pools
 
     if not source.startswith("kubernetes"):
         raise ConfigError(

@@ -35,7 +35,7 @@ its GPU (by UUID), so its ordinal is 0: ``0=6144M``.
 
 Contract: pure functions of the allocation, the inventory and the settings, and one configurable
 (:class:`ShareEnforcement`) whose values are checked when set (a bad value raises
-:class:`gpupool.settings.ConfigError` naming the key, so the hub stops at start).
+:class:`gpupool.declarations.ConfigError` naming the key, so the hub stops at start).
 """
 
 from __future__ import annotations
@@ -50,11 +50,11 @@ from typing import Any, Literal
 from traitlets import Float, List, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
-from .core.inventory import GPU
-from .core.ledger import Allocation, Device
-from .core.offers import Offer
-from .settings import ConfigError
-from .usercode import spawner_setting
+from gpupool.core.inventory import GPU
+from gpupool.core.ledger import Allocation, Device
+from gpupool.core.offers import Offer
+from gpupool.declarations import ConfigError
+from gpupool.usercode import spawner_setting
 
 Enforcement = Literal["mps", "watched"]
 KEY = "ShareEnforcement"

@@ -19,7 +19,7 @@ Vocabulary
   owned files, so a user who plants a link, a hard link, a FIFO or a device gets nothing.
 
 Contract: :func:`code_account` never returns root: a setting that would run user code as root
-raises :class:`gpupool.settings.ConfigError` naming the key. The hub creates and writes nothing
+raises :class:`gpupool.declarations.ConfigError` naming the key. The hub creates and writes nothing
 in a place a user controls: job directories are made by the job's own processes, as the code
 account (see :mod:`gpupool.jobs.local`). Reads go through :func:`read_owned`, bounded in size.
 """
@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .core.holders import Holding
-from .core.ledger import Allocation
-from .settings import ConfigError
+from gpupool.core.holders import Holding
+from gpupool.core.ledger import Allocation
+from gpupool.declarations import ConfigError
 
 DEMO_ACCOUNT = "gpupool-demo"
 """The unprivileged account ``make run`` creates for the demo hub when it runs as root."""

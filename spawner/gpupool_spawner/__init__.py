@@ -5,7 +5,7 @@ Import the classes from their modules (``gpupool_spawner.local``, ``gpupool_spaw
 that the local spawner does not pull in the Kubernetes client.
 """
 
-from .mixin import GPUSpawnerMixin
-from .options import parse_user_options
+from gpupool_spawner.mixin import GPUSpawnerMixin
+from gpupool_spawner.options import parse_user_options
 
 __all__ = ["GPUSpawnerMixin", "parse_user_options"]

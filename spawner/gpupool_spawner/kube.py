@@ -3,10 +3,10 @@
 Vocabulary
 - *accounting ledger*: on Kubernetes the pool decides *whether* a server gets a GPU (team quota,
   allowed offers, capacity read from the nodes' ``allocatable``, see
-  :mod:`gpupool.discovery.kubernetes`); the NVIDIA device plugin decides *which* device. The
+  :mod:`gpupool.kube.nodes`); the NVIDIA device plugin decides *which* device. The
   allocation's devices are the pool's bookkeeping, not device IDs to hand to CUDA.
 - *manifest*: the ``V1Pod`` KubeSpawner builds (``get_pod_manifest``), which
-  :func:`gpupool.podspec.apply_allocation` turns into one carrying the allocation:
+  :func:`gpupool.kube.pods.apply_allocation` turns into one carrying the allocation:
   GPU resources, the model's ``nvidia.com/gpu.product`` affinity, the node binding
   (a required node affinity on ``metadata.name``: the node the ledger counted the devices on),
   GPU tolerations, priority class, scheduler name, and gpupool and Kueue labels (queue name and
@@ -14,7 +14,7 @@ Vocabulary
 - *shares*: a share of a GPU the device plugin shares (time-slicing or MPS) asks for one replica
   (``nvidia.com/gpu.shared`` or ``nvidia.com/gpu``, as the node publishes it), one of a GPU
   HAMi shares out for a virtual GPU with the share's memory (``hami_resources``):
-  :class:`gpupool.podspec.ShareRequests` over the pool's inventory.
+  :class:`gpupool.kube.pods.ShareRequests` over the pool's inventory.
 - *product labels*: model key to ``nvidia.com/gpu.product`` values: the built-in table, plus the
   products the Kubernetes inventory saw on the nodes, with ``gpu_product_labels`` overriding both.
 - *profiles*: KubeSpawner's ``profile_list`` (z2jh's ``singleuser.profileList``, which z2jh's
@@ -39,7 +39,7 @@ refused (400) and the devices released, rather than left Pending. An offer whose
 product labels is refused before any pod is made. The server's environment carries
 ``GPUPOOL_ALLOCATION``, ``GPUPOOL_OFFER``, ``GPUPOOL_TEAM`` and ``GPUPOOL_SIMULATED``, as the local
 spawner's does; ``CUDA_VISIBLE_DEVICES`` is left to the device plugin. The notebook container is
-hardened by default (``pod_hardening``; see *hardening* in :mod:`gpupool.podspec`): the
+hardened by default (``pod_hardening``; see *hardening* in :mod:`gpupool.kube.pods`): the
 fields the admin's KubeSpawner settings leave unset get the hardened values, and what the admin
 sets (``uid``, ``allow_privilege_escalation``, ``container_security_context``,
 ``pod_security_context``, a profile's ``kubespawner_override``) wins.
@@ -59,9 +59,10 @@ from traitlets import Bool, Dict, List, Unicode, default, validate
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.ledger import Allocation
 from gpupool.core.parse import clip
+from gpupool.declarations import ConfigError
 from gpupool.hub.errors import refuse
 from gpupool.hub.form import PROFILE_OFFERS_KEY
-from gpupool.podspec import (
+from gpupool.kube.pods import (
     DEFAULT_GPU_TOLERATIONS,
     DEFAULT_HAMI_RESOURCES,
     DEFAULT_PRODUCT_LABELS,
@@ -76,10 +77,8 @@ from gpupool.podspec import (
     harden_notebook,
     product_values,
 )
-from gpupool.settings import ConfigError
-
-from .mixin import GPUSpawnerMixin
-from .options import OfferLimit, others
+from gpupool_spawner.mixin import GPUSpawnerMixin
+from gpupool_spawner.options import OfferLimit, others
 
 PROFILE_FIELDS = ("profile", "profile-option-")
 """The spawn form fields KubeSpawner's profile form posts (the name, or its start)."""

@@ -44,11 +44,11 @@ from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Bool, Int, Unicode, default
 
 from gpupool.core.ledger import Allocation
+from gpupool.declarations import ConfigError
 from gpupool.hub.errors import refuse
 from gpupool.hub.objects import hub_objects
 from gpupool.hub.reconcile import START_KEY
 from gpupool.procfs import process_start
-from gpupool.settings import ConfigError
 from gpupool.shares import (
     ShareEnforcement,
     ipython_startup_file,
@@ -57,8 +57,7 @@ from gpupool.shares import (
     share_env,
 )
 from gpupool.usercode import Account, account, check_shared_mode
-
-from .mixin import GPUSpawnerMixin, UnknownExit
+from gpupool_spawner.mixin import GPUSpawnerMixin, UnknownExit
 
 
 class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):

@@ -50,8 +50,7 @@ from gpupool.hub.objects import hub_objects
 from gpupool.hub.reconcile import STATE_KEY
 from gpupool.hub.spawn_gate import starting
 from gpupool.pool import Pool
-
-from .options import OfferLimit, from_form, others, parse_user_options
+from gpupool_spawner.options import OfferLimit, from_form, others, parse_user_options
 
 
 class GPUSpawnerMixin(Spawner):

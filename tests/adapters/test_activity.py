@@ -11,10 +11,10 @@ import pynvml
 import pytest
 
 from gpupool.clock import OffsetClock, utcnow
+from gpupool.declarations import ConfigError
 from gpupool.discovery import SimulatedNVML
-from gpupool.discovery.activity import DeviceMonitor
 from gpupool.hub.reclaim import parse_policies
-from gpupool.settings import ConfigError
+from gpupool.monitors.activity import DeviceMonitor
 
 SPEC = "n1: 2x H100-80GB, mig=1:3g.40gb+3g.40gb"
 

@@ -9,7 +9,7 @@ import pytest
 from traitlets.config import Config, PyFileConfigLoader
 
 from gpupool.config import GPUPool
-from gpupool.settings import ConfigError
+from gpupool.declarations import ConfigError
 
 GOOD_OFFERS = {"cpu": {}, "h100": {"model": "H100-80GB", "max_count": 2}, "mig-3g.40gb": {}}
 

@@ -12,9 +12,9 @@ import pytest
 from traitlets.config import Config
 
 from gpupool.config import GPUPool
+from gpupool.declarations import config_warnings, parse_settings
 from gpupool.discovery import simulated_inventory
 from gpupool.pool import Pool
-from gpupool.settings import config_warnings, parse_settings
 
 NEVER = "the offer can never be granted"
 

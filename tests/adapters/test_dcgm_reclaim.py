@@ -2,7 +2,7 @@
 reclaimer and on the admin page.
 
 A Kubernetes-style pool (its inventory from node objects as the API server gives them, no NVML:
-:class:`~gpupool.discovery.activity.DeviceMonitor` reads none of its nodes), JupyterHub's REST API
+:class:`~gpupool.monitors.activity.DeviceMonitor` reads none of its nodes), JupyterHub's REST API
 and proxy from :class:`tests.hubapi.FakeHub`, and Prometheus's query API from the real HTTP server
 of :class:`tests.prometheus.Prometheus`, holding series shaped as dcgm-exporter's with
 ``--kubernetes-enable-pod-labels`` (whole GPUs and MIG instances).
@@ -23,13 +23,13 @@ from traitlets.config import Config
 import gpupool.hub as hub_module
 from gpupool.core import Ledger, Offer, Team
 from gpupool.core.ledger import Allocation
-from gpupool.discovery.dcgm import ENGINE_ACTIVE, FB_FREE, FB_USED, GPU_UTIL, query
-from gpupool.discovery.kubernetes import inventory_from_nodes
+from gpupool.declarations import ConfigError
 from gpupool.hub.pages_view import admin_view
 from gpupool.hub.reclaim import IdleReclaimer
 from gpupool.jobs.manager import JobManager
+from gpupool.kube.nodes import inventory_from_nodes
+from gpupool.monitors.dcgm import ENGINE_ACTIVE, FB_FREE, FB_USED, GPU_UTIL, query
 from gpupool.pool import Pool
-from gpupool.settings import ConfigError
 from gpupool.store import Store
 from tests.accounts import shared_mode
 from tests.conftest import a100_mixed_node, h100_node

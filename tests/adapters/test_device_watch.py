@@ -40,6 +40,7 @@ import gpupool.hub as hub_module
 from gpupool.config import GPUPool
 from gpupool.core.errors import NoCapacity
 from gpupool.core.ledger import Allocation
+from gpupool.declarations import ConfigError
 from gpupool.hub.device_watch import build_device_watch
 from gpupool.hub.models import allocation_model
 from gpupool.hub.pages_view import admin_view
@@ -47,7 +48,6 @@ from gpupool.hub.reclaim import IdleReclaimer
 from gpupool.hub.share_watch import build_watch
 from gpupool.jobs.manager import JobManager
 from gpupool.pool import Pool
-from gpupool.settings import ConfigError
 from gpupool_lab.allocation import idle_state
 from tests.accounts import (
     IS_ROOT,

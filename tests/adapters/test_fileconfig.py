@@ -10,8 +10,8 @@ import pytest
 from traitlets.config import Config
 
 from gpupool.config import GPUPool
+from gpupool.declarations import ConfigError
 from gpupool.hub.fileconfig import load_config_file
-from gpupool.settings import ConfigError
 
 
 def test_sections_land_in_the_config_and_replace_same_keys(tmp_path: Path) -> None:

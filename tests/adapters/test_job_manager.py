@@ -20,10 +20,10 @@ from traitlets.config import Config
 from gpupool.clock import utcnow
 from gpupool.config import GPUPool
 from gpupool.core.errors import InvalidRequest, LimitReached
+from gpupool.declarations import ConfigError
 from gpupool.jobs.local import group_alive, job_pids
 from gpupool.jobs.manager import JobManager
 from gpupool.pool import Pool
-from gpupool.settings import ConfigError
 from tests.accounts import shared_mode
 
 SLEEPER = "import time\nwhile True:\n    time.sleep(0.5)\n"

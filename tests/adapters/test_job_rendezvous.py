@@ -27,9 +27,9 @@ import pytest
 from traitlets.config import Config
 
 from gpupool.core.jobs import Job, JobSpec
+from gpupool.declarations import ConfigError
 from gpupool.jobs import local, private_network
 from gpupool.jobs.local import LocalJobBackend
-from gpupool.settings import ConfigError
 from tests.accounts import (
     IS_ROOT,
     NOT_ROOT,

@@ -25,7 +25,8 @@ from traitlets.config import Config
 from gpupool.config import GPUPool
 from gpupool.core import Inventory, Ledger, NoCapacity, Offer, Request, Team
 from gpupool.core.mig import GEOMETRIES
-from gpupool.discovery.kubernetes import (
+from gpupool.declarations import ConfigError
+from gpupool.kube.nodes import (
     inventory_from_nodes,
     load_kubernetes_inventory,
     mig_profile_name,
@@ -34,7 +35,6 @@ from gpupool.discovery.kubernetes import (
     read_nodes,
 )
 from gpupool.pool import load_inventory
-from gpupool.settings import ConfigError
 from tests.conftest import a100_mixed_node, h100_node, kubeconfig, node
 
 A100 = GEOMETRIES["A100-80GB"]

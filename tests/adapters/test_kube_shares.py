@@ -20,7 +20,7 @@ import pytest
 
 from gpupool.core import Ledger, NoCapacity, Offer, Request, Team
 from gpupool.core.ledger import Device
-from gpupool.discovery.kubernetes import hami_devices, inventory_from_nodes
+from gpupool.kube.nodes import hami_devices, inventory_from_nodes
 from tests.conftest import gpu_node_labels, h100_node, node
 
 T4_MIB = 15360  # GFD's nvidia.com/gpu.memory on a Tesla T4
@@ -279,7 +279,7 @@ def test_restore_keeps_shares_of_shared_gpus_and_loses_whole_ones() -> None:
 
 
 def test_the_config_warnings_say_why_an_offer_never_fits_shared_gpus() -> None:
-    from gpupool.settings import Settings, config_warnings
+    from gpupool.declarations import Settings, config_warnings
 
     everyone = Team("everyone", offers=frozenset({"cpu"}))
     settings = Settings(OFFERS, {"vision": Team("vision", 64000)}, everyone)

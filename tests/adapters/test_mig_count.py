@@ -23,12 +23,12 @@ from gpupool.core.errors import InvalidRequest
 from gpupool.core.ledger import Device
 from gpupool.core.offers import MIG_NOTEBOOK_NOTE
 from gpupool.discovery import SimulatedNVML, simulated_inventory
-from gpupool.discovery.activity import DeviceMonitor
-from gpupool.discovery.mig_manager import DeviceUnavailable
 from gpupool.hub.errors import status_of
 from gpupool.hub.objects import SETTINGS_KEY, build
 from gpupool.hub.reconcile import Proc, Record, plan
 from gpupool.jobs.manager import JobManager
+from gpupool.mig.manager import DeviceUnavailable
+from gpupool.monitors.activity import DeviceMonitor
 from gpupool.pool import Pool
 from gpupool_spawner.local import LocalGPUSpawner
 from tests.accounts import shared_mode

@@ -1,6 +1,6 @@
 """MIG instances on demand: the simulated NVML's creation and destruction calls (NVIDIA's errors
 and placement rules), and the pool creating, recording, re-adopting and destroying instances on
-managed GPUs through :class:`gpupool.discovery.mig_manager.MigManager`, with every failure mode.
+managed GPUs through :class:`gpupool.mig.manager.MigManager`, with every failure mode.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import gpupool.pool as pool_module
 from gpupool.config import GPUPool
 from gpupool.core.errors import NoCapacity
 from gpupool.core.mig import GEOMETRIES
+from gpupool.declarations import ConfigError
 from gpupool.discovery import SimulatedNVML, discover, simulated_inventory
-from gpupool.discovery.activity import DeviceMonitor
 from gpupool.discovery.machine import compute_profile_index, profile_index
-from gpupool.discovery.mig_manager import DeviceUnavailable, parse_managed
 from gpupool.hub.errors import status_of
+from gpupool.mig.manager import DeviceUnavailable, parse_managed
+from gpupool.monitors.activity import DeviceMonitor
 from gpupool.pool import Pool
-from gpupool.settings import ConfigError
 
 H100 = GEOMETRIES["H100-80GB"]
 # GPU 0 whole; GPU 1: MIG on, no instances (managed); GPU 2 on node "b": MIG on, admin layout

@@ -22,7 +22,6 @@ from prometheus_client import REGISTRY
 from gpupool.core.ledger import Allocation, Device, Ledger
 from gpupool.core.offers import Request
 from gpupool.discovery import SimulatedNVML, simulated_inventory
-from gpupool.discovery.activity import DeviceMonitor
 from gpupool.hub.reconcile import (
     START_KEY,
     STATE_KEY,
@@ -36,6 +35,7 @@ from gpupool.hub.reconcile import (
     scan,
     server_alive,
 )
+from gpupool.monitors.activity import DeviceMonitor
 from gpupool.pool import Pool
 from gpupool.store import Store
 from tests.conftest import gone, holder, holders

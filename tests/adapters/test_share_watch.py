@@ -29,13 +29,13 @@ import gpupool.hub as hub_module
 from gpupool.clock import iso
 from gpupool.config import GPUPool
 from gpupool.core.ledger import Allocation, Device
+from gpupool.declarations import ConfigError
 from gpupool.hub.models import allocation_model
 from gpupool.hub.pages_view import admin_view
 from gpupool.hub.reclaim import IdleReclaimer
 from gpupool.hub.share_watch import ShareWatch, build_watch
 from gpupool.jobs.manager import JobManager
 from gpupool.pool import Pool
-from gpupool.settings import ConfigError
 from gpupool.shares import ShareEnforcement
 from gpupool_lab.allocation import idle_state
 from tests.accounts import shared_mode

@@ -9,8 +9,8 @@ import pytest
 from tornado import web
 from traitlets.config import Config
 
+from gpupool.declarations import ConfigError
 from gpupool.hub import _check_local_spawner
-from gpupool.settings import ConfigError
 from gpupool_spawner.local import LocalGPUSpawner
 from tests.accounts import IS_ROOT, NOT_ROOT, shared_account
 

@@ -32,8 +32,8 @@ from alembic.config import Config as AlembicConfig
 from traitlets.config import Config
 
 from gpupool.config import GPUPool
+from gpupool.declarations import ConfigError
 from gpupool.pool import Pool
-from gpupool.settings import ConfigError
 from gpupool.store import MIGRATIONS, Store, describe
 from tests.accounts import IS_ROOT, RUNTIME_PYTHON, as_account, shared_account
 

@@ -47,10 +47,10 @@ from gpupool.config import GPUPool
 from gpupool.core.ledger import Allocation
 from gpupool.core.limits import UserLimits
 from gpupool.core.mig import GEOMETRIES
-from gpupool.discovery.kubernetes import ClusterAPI
 from gpupool.discovery.node_pools import parse_node_pools
 from gpupool.hub.fileconfig import load_config_file
-from gpupool.podspec import gpu_equivalents, queue_name
+from gpupool.kube.nodes import ClusterAPI
+from gpupool.kube.pods import gpu_equivalents, queue_name
 from gpupool.pool import Pool
 from tests.deploy.crd_schemas import SCHEMAS, validate_custom
 
@@ -379,7 +379,7 @@ def test_pods_and_jobs_name_the_kueue_priority_classes_the_chart_creates(
     chart: helm.Chart, tmp_path: Path
 ) -> None:
     from gpupool.core.ledger import Device
-    from gpupool.podspec import KUEUE_PRIORITY_LABEL, gpu_labels
+    from gpupool.kube.pods import KUEUE_PRIORITY_LABEL, gpu_labels
 
     objects = render(chart, values_of("large"))
     c = hub_config(objects, tmp_path)
@@ -402,7 +402,7 @@ JOB_POD_KEYS = ("bind_to_node", "shared_volume_claim", "shared_volume_mount_path
 
 
 def test_job_pod_settings_reach_the_hub_only_when_set(chart: helm.Chart, tmp_path: Path) -> None:
-    from gpupool.jobs.kube import KubeJobBackend
+    from gpupool.kube.jobs import KubeJobBackend
 
     small = hub_config(render(chart, values_of("small")), tmp_path)
     for section in ("KubeGPUSpawner", "KubeJobBackend"):
@@ -427,7 +427,7 @@ def test_notebook_hardening_reaches_the_hub_only_when_set(
     chart: helm.Chart, tmp_path: Path
 ) -> None:
     """null: the hub's default (every field); a map: those fields; {}: none."""
-    from gpupool.podspec import HARDENING
+    from gpupool.kube.pods import HARDENING
 
     small = hub_config(render(chart, values_of("small")), tmp_path)
     assert "pod_hardening" not in small.KubeGPUSpawner
@@ -447,8 +447,8 @@ def test_hub_settings_are_real_traits_of_the_hub_classes(chart: helm.Chart, tmp_
     from jupyterhub.app import JupyterHub
 
     from gpupool.hub.reclaim import IdleReclaimer
-    from gpupool.jobs.kube import KubeJobBackend
     from gpupool.jobs.manager import JobManager
+    from gpupool.kube.jobs import KubeJobBackend
     from gpupool_spawner.kube import KubeGPUSpawner
 
     classes = {
@@ -526,7 +526,7 @@ def api_calls(path: Path) -> set[tuple[str, str, str]]:
 
 def watched() -> set[tuple[str, str, str]]:
     """What the Kubernetes reconciler lists and then watches, through its one seam
-    (:class:`gpupool.discovery.kubernetes.ClusterAPI`: nodes cluster-wide, pods in the hub's
+    (:class:`gpupool.kube.nodes.ClusterAPI`: nodes cluster-wide, pods in the hub's
     namespace): a watch is a list call with ``watch=true``, so the scan above sees only the list."""
     kinds = ClusterAPI().selectors
     assert set(kinds) == {"nodes", "pods"}, kinds
@@ -612,7 +612,7 @@ def test_the_release_wide_job_policy_admits_dns_only(chart: helm.Chart) -> None:
 def test_the_hub_makes_per_job_policies_with_the_charts_dns_and_may_do_just_that(
     chart: helm.Chart, tmp_path: Path
 ) -> None:
-    from gpupool.jobs.kube import KubeJobBackend
+    from gpupool.kube.jobs import KubeJobBackend
 
     dns = {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "dns"}},
@@ -774,7 +774,7 @@ def test_service_monitor_reads_the_jupyterhub_charts_secret(chart: helm.Chart) -
 
 
 # -- alerts ----------------------------------------------------------------------------------------
-# The Kubernetes reconciliation's counter (gpupool.hub.kube_reconcile), allowed while that
+# The Kubernetes reconciliation's counter (gpupool.kube.reconcile), allowed while that
 # module is not there yet.
 PENDING_METRICS = {"gpupool_kube_drift_total"}
 
@@ -789,7 +789,7 @@ def hub_metric_names(tmp_path: Path) -> set[str]:
     from gpupool.hub.collector import PoolCollector  # imports (registers) gpupool.metrics
 
     with contextlib.suppress(ImportError):  # registers gpupool_kube_drift
-        importlib.import_module("gpupool.hub.kube_reconcile")
+        importlib.import_module("gpupool.kube.reconcile")
 
     c = Config()
     c.GPUPool.inventory = "simulated:n1: 1x H100-80GB"

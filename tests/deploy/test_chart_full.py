@@ -7,7 +7,7 @@ release ``Chart.yaml`` names), checked with real tools.
   the Prometheus service's token; the hub ServiceAccount the RBAC binds exists.
 - The two idle reapers agree with the JupyterHub chart on: its culler waits longer than gpupool.
 - Connectivity, by network-config-analyzer (``nca``) over every NetworkPolicy rendered plus the
-  per-job policies the hub creates (built by ``kube_manifests.make_network_policy``) for two
+  per-job policies the hub creates (built by ``gpupool.kube.manifests.make_network_policy``) for two
   jobs of two users, with pods labelled as the charts and the hub's Job label them:
   rank <-> rank within a job (``j1-1 -> j1-0`` on 29500), job -> cluster DNS and Prometheus -> hub
   metrics allowed; across jobs (``j2-0 -> j1-0`` on 29500, either way), a notebook -> job pods,
@@ -40,7 +40,7 @@ import yaml
 
 from gpupool.core.jobs import Job, JobSpec
 from gpupool.core.ledger import Allocation
-from gpupool.jobs.kube_manifests import job_name, make_job, make_network_policy
+from gpupool.kube.manifests import job_name, make_job, make_network_policy
 from tests.deploy.crd_schemas import SCHEMAS, validate_custom
 from tests.deploy.test_chart import (
     CHART,
@@ -424,7 +424,8 @@ def cluster(full_chart: helm.Chart, tmp_path_factory: pytest.TempPathFactory) ->
             "proxy", NAMESPACE, deployments["proxy"]["spec"]["template"]["metadata"]["labels"], 8000
         ),
         _pod("jupyter-ada", NAMESPACE, singleuser, 8888),
-        # job pods carry the hub's Job labels only (kube_manifests.make_job), not the notebook's
+        # job pods carry the hub's Job labels only (gpupool.kube.manifests.make_job), not the
+        # notebook's
         _pod("j1-0", NAMESPACE, _job_pod_labels(J1, 0)),
         _pod("j1-1", NAMESPACE, _job_pod_labels(J1, 1)),
         _pod("j2-0", NAMESPACE, _job_pod_labels(J2, 0)),

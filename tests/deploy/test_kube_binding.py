@@ -40,8 +40,10 @@ from gpupool.core import Ledger, Offer, Team
 from gpupool.core.errors import NoCapacity
 from gpupool.core.jobs import Job, JobSpec
 from gpupool.core.ledger import Allocation, Request
-from gpupool.discovery.kubernetes import inventory_from_nodes
-from gpupool.jobs.kube_manifests import (
+from gpupool.declarations import ConfigError
+from gpupool.jobs.manager import JobManager
+from gpupool.kube.job_status import observe_objects, rank_exit_codes
+from gpupool.kube.manifests import (
     JOB_LABEL,
     NODES_ANNOTATION,
     configmap_name,
@@ -49,11 +51,9 @@ from gpupool.jobs.kube_manifests import (
     job_name,
     make_job,
 )
-from gpupool.jobs.kube_status import observe_objects, rank_exit_codes
-from gpupool.jobs.manager import JobManager
-from gpupool.podspec import HOSTNAME_LABEL, apply_allocation
+from gpupool.kube.nodes import inventory_from_nodes
+from gpupool.kube.pods import HOSTNAME_LABEL, apply_allocation
 from gpupool.pool import Pool, with_node_pools
-from gpupool.settings import ConfigError
 from gpupool.store import Store
 from tests.conftest import a100_mixed_node, h100_node
 from tests.deploy.kube_api import StandIn, served
@@ -466,8 +466,8 @@ def test_the_shared_readwritemany_volume_is_mounted_on_every_node() -> None:
 
 
 def test_the_backend_passes_the_volume_and_binding_settings() -> None:
-    from gpupool.jobs.kube import KubeJobBackend
-    from gpupool.settings import ConfigError
+    from gpupool.declarations import ConfigError
+    from gpupool.kube.jobs import KubeJobBackend
 
     b = KubeJobBackend(shared_volume_claim="gpupool-shared", keep_claims=["data"])
     assert (b.shared_volume_mount_path, b.bind_to_node) == ("/home/jovyan/shared", True)
@@ -506,7 +506,7 @@ def test_the_job_manager_puts_a_jobs_nodes_on_different_machines(tmp_path: Path)
             node["metadata"]["labels"]["hub.jupyter.org/node-purpose"] = "user"
             server.api.add_node(node)
         c = Config()
-        c.JobManager.backend_class = "gpupool.jobs.kube.KubeJobBackend"
+        c.JobManager.backend_class = "gpupool.kube.jobs.KubeJobBackend"
         c.KubeJobBackend.namespace = NS
         c.KubeJobBackend.image = IMAGE
         c.KubeJobBackend.api_client_factory = lambda: ApiClient(Configuration(host=server.url))
@@ -541,7 +541,7 @@ def test_a_job_for_a_node_pool_at_zero_queues_with_the_reason(tmp_path: Path) ->
     """No A100-80GB whole GPU exists now; the declared node pool could add one: the job queues,
     saying so, where it used to be refused as impossible."""
     c = Config()
-    c.JobManager.backend_class = "gpupool.jobs.kube.KubeJobBackend"
+    c.JobManager.backend_class = "gpupool.kube.jobs.KubeJobBackend"
     c.KubeJobBackend.namespace = NS
     nodes = (h100_node("m1"),)
     offers = {**OFFERS, "a100": Offer("a100", "gpu", model="A100-80GB", max_count=8)}

@@ -1,6 +1,6 @@
 """Each job's network is its own on Kubernetes: the hub creates one NetworkPolicy per job.
 
-The policy is built by :func:`gpupool.jobs.kube_manifests.make_network_policy` (pure) and created
+The policy is built by :func:`gpupool.kube.manifests.make_network_policy` (pure) and created
 by :class:`KubeJobBackend` through ``kubernetes_asyncio`` against the stand-in API server of
 :mod:`tests.deploy.kube_api`, which stores NetworkPolicies as the real one does (strict schema
 validation, its defaults, garbage collection by ``ownerReferences``) and answers ``403
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from gpupool.core.jobs import Job, JobSpec
-from gpupool.jobs import kube_manifests
-from gpupool.jobs.kube_status import KubeError
+from gpupool.kube import manifests as kube_manifests
+from gpupool.kube.job_status import KubeError
 from tests.deploy.kube_api import Served
 from tests.deploy.test_kube_jobs import NS, a_job, allocate, backend, kube, started, validate
 

@@ -31,9 +31,8 @@ from gpupool.core import Ledger, Offer, Request, Team
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.jobs import Job, JobSpec
 from gpupool.core.ledger import Allocation
-from gpupool.discovery.kubernetes import inventory_from_nodes
-from gpupool.jobs.kube import JobRef, KubeError, KubeJobBackend, observe_objects
-from gpupool.jobs.kube_manifests import (
+from gpupool.kube.jobs import JobRef, KubeError, KubeJobBackend, observe_objects
+from gpupool.kube.manifests import (
     configmap_name,
     job_name,
     make_job,
@@ -42,7 +41,8 @@ from gpupool.jobs.kube_manifests import (
     script_key,
     service_name,
 )
-from gpupool.podspec import DEFAULT_PRODUCT_LABELS
+from gpupool.kube.nodes import inventory_from_nodes
+from gpupool.kube.pods import DEFAULT_PRODUCT_LABELS
 from tests.conftest import a100_mixed_node, h100_node, kubeconfig
 from tests.deploy.kube_api import Served, served
 
@@ -821,7 +821,7 @@ def test_settings_default_to_the_kube_spawners() -> None:
 def test_the_kueue_priority_class_is_not_the_notebooks() -> None:
     from traitlets.config import Config
 
-    from gpupool.settings import ConfigError
+    from gpupool.declarations import ConfigError
 
     config = Config()
     config.KubeGPUSpawner.kueue_priority_class = "gp-notebook"

@@ -28,9 +28,9 @@ from kubespawner.clients import load_config
 from traitlets.config import Config
 
 from gpupool.core import Ledger, Offer, Team
-from gpupool.discovery.kubernetes import inventory_from_nodes
 from gpupool.hub.objects import SETTINGS_KEY, build
-from gpupool.podspec import (
+from gpupool.kube.nodes import inventory_from_nodes
+from gpupool.kube.pods import (
     DEFAULT_PRODUCT_LABELS,
     allocation_resources,
     apply_allocation,
@@ -352,7 +352,7 @@ def test_pod_for_a_copy_of_the_spawner_state_is_stable(pool: Pool) -> None:
 
 
 def test_a_bad_kueue_priority_class_is_refused_naming_the_setting(pool: Pool) -> None:
-    from gpupool.settings import ConfigError
+    from gpupool.declarations import ConfigError
 
     async def go() -> None:
         spawner(pool, kueue_priority_class="Notebook_High")

@@ -14,8 +14,8 @@ import pytest
 from kubespawner.clients import load_config
 
 from gpupool.core import Ledger, Offer, Request, Team
-from gpupool.discovery.kubernetes import inventory_from_nodes
-from gpupool.jobs.kube_manifests import configmap_name, make_job
+from gpupool.kube.manifests import configmap_name, make_job
+from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.pool import Pool
 from gpupool.store import Store
 from gpupool_lab.allocation import allocation_info

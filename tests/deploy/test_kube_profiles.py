@@ -40,12 +40,12 @@ from tornado import web
 from traitlets.config import Config
 
 from gpupool.core import Ledger, Offer, Team
-from gpupool.discovery.kubernetes import inventory_from_nodes
+from gpupool.declarations import ConfigError
 from gpupool.hub import setup
 from gpupool.hub.form import check_profile_offers
 from gpupool.hub.objects import SETTINGS_KEY, build
+from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.pool import Pool
-from gpupool.settings import ConfigError
 from gpupool.store import Store
 from gpupool_spawner.kube import KubeGPUSpawner
 from tests.accounts import shared_mode

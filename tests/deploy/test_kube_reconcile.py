@@ -1,5 +1,5 @@
 """The pool follows the cluster live, and its ledger is compared with the pods (issue 15):
-:mod:`gpupool.hub.kube_reconcile` through :class:`gpupool.discovery.kubernetes.ClusterAPI` and
+:mod:`gpupool.kube.reconcile` through :class:`gpupool.kube.nodes.ClusterAPI` and
 ``kubernetes_asyncio`` to the stand-in API server of :mod:`tests.deploy.kube_api`, whose list and
 watch answer as the real one does (``ADDED``/``MODIFIED``/``DELETED`` events from a
 ``resourceVersion``, ``410 Expired`` from a compacted one).
@@ -27,11 +27,11 @@ from traitlets.config import Config
 
 from gpupool.core import Ledger, NoCapacity, Offer, Team
 from gpupool.core.ledger import Allocation
-from gpupool.discovery.kubernetes import ClusterAPI, inventory_from_nodes
 from gpupool.discovery.node_pools import parse_node_pools
 from gpupool.hub import setup, shutdown
-from gpupool.hub.kube_reconcile import KubeReconciler
 from gpupool.hub.objects import SETTINGS_KEY
+from gpupool.kube.nodes import ClusterAPI, inventory_from_nodes
+from gpupool.kube.reconcile import KubeReconciler
 from gpupool.pool import Pool
 from gpupool.store import Store
 from tests.conftest import a100_mixed_node, h100_node, kubeconfig
@@ -434,7 +434,7 @@ def hub_config(tmp_path: Path) -> Config:
     c.JupyterHub.db_url = f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}"  # no server recorded
     c.JupyterHub.hub_port = 9  # the REST API answers nothing: JupyterHub's records unreadable
     c.JupyterHub.spawner_class = "gpupool-kube"
-    c.JobManager.backend_class = "gpupool.jobs.kube.KubeJobBackend"
+    c.JobManager.backend_class = "gpupool.kube.jobs.KubeJobBackend"
     c.GPUPool.inventory = "kubernetes"
     c.GPUPool.db_url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
     c.GPUPool.offers = {"h100": {"kind": "gpu", "model": "H100-80GB", "max_count": 8}}

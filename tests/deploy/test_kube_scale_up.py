@@ -20,11 +20,11 @@ from traitlets.config import Config
 from gpupool.core import Ledger, Offer, Team
 from gpupool.core.inventory import Inventory
 from gpupool.core.queue import ScaleUp
-from gpupool.discovery.kubernetes import ClusterAPI, inventory_from_nodes
 from gpupool.discovery.node_pools import parse_node_pools
-from gpupool.hub.kube_reconcile import KubeReconciler
-from gpupool.jobs.kube_scale_up import make_scale_up_pod, plan_scale_up_pods
 from gpupool.jobs.manager import JobManager
+from gpupool.kube.nodes import ClusterAPI, inventory_from_nodes
+from gpupool.kube.reconcile import KubeReconciler
+from gpupool.kube.scale_up import make_scale_up_pod, plan_scale_up_pods
 from gpupool.pool import Pool
 from gpupool.store import Store
 from tests.conftest import gpu_node_labels, h100_node, kubeconfig, node
@@ -81,7 +81,7 @@ def test_a_job_for_a_node_pool_at_zero_asks_for_a_node_and_runs_there(
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
         c = Config()
         c.JobManager.schedule_interval = 3600  # only events start passes: submit, new nodes
-        c.JobManager.backend_class = "gpupool.jobs.kube.KubeJobBackend"
+        c.JobManager.backend_class = "gpupool.kube.jobs.KubeJobBackend"
         c.KubeJobBackend.namespace = NS
         c.KubeJobBackend.image = "quay.io/jupyter/pytorch-notebook:cuda12-2025-06-02"
         pool = Pool(Ledger(inventory(h100), OFFERS, TEAMS), Store(f"sqlite:///{tmp_path}/p.db"))
@@ -173,7 +173,7 @@ def test_a_hub_started_without_a_node_pool_withdraws_its_old_requests(
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
         c = Config()
         c.JobManager.schedule_interval = 3600
-        c.JobManager.backend_class = "gpupool.jobs.kube.KubeJobBackend"
+        c.JobManager.backend_class = "gpupool.kube.jobs.KubeJobBackend"
         c.KubeJobBackend.namespace = NS
         c.KubeJobBackend.image = "quay.io/jupyter/pytorch-notebook:cuda12-2025-06-02"
         no_pools = inventory_from_nodes([h100])

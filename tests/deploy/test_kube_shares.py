@@ -25,9 +25,10 @@ from traitlets.config import Config
 
 from gpupool.core import Ledger, NoCapacity, Offer, Request, Team
 from gpupool.core.jobs import Job
-from gpupool.discovery.kubernetes import inventory_from_nodes
+from gpupool.declarations import ConfigError
 from gpupool.jobs.manager import JobManager
-from gpupool.podspec import (
+from gpupool.kube.nodes import inventory_from_nodes
+from gpupool.kube.pods import (
     DEFAULT_HAMI_RESOURCES,
     ShareRequests,
     allocation_resources,
@@ -35,7 +36,6 @@ from gpupool.podspec import (
     gpu_equivalents,
 )
 from gpupool.pool import Pool
-from gpupool.settings import ConfigError
 from gpupool.store import Store
 from tests.adapters.test_kube_shares import hami_node, shared_node
 from tests.conftest import h100_node, kubeconfig
@@ -197,7 +197,7 @@ def test_a_job_with_a_share_runs_on_the_shared_node(tmp_path: Path) -> None:
         for obj in copy.deepcopy(nodes):
             server.api.add_node(obj)
         c = Config()
-        c.JobManager.backend_class = "gpupool.jobs.kube.KubeJobBackend"
+        c.JobManager.backend_class = "gpupool.kube.jobs.KubeJobBackend"
         c.KubeJobBackend.namespace = JOB_NS  # where run_job_pods looks
         c.KubeJobBackend.image = IMAGE
         c.KubeJobBackend.api_client_factory = lambda: ApiClient(Configuration(host=server.url))
@@ -273,7 +273,7 @@ def test_a_bad_hami_setting_stops_the_hub_naming_the_key(value: Any, tmp_path: P
 
     with pytest.raises(ConfigError, match=r"KubeGPUSpawner\.hami_resources"):
         asyncio.run(go())
-    from gpupool.jobs.kube import KubeJobBackend
+    from gpupool.kube.jobs import KubeJobBackend
 
     with pytest.raises(ConfigError, match=r"KubeJobBackend\.hami_resources"):
         KubeJobBackend(hami_resources=value)
@@ -295,7 +295,7 @@ def test_a_hami_setting_that_is_not_a_dict_is_refused_naming_it(tmp_path: Path) 
 
 
 def test_the_job_backend_takes_the_spawners_hami_setting() -> None:
-    from gpupool.jobs.kube import KubeJobBackend
+    from gpupool.kube.jobs import KubeJobBackend
 
     cores = {**DEFAULT_HAMI_RESOURCES, "cores": "nvidia.com/gpucores"}
     c = Config()

@@ -3,8 +3,8 @@
 checkov sees only what the chart renders, not the pods the hub makes, so these tests check the
 built pod specs themselves, validated strictly against the Kubernetes schemas:
 
-- Job pods (:func:`gpupool.jobs.kube_manifests.make_job`, and through
-  :class:`~gpupool.jobs.kube.KubeJobBackend` against the API stand-in) run with
+- Job pods (:func:`gpupool.kube.manifests.make_job`, and through
+  :class:`~gpupool.kube.jobs.KubeJobBackend` against the API stand-in) run with
   ``runAsNonRoot``, ``allowPrivilegeEscalation: false``, every capability dropped and the
   ``RuntimeDefault`` seccomp profile, whatever the notebook pod they are made from says (the
   user and groups it names are kept), also when the owner has no notebook pod at all; on no host

@@ -83,7 +83,10 @@ def gpupool(hub: Hub, token: str, *args: str) -> str:
     """The real ``gpupool`` command's output: it exits 0, says nothing of a traceback."""
     env = {**os.environ, "JUPYTERHUB_API_URL": f"{hub.url}/hub/api", "JUPYTERHUB_API_TOKEN": token}
     done = subprocess.run(
-        [sys.executable, "-m", "gpupool_lab.cli", *args], env=env, capture_output=True, timeout=120
+        [sys.executable, "-m", "gpupool_lab.command", *args],
+        env=env,
+        capture_output=True,
+        timeout=120,
     )
     out, err = done.stdout.decode("utf-8"), done.stderr.decode("utf-8", "replace")
     assert done.returncode == 0 and "Traceback" not in err, f"gpupool {args}: {err[-1500:]}"

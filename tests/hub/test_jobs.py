@@ -66,7 +66,7 @@ def test_a_notebook_trains_with_ddp_on_two_ranks_through_the_cli(hub: Hub, tmp_p
         "JUPYTERHUB_USER": "ada",
     }
     done = subprocess.run(
-        [sys.executable, "-m", "gpupool_lab.cli", "submit", str(path), "--gpus", "2",
+        [sys.executable, "-m", "gpupool_lab.command", "submit", str(path), "--gpus", "2",
          "--offer", "h100", "--wait", "--json"],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -76,7 +76,7 @@ def test_a_notebook_trains_with_ddp_on_two_ranks_through_the_cli(hub: Hub, tmp_p
     finals = []
     for rank in (0, 1):
         text = subprocess.run(
-            [sys.executable, "-m", "gpupool_lab.cli", "logs", job["id"], "--rank", str(rank)],
+            [sys.executable, "-m", "gpupool_lab.command", "logs", job["id"], "--rank", str(rank)],
             env=env, capture_output=True, text=True, timeout=60,
         ).stdout  # fmt: skip
         line = next(x for x in text.splitlines() if x.startswith("FINAL"))

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell
 
-from gpupool_lab import cli
 from gpupool_lab.client import Client, HubError, HubUnreachable, NotConfigured, hub_api_url
+from gpupool_lab.command import main as cli
 from gpupool_lab.options import OptionError
 from tests.lab.conftest import later, write_notebook
 from tests.lab.fake_hub import OFFERS, TEAMS, FakeHub, offer
@@ -539,7 +539,7 @@ def test_the_installed_command_runs_as_a_process(hub: FakeHub) -> None:
     hub.add_job("alice", name="proc")
     env = dict(os.environ)
     script = Path(sys.executable).with_name("gpupool")  # the console script
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "gpupool_lab.cli"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "gpupool_lab.command"]
     result = subprocess.run(
         [*command, "show", "99"],
         capture_output=True,
@@ -549,7 +549,7 @@ def test_the_installed_command_runs_as_a_process(hub: FakeHub) -> None:
     )
     assert (result.returncode, result.stdout, result.stderr) == (1, "", "No such job: 99\n")
     result = subprocess.run(
-        [sys.executable, "-m", "gpupool_lab.cli", "jobs", "--json"],
+        [sys.executable, "-m", "gpupool_lab.command", "jobs", "--json"],
         capture_output=True,
         text=True,
         env=env,

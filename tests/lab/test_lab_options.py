@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupool_lab import cli, options
+from gpupool_lab import options
+from gpupool_lab.command import main as cli
 from gpupool_lab.options import (
     OptionError,
     cells_from_json,

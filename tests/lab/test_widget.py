@@ -442,7 +442,7 @@ def test_the_package_exports_lazily() -> None:
     ("module", "not_imported"),
     [
         ("gpupool_lab", ["IPython", "ipywidgets", "jupyter_server", "nbformat"]),
-        ("gpupool_lab.cli", ["IPython", "ipywidgets", "jupyter_server", "nbformat"]),
+        ("gpupool_lab.command.main", ["IPython", "ipywidgets", "jupyter_server", "nbformat"]),
         ("gpupool_lab.job", ["ipywidgets", "jupyter_server"]),
     ],
 )

@@ -1,4 +1,4 @@
-"""DCGM series through Prometheus as gpupool's device samples (:mod:`gpupool.discovery.dcgm`), and
+"""DCGM series through Prometheus as gpupool's device samples (:mod:`gpupool.monitors.dcgm`), and
 the Grafana dashboard's DCGM panels.
 
 Replies are Prometheus's own JSON shapes with series labelled as NVIDIA dcgm-exporter labels them
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpupool.discovery.dcgm import (
+from gpupool.monitors.dcgm import (
     ALLOCATION_SERIES_LABEL,
     DEVICE_LABELS,
     ENGINE_ACTIVE,

@@ -4,6 +4,10 @@ Every ``import`` counts, wherever it is written (module level, inside functions,
 ``TYPE_CHECKING``): a circle hidden in a function or a type-only import is still a circle a reader
 has to untangle. Layers (DESIGN): ``gpupool.core`` imports nothing else of gpupool; the notebook
 side (``gpupool_lab``) never imports ``gpupool``; nothing of ``gpupool`` imports the spawners.
+Packages: ``gpupool.discovery`` only reads what the pool has (core and the declarations, nothing
+that acts); ``gpupool.hub`` (inside JupyterHub) is imported by nothing else of gpupool but the
+``gpupool.describe`` command, which builds the hub's objects; the
+Kubernetes client is imported only in ``gpupool.kube`` and the Kubernetes spawner.
 """
 
 from __future__ import annotations
@@ -115,7 +119,46 @@ def test_the_layers_point_down() -> None:
     assert wrong == []
 
 
+def test_discovery_only_reads() -> None:
+    edges = graph()
+    wrong = sorted(
+        f"{a} imports {b}"
+        for a, targets in edges.items()
+        if a.startswith("gpupool.discovery")
+        for b in targets
+        if not b.startswith(("gpupool.discovery", "gpupool.core", "gpupool.declarations"))
+    )
+    assert wrong == []
+
+
+def test_nothing_below_the_hub_integration_imports_it() -> None:
+    edges = graph()
+    wrong = sorted(
+        f"{a} imports {b}"
+        for a, targets in edges.items()
+        if a.startswith("gpupool.") and not a.startswith(("gpupool.hub", "gpupool.describe"))
+        for b in targets
+        if b.startswith("gpupool.hub")
+    )
+    assert wrong == []
+
+
+def test_only_the_kube_package_and_spawner_import_the_kubernetes_client() -> None:
+    allowed = ("gpupool.kube", "gpupool_spawner.kube")
+    wrong = []
+    for name, (path, _) in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            client = any(n.split(".")[0] in ("kubernetes", "kubernetes_asyncio") for n in names)
+            if client and not name.startswith(allowed):
+                wrong.append(name)
+    assert wrong == []
+
+
 def test_there_are_modules_to_check() -> None:
     edges = graph()
     assert {"gpupool.core.ledger", "gpupool.hub.handlers", "gpupool_lab.client"} <= set(edges)
+    assert {"gpupool.kube.pods", "gpupool.mig.manager", "gpupool.monitors.dcgm"} <= set(edges)
     assert "gpupool.core.ledger" in edges["gpupool.hub.menu"]  # an import is seen as an edge

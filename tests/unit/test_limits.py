@@ -12,7 +12,7 @@ from gpupool.config import GPUPool
 from gpupool.core.errors import LimitReached
 from gpupool.core.limits import UserLimits
 from gpupool.core.quota import EVERYONE, Team, check_limit_in_every, member_teams
-from gpupool.settings import ConfigError
+from gpupool.declarations import ConfigError
 
 
 def test_a_limit_refuses_one_more_naming_the_limit_what_is_in_use_and_what_to_do() -> None:

@@ -18,8 +18,8 @@ from gpupool.core import Ledger, Offer, Request, Team
 from gpupool.core.errors import NoCapacity
 from gpupool.core.inventory import Inventory, Node
 from gpupool.core.queue import Queued, schedule, try_gang
+from gpupool.declarations import ConfigError
 from gpupool.discovery.node_pools import parse_node_pools
-from gpupool.settings import ConfigError
 from tests.factories import gpu
 
 GPU = Offer("gpu", "gpu", max_count=8)

@@ -19,7 +19,7 @@ from gpupool.core import (
 from gpupool.core.admission import Usage, admit
 from gpupool.core.placement import POLICIES, Demand, make_policy
 from gpupool.core.quota import check_offer
-from gpupool.settings import ConfigError, config_warnings, parse_offer, parse_settings
+from gpupool.declarations import ConfigError, config_warnings, parse_offer, parse_settings
 from tests.factories import gpu
 
 OFFERS = {

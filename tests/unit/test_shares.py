@@ -13,8 +13,8 @@ from gpupool.core.ledger import Allocation, Device
 from gpupool.core.occupancy import Occupancy
 from gpupool.core.offers import share_cost_milli
 from gpupool.core.placement import Demand, make_policy
+from gpupool.declarations import ConfigError, config_warnings, parse_offer, parse_settings
 from gpupool.hub.menu import team_menu
-from gpupool.settings import ConfigError, config_warnings, parse_offer, parse_settings
 from tests.factories import gpu
 
 RTX = "RTX3090-24GB"

@@ -5,7 +5,7 @@ it is deterministic and fast, and everything above it (discovery, persistence, t
 on these types.
 """
 
-from .errors import (
+from gpupool.core.errors import (
     InvalidRequest,
     NoCapacity,
     NotATeamMember,
@@ -15,13 +15,13 @@ from .errors import (
     TooLarge,
     UnknownAllocation,
 )
-from .inventory import GPU, Inventory, MigInstance, Node, model_key
-from .ledger import Allocation, Device, Ledger
-from .mig import GEOMETRIES, Geometry, Profile, geometry_for
-from .offers import Offer, Request
-from .placement import POLICIES, Demand, PlacementPolicy, make_policy
-from .quota import EVERYONE, Team, resolve_team
-from .units import fmt, to_milli
+from gpupool.core.inventory import GPU, Inventory, MigInstance, Node, model_key
+from gpupool.core.ledger import Allocation, Device, Ledger
+from gpupool.core.mig import GEOMETRIES, Geometry, Profile, geometry_for
+from gpupool.core.offers import Offer, Request
+from gpupool.core.placement import POLICIES, Demand, PlacementPolicy, make_policy
+from gpupool.core.quota import EVERYONE, Team, resolve_team
+from gpupool.core.units import fmt, to_milli
 
 __all__ = [
     "EVERYONE",

@@ -33,10 +33,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .errors import InvalidRequest, NoCapacity, OfferNotAllowed, PoolError, QuotaExceeded
-from .offers import Offer
-from .quota import Team
-from .units import fmt
+from gpupool.core.errors import (
+    InvalidRequest,
+    NoCapacity,
+    OfferNotAllowed,
+    PoolError,
+    QuotaExceeded,
+)
+from gpupool.core.offers import Offer
+from gpupool.core.quota import Team
+from gpupool.core.units import fmt
 
 Verdict = Literal["now", "wait", "never"]
 VERDICTS: tuple[Verdict, ...] = ("now", "wait", "never")

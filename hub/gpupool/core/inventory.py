@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .mig import GEOMETRIES, Geometry
+from gpupool.core.mig import GEOMETRIES, Geometry
 
 MigMode = Literal["off", "dynamic", "fixed", "flex"]
 MIG_MODES: tuple[MigMode, ...] = ("off", "dynamic", "fixed", "flex")

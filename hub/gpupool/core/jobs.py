@@ -30,8 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from .errors import InvalidRequest
-from .parse import check_texts, quoted
+from gpupool.core.errors import InvalidRequest
+from gpupool.core.parse import check_texts, quoted
 
 JobState = Literal["queued", "starting", "running", "succeeded", "failed", "cancelled", "lost"]
 ACTIVE: frozenset[str] = frozenset({"starting", "running"})

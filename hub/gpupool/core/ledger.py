@@ -41,16 +41,16 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from .admission import Admission, Usage, admit
-from .errors import InvalidRequest, NoCapacity, QuotaExceeded, UnknownAllocation
-from .inventory import Inventory, Node, NodePool
-from .mig import GEOMETRIES, Profile
-from .occupancy import SHARE_MILLI, Occupancy
-from .offers import Offer, Request, fmt_mib
-from .parse import quoted
-from .placement import Demand, Pick, PlacementPolicy, make_policy
-from .quota import EVERYONE, Team, check_offer, check_quota
-from .units import fmt
+from gpupool.core.admission import Admission, Usage, admit
+from gpupool.core.errors import InvalidRequest, NoCapacity, QuotaExceeded, UnknownAllocation
+from gpupool.core.inventory import Inventory, Node, NodePool
+from gpupool.core.mig import GEOMETRIES, Profile
+from gpupool.core.occupancy import SHARE_MILLI, Occupancy
+from gpupool.core.offers import Offer, Request, fmt_mib
+from gpupool.core.parse import quoted
+from gpupool.core.placement import Demand, Pick, PlacementPolicy, make_policy
+from gpupool.core.quota import EVERYONE, Team, check_offer, check_quota
+from gpupool.core.units import fmt
 
 
 @dataclass(frozen=True)

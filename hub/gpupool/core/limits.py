@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Literal
 
-from .errors import LimitReached
+from gpupool.core.errors import LimitReached
 
 LimitKey = Literal["jobs", "log_followers", "spawns"]
 

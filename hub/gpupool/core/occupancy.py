@@ -50,9 +50,9 @@ import heapq
 from bisect import bisect_right, insort
 from collections.abc import Callable, Iterator
 
-from .inventory import GPU, Inventory, MigInstance
-from .mig import Geometry, Profile
-from .units import GPU_MILLI
+from gpupool.core.inventory import GPU, Inventory, MigInstance
+from gpupool.core.mig import Geometry, Profile
+from gpupool.core.units import GPU_MILLI
 
 WHOLE_SLOTS = 8
 """Slots of a GPU without MIG geometry, so that every GPU counts as eight eighths."""

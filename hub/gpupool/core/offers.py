@@ -37,9 +37,9 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from .errors import InvalidRequest
-from .mig import GEOMETRIES
-from .units import GPU_MILLI
+from gpupool.core.errors import InvalidRequest
+from gpupool.core.mig import GEOMETRIES
+from gpupool.core.units import GPU_MILLI
 
 OfferKind = Literal["cpu", "gpu", "mig", "share"]
 RequestKind = Literal["notebook", "job"]

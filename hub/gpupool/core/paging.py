@@ -19,8 +19,8 @@ import re
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from .errors import InvalidRequest
-from .parse import whole_number
+from gpupool.core.errors import InvalidRequest
+from gpupool.core.parse import whole_number
 
 T = TypeVar("T")
 DEFAULT_PAGE = 50

@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from itertools import accumulate
 from typing import Any
 
-from .errors import InvalidRequest, TooLarge
+from gpupool.core.errors import InvalidRequest, TooLarge
 
 ECHO_LIMIT = 64
 """The most characters of a user's text a refusal quotes."""

@@ -35,8 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from .mig import Geometry, Profile
-from .occupancy import (
+from gpupool.core.mig import Geometry, Profile
+from gpupool.core.occupancy import (
     FIXED_CODE,
     NODE_CODE,
     SHARE_MILLI,
@@ -45,8 +45,8 @@ from .occupancy import (
     Occupancy,
     ShareGroup,
 )
-from .offers import Offer, share_cost_milli
-from .units import GPU_MILLI
+from gpupool.core.offers import Offer, share_cost_milli
+from gpupool.core.units import GPU_MILLI
 
 
 @dataclass(frozen=True)

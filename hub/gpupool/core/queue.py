@@ -33,10 +33,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .admission import Usage, admit
-from .errors import PoolError
-from .ledger import Ledger
-from .offers import Request
+from gpupool.core.admission import Usage, admit
+from gpupool.core.errors import PoolError
+from gpupool.core.ledger import Ledger
+from gpupool.core.offers import Request
 
 
 @dataclass(frozen=True)

@@ -18,17 +18,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .errors import (
+from gpupool.core.errors import (
     InvalidRequest,
     LimitReached,
     NotATeamMember,
     OfferNotAllowed,
     QuotaExceeded,
 )
-from .limits import NO_LIMITS, LimitKey, UserLimits, check_limit
-from .offers import Offer
-from .parse import quoted
-from .units import fmt
+from gpupool.core.limits import NO_LIMITS, LimitKey, UserLimits, check_limit
+from gpupool.core.offers import Offer
+from gpupool.core.parse import quoted
+from gpupool.core.units import fmt
 
 EVERYONE = "everyone"
 

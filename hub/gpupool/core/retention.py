@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .jobs import Job
+from gpupool.core.jobs import Job
 
 
 def expired(jobs: Iterable[Job], now: float, keep_s: float) -> list[Job]:

@@ -14,9 +14,9 @@ soft without a driver (empty inventory, a note, one warning), and always shuts N
 ``c.GPUPool.inventory`` stops the hub with a message the admin can act on.
 """
 
-from .nvml import discover, running_pids, utilisation
-from .simulated import SimulatedNVML, simulated_inventory
-from .spec import NodeSpec, parse_spec
+from gpupool.discovery.nvml import discover, running_pids, utilisation
+from gpupool.discovery.simulated import SimulatedNVML, simulated_inventory
+from gpupool.discovery.spec import NodeSpec, parse_spec
 
 __all__ = [
     "NodeSpec",

@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 import pynvml
 
 from gpupool.core.mig import GEOMETRIES, Geometry, Profile
-
-from .spec import NodeSpec
+from gpupool.discovery.spec import NodeSpec
 
 _NS = uuid.UUID("6c9d1f47-3a0e-5b8e-9a55-5f1d2e7c0b11")
 _SLICE_INDEX: dict[int, int] = {

@@ -13,8 +13,9 @@ Vocabulary
   plain node's GPUs: a share waits for no node pool).
 
 Contract: :func:`parse_node_pools` is pure and returns frozen
-:class:`~gpupool.core.inventory.NodePool` objects, or raises :class:`gpupool.settings.ConfigError`
-naming ``GPUPool.node_pools.<name>`` and saying what to write.
+:class:`~gpupool.core.inventory.NodePool` objects, or raises
+:class:`gpupool.declarations.ConfigError` naming ``GPUPool.node_pools.<name>`` and saying what
+to write.
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ from dataclasses import replace
 from typing import Any
 
 from gpupool.core.inventory import NodePool
-from gpupool.settings import ConfigError
-
-from .simulated import simulated_inventory
+from gpupool.declarations import ConfigError
+from gpupool.discovery.simulated import simulated_inventory
 
 KEY = "GPUPool.node_pools"
 EXAMPLE = '{"a100": {"node": "8x A100-80GB", "max_nodes": 4}}'

@@ -46,8 +46,7 @@ import pynvml
 
 from gpupool.core.inventory import Inventory
 from gpupool.core.mig import GEOMETRIES, Geometry, Profile
-
-from .machine import (
+from gpupool.discovery.machine import (
     P2P_INDEXES,
     ComputeInstanceHandle,
     Device,
@@ -61,7 +60,7 @@ from .machine import (
     error,
     profile_index,
 )
-from .spec import NodeSpec, parse_spec
+from gpupool.discovery.spec import NodeSpec, parse_spec
 
 
 class SimulatedNVML:
@@ -535,7 +534,7 @@ class SimulatedNVML:
 def simulated_inventory(spec: str | SimulatedNVML, log: Any = None) -> Inventory:
     """The inventory of a simulated spec (or of a :class:`SimulatedNVML` already built), found
     by :func:`discover` one node at a time."""
-    from .nvml import discover
+    from gpupool.discovery.nvml import discover
 
     sim = (
         spec if isinstance(spec, SimulatedNVML) else SimulatedNVML(spec.removeprefix("simulated:"))

@@ -9,7 +9,7 @@ Vocabulary
   away (a bad key stops the hub at start, named), builds the pool, reconciles it with what runs,
   adds the REST API (``/hub/api/gpupool/...``), its custom scopes and roles, the pages, the
   metrics collector and the reclaimer's service, and starts the job manager and the reclaimer
-  (and, for a Kubernetes inventory, :class:`gpupool.hub.kube_reconcile.KubeReconciler`), the
+  (and, for a Kubernetes inventory, :class:`gpupool.kube.reconcile.KubeReconciler`), the
   share watch and the device watch (which first closes what something else uses, at once);
   it also keeps JupyterHub from logging refused spawns as errors (:mod:`gpupool.hub.refusals`).
 
@@ -29,20 +29,20 @@ from typing import Any
 from jupyterhub.roles import get_default_roles
 from tornado.ioloop import PeriodicCallback
 
-from ..config import GPUPool
-from ..podspec import check_share_settings
-from ..pool import Pool
-from ..usercode import check_shared_mode, spawner_setting
-from . import reconcile, refusals, shutdown, spawn_gate
-from .collector import PoolCollector, register
-from .form import check_profile_offers, check_spawn_form
-from .handlers import handlers
-from .kube_reconcile import KubeReconciler
-from .objects import SETTINGS_KEY, HubObjects, build
-from .pages import pages
-from .reclaim import SERVICE, SERVICE_SCOPES, hub_urls
-from .reconcile import Reconciler
-from .scopes import ADMIN_SCOPE, CUSTOM_SCOPES, JOBS_SCOPE, SERVER_ROLE_SCOPES
+from gpupool.config import GPUPool
+from gpupool.hub import reconcile, refusals, shutdown, spawn_gate
+from gpupool.hub.collector import PoolCollector, register
+from gpupool.hub.form import check_profile_offers, check_spawn_form
+from gpupool.hub.handlers import handlers
+from gpupool.hub.objects import SETTINGS_KEY, HubObjects, build
+from gpupool.hub.pages import pages
+from gpupool.hub.reclaim import SERVICE, SERVICE_SCOPES, hub_urls
+from gpupool.hub.reconcile import Reconciler
+from gpupool.hub.scopes import ADMIN_SCOPE, CUSTOM_SCOPES, JOBS_SCOPE, SERVER_ROLE_SCOPES
+from gpupool.kube.pods import check_share_settings
+from gpupool.kube.reconcile import KubeReconciler
+from gpupool.pool import Pool
+from gpupool.usercode import check_shared_mode, spawner_setting
 
 log = logging.getLogger("gpupool")
 
@@ -78,7 +78,7 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
     register(PoolCollector(pool, hub.jobs, hub.reclaimer.idle))
     try:
         loop = asyncio.get_running_loop()
-    except RuntimeError:  # not inside a running hub (e.g. ``python -m gpupool.inspect``)
+    except RuntimeError:  # not inside a running hub (e.g. ``python -m gpupool.describe``)
         return hub
     hub.jobs.starting = loop.create_task(hub.jobs.start())
     hub.reclaimer.start()
@@ -108,7 +108,7 @@ def _kube_reconciler(
 ) -> KubeReconciler | None:
     """For a Kubernetes inventory (``kubernetes[:<node selector>]``), the reconciler that
     follows the cluster's nodes and compares the ledger with the pods (see
-    :mod:`gpupool.hub.kube_reconcile`), reading JupyterHub's servers as the periodic
+    :mod:`gpupool.kube.reconcile`), reading JupyterHub's servers as the periodic
     reconciler does (its service's token); ``None`` for any other inventory."""
     if inventory != "kubernetes" and not inventory.startswith("kubernetes:"):
         return None
@@ -128,7 +128,7 @@ def _kube_reconciler(
 def _add_spawn_gate(hub: HubObjects) -> None:
     """Starts beyond ``user_limits.spawns`` refused before JupyterHub's spawn begins
     (:mod:`gpupool.hub.spawn_gate`), in the hub whose configuration this is."""
-    app = sys.modules.get("jupyterhub.app")  # not imported outside a hub (gpupool.inspect)
+    app = sys.modules.get("jupyterhub.app")  # not imported outside a hub (gpupool.describe)
     if app is not None and app.JupyterHub.initialized() and hub.gate is not None:
         spawn_gate.install(app.JupyterHub.instance(), hub.gate)
 

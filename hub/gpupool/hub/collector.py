@@ -17,10 +17,10 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..core.units import GPU_MILLI
-from ..jobs.manager import JobManager
-from ..metrics import GPU_EQ
-from ..pool import Pool
+from gpupool.core.units import GPU_MILLI
+from gpupool.jobs.manager import JobManager
+from gpupool.metrics import GPU_EQ
+from gpupool.pool import Pool
 
 
 class PoolCollector(Collector):

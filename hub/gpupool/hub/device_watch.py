@@ -5,7 +5,7 @@ use*: :mod:`gpupool.core.holders`)
 - *watched device*: a GPU without MIG (held whole, shared, or free) or a MIG instance (the
   inventory's and those made for allocations), on a node whose NVML the pool's monitor reads.
 - *look*: one pass. The processes NVML reports on every watched device
-  (:meth:`~gpupool.discovery.activity.DeviceMonitor.processes`), each read from ``/proc``
+  (:meth:`~gpupool.monitors.activity.DeviceMonitor.processes`), each read from ``/proc``
   (its account and claim, in a worker thread), counted for a holder or not; the accounts of the
   others looked up (in the per-user mode: is it a hub user's? ``GET /users/<name>`` of
   JupyterHub's REST API, as the reclaimer's service); then the pool told which devices are in
@@ -53,16 +53,16 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Float, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
-from .. import metrics
-from ..clock import iso
-from ..core.holders import Holding, Kind, OnDevice, classify, holder_of, outside_reasons
-from ..core.ledger import Allocation
-from ..jobs.manager import JobManager
-from ..pool import Pool
-from ..procfs import claim, command, process_start, uids
-from ..settings import ConfigError
-from ..usercode import CodeAccounts, code_accounts
-from .reclaim import IdleReclaimer
+from gpupool import metrics
+from gpupool.clock import iso
+from gpupool.core.holders import Holding, Kind, OnDevice, classify, holder_of, outside_reasons
+from gpupool.core.ledger import Allocation
+from gpupool.declarations import ConfigError
+from gpupool.hub.reclaim import IdleReclaimer
+from gpupool.jobs.manager import JobManager
+from gpupool.pool import Pool
+from gpupool.procfs import claim, command, process_start, uids
+from gpupool.usercode import CodeAccounts, code_accounts
 
 KEY = "DeviceWatch"
 POLICIES = ("stop", "log")

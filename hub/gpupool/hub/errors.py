@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from tornado import web
 
-from ..core import errors
-from ..discovery.mig_manager import DeviceUnavailable
-from ..store.outbox import StoreUnavailable
+from gpupool.core import errors
+from gpupool.mig.manager import DeviceUnavailable
+from gpupool.store.outbox import StoreUnavailable
 
 STATUS: dict[type[errors.PoolError], int] = {
     errors.UnknownAllocation: 404,

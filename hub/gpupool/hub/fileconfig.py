@@ -8,7 +8,8 @@ Vocabulary
 
 Contract: the file's values replace the same keys already in ``c``; other keys are kept. A file
 that is missing, not JSON, or not shaped as sections of settings raises
-:class:`gpupool.settings.ConfigError` naming the file (and the section), so the hub stops at start.
+:class:`gpupool.declarations.ConfigError` naming the file (and the section), so the hub stops at
+start.
 The values themselves are checked where they always are: by the traitlets that receive them.
 """
 
@@ -19,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..settings import ConfigError
+from gpupool.declarations import ConfigError
 
 _SECTION = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 

@@ -14,10 +14,10 @@ from collections.abc import Collection, Mapping
 from html import escape
 from typing import Any
 
-from ..core.quota import EVERYONE
-from ..core.units import fmt
-from ..settings import ConfigError
-from .menu import TeamMenu
+from gpupool.core.quota import EVERYONE
+from gpupool.core.units import fmt
+from gpupool.declarations import ConfigError
+from gpupool.hub.menu import TeamMenu
 
 FIELD = "gpupool_choice"
 SPAWN_FORMS = ("choices", "always", "never")

@@ -30,14 +30,14 @@ from jupyterhub.apihandlers.base import APIHandler
 from tornado import web
 from tornado.iostream import StreamClosedError
 
-from ..core.errors import PoolError
-from ..core.jobs import Job
-from ..core.paging import page_limit
-from ..core.parse import clip, parse_json_object, whole_number
-from .errors import http_error
-from .models import allocation_model, job_model, offers_model, team_model
-from .objects import HubObjects, hub_objects
-from .scopes import ADMIN_SCOPE, JOBS_SCOPE
+from gpupool.core.errors import PoolError
+from gpupool.core.jobs import Job
+from gpupool.core.paging import page_limit
+from gpupool.core.parse import clip, parse_json_object, whole_number
+from gpupool.hub.errors import http_error
+from gpupool.hub.models import allocation_model, job_model, offers_model, team_model
+from gpupool.hub.objects import HubObjects, hub_objects
+from gpupool.hub.scopes import ADMIN_SCOPE, JOBS_SCOPE
 
 
 class GPUPoolHandler(APIHandler):

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.admission import Admission
-from ..core.ledger import Ledger
-from ..core.offers import Offer
-from ..core.quota import Team
+from gpupool.core.admission import Admission
+from gpupool.core.ledger import Ledger
+from gpupool.core.offers import Offer
+from gpupool.core.quota import Team
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..clock import iso
-from ..core.jobs import Job
-from ..core.ledger import Allocation, Ledger
-from ..core.quota import Team
-from ..core.units import fmt
-from ..pool import Pool
-from .menu import menu
-from .reclaim import IdleReclaimer
+from gpupool.clock import iso
+from gpupool.core.jobs import Job
+from gpupool.core.ledger import Allocation, Ledger
+from gpupool.core.quota import Team
+from gpupool.core.units import fmt
+from gpupool.hub.menu import menu
+from gpupool.hub.reclaim import IdleReclaimer
+from gpupool.pool import Pool
 
 
 def gpu_eq(milli: int | None) -> float | None:

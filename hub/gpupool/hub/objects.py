@@ -26,15 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 from traitlets.config import Config
 
-from ..jobs.manager import JobManager
-from ..pool import Pool
-from .device_watch import DeviceWatch, build_device_watch
-from .reclaim import IdleReclaimer, hub_urls
-from .share_watch import ShareWatch, build_watch
-from .spawn_gate import SpawnGate
+from gpupool.hub.device_watch import DeviceWatch, build_device_watch
+from gpupool.hub.reclaim import IdleReclaimer, hub_urls
+from gpupool.hub.share_watch import ShareWatch, build_watch
+from gpupool.hub.spawn_gate import SpawnGate
+from gpupool.jobs.manager import JobManager
+from gpupool.pool import Pool
 
 if TYPE_CHECKING:
-    from .kube_reconcile import KubeReconciler
+    from gpupool.kube.reconcile import KubeReconciler
 
 SETTINGS_KEY = "gpupool"
 """The tornado settings key that holds the hub's :class:`HubObjects`."""

@@ -25,12 +25,12 @@ from urllib.parse import urlencode
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
-from ..core.errors import PoolError
-from .compat import error_template
-from .errors import status_of
-from .objects import HubObjects, hub_objects
-from .pages_view import admin_view, mine_view
-from .scopes import ADMIN_SCOPE
+from gpupool.core.errors import PoolError
+from gpupool.hub.compat import error_template
+from gpupool.hub.errors import status_of
+from gpupool.hub.objects import HubObjects, hub_objects
+from gpupool.hub.pages_view import admin_view, mine_view
+from gpupool.hub.scopes import ADMIN_SCOPE
 
 OUTCOMES: dict[str, tuple[str, str]] = {
     "stopped": ("Stopped {}.", "Stopped the server."),

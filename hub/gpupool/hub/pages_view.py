@@ -16,14 +16,14 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from ..core.inventory import GPU
-from ..core.ledger import Allocation, Blocked, Device
-from ..core.quota import Team
-from ..core.units import fmt
-from ..jobs.manager import JobManager
-from ..pool import Pool
-from .models import allocation_model, job_model, team_model
-from .reclaim import IdleReclaimer
+from gpupool.core.inventory import GPU
+from gpupool.core.ledger import Allocation, Blocked, Device
+from gpupool.core.quota import Team
+from gpupool.core.units import fmt
+from gpupool.hub.models import allocation_model, job_model, team_model
+from gpupool.hub.reclaim import IdleReclaimer
+from gpupool.jobs.manager import JobManager
+from gpupool.pool import Pool
 
 COLOURS = 8
 """Holder colours in the slot drawing (``gp-c0`` … ``gp-c7``), one per team in a fixed order."""

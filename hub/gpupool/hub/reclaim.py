@@ -4,7 +4,7 @@ Vocabulary
 - *look*: one pass over every GPU notebook allocation (``kind == "notebook"`` with devices; jobs
   are never reclaimed): device activity from the pool's :class:`DeviceMonitor` (NVML) on nodes
   it can read, and on the others (Kubernetes nodes) from NVIDIA's DCGM exporter through
-  Prometheus when ``dcgm_prometheus_url`` is set (:class:`gpupool.discovery.dcgm.DCGMSource`;
+  Prometheus when ``dcgm_prometheus_url`` is set (:class:`gpupool.monitors.dcgm.DCGMSource`;
   a GPU busy per DCGM counts as a busy GPU per NVML does), kernel activity from the server's
   ``/api/kernels`` (read through the proxy), judged by :func:`gpupool.core.idle.observe` under
   the team's policy. Without either, a Kubernetes notebook is judged by its kernels alone.
@@ -19,7 +19,7 @@ Vocabulary
   are read through the proxy, ``{public_url}{url}api/kernels``, like any client's.
 
 Seams: ``clock`` (default :func:`gpupool.clock.utcnow`), the HTTP client, and the pool's
-:class:`DeviceMonitor` and :class:`~gpupool.discovery.dcgm.DCGMSource` (Prometheus) for devices.
+:class:`DeviceMonitor` and :class:`~gpupool.monitors.dcgm.DCGMSource` (Prometheus) for devices.
 The reclaimer talks to the hub like any service, through the REST API only (as
 jupyterhub-idle-culler does): as the ``gpupool-reclaimer`` service (:data:`SERVICE`), whose token
 ``setup(c)`` makes at start (random, in memory, never logged), with :data:`SERVICE_SCOPES`: read
@@ -52,14 +52,14 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Callable, Dict, Float, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
-from .. import metrics
-from ..clock import iso, utcnow
-from ..core.idle import ACTIONS, DeviceReading, IdlePolicy, Reading, Watch, observe
-from ..core.ledger import Allocation
-from ..discovery.dcgm import ALLOCATION_SERIES_LABEL, DCGMSource, by_ledger_device
-from ..pool import Pool
-from ..settings import ConfigError
-from .compat import START_SERVERS_SCOPE
+from gpupool import metrics
+from gpupool.clock import iso, utcnow
+from gpupool.core.idle import ACTIONS, DeviceReading, IdlePolicy, Reading, Watch, observe
+from gpupool.core.ledger import Allocation
+from gpupool.declarations import ConfigError
+from gpupool.hub.compat import START_SERVERS_SCOPE
+from gpupool.monitors.dcgm import ALLOCATION_SERIES_LABEL, DCGMSource, by_ledger_device
+from gpupool.pool import Pool
 
 SERVICE = "gpupool-reclaimer"
 SERVICE_SCOPES = ["read:servers", "delete:servers", START_SERVERS_SCOPE, "access:servers"]

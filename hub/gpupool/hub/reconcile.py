@@ -20,7 +20,7 @@ Vocabulary
   are never touched, whatever else they carry.
 - *claim*: what a scanned process says it holds: ``GPUPOOL_ALLOCATION`` (servers and their
   kernels) or ``GPUPOOL_JOB`` (job ranks), and ``CUDA_VISIBLE_DEVICES``; plus the devices whose
-  NVML process list names it (:class:`gpupool.discovery.activity.DeviceMonitor`).
+  NVML process list names it (:class:`gpupool.monitors.activity.DeviceMonitor`).
 - *actions* (:class:`Action`, the metric ``gpupool_reconcile_actions_total{action}``):
   ``released`` (an allocation without a live holder), ``stopped`` (processes holding devices
   without an allocation: SIGTERM to their process group, SIGKILL after ``stop_grace``),
@@ -106,13 +106,13 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Float
 from traitlets.config import LoggingConfigurable
 
-from .. import metrics
-from ..core.errors import PoolError, UnknownAllocation
-from ..core.inventory import Inventory
-from ..core.ledger import Allocation, Device, Ledger
-from ..core.quota import check_offer, resolve_team
-from ..pool import Pool
-from ..procfs import boot_time, environ, parse_environ, process_start, stat_fields, with_item
+from gpupool import metrics
+from gpupool.core.errors import PoolError, UnknownAllocation
+from gpupool.core.inventory import Inventory
+from gpupool.core.ledger import Allocation, Device, Ledger
+from gpupool.core.quota import check_offer, resolve_team
+from gpupool.pool import Pool
+from gpupool.procfs import boot_time, environ, parse_environ, process_start, stat_fields, with_item
 
 STATE_KEY = "gpupool_allocation"
 """The spawner state key naming a server's allocation."""

@@ -3,7 +3,7 @@
 Vocabulary
 - *watched share*: a notebook or job allocation holding a share (``Device.share_milli``) of a
   GPU without MPS (see :mod:`gpupool.shares`; under MPS the driver enforces the cap itself), on
-  a node whose NVML the pool's :class:`~gpupool.discovery.activity.DeviceMonitor` reads (this
+  a node whose NVML the pool's :class:`~gpupool.monitors.activity.DeviceMonitor` reads (this
   machine, or the simulated NVML).
 - *reading*: per-process GPU memory of the shared GPUs, ``nvmlDeviceGetComputeRunningProcesses``
   (``pid``, ``usedGpuMemory``), through the monitor's NVML (:meth:`DeviceMonitor.processes`).
@@ -49,16 +49,16 @@ from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from .. import metrics
-from ..clock import iso
-from ..core.holders import Holding, OnDevice, holder_of
-from ..core.ledger import Allocation
-from ..jobs.manager import JobManager
-from ..pool import Pool
-from ..procfs import claim, uids
-from ..shares import ShareEnforcement, cap_mib, share_devices
-from ..usercode import CodeAccounts, code_accounts
-from .reclaim import IdleReclaimer
+from gpupool import metrics
+from gpupool.clock import iso
+from gpupool.core.holders import Holding, OnDevice, holder_of
+from gpupool.core.ledger import Allocation
+from gpupool.hub.reclaim import IdleReclaimer
+from gpupool.jobs.manager import JobManager
+from gpupool.pool import Pool
+from gpupool.procfs import claim, uids
+from gpupool.shares import ShareEnforcement, cap_mib, share_devices
+from gpupool.usercode import CodeAccounts, code_accounts
 
 MIB = 1 << 20
 EVENTS_KEPT = 50
@@ -367,7 +367,7 @@ def build_watch(
 ) -> ShareWatch:
     """The hub's share watch (settings ``c.ShareEnforcement``, checked now: a bad value stops
     the hub naming the key), its warnings shown through the reclaimer's ``idle.warning``."""
-    from ..shares import check_mps_accounts
+    from gpupool.shares import check_mps_accounts
 
     enforcement = ShareEnforcement(config=config, log=log)
     check_mps_accounts(enforcement, config)

@@ -35,10 +35,10 @@ from jupyterhub.apihandlers.users import UserServerAPIHandler
 from tornado import httputil
 from tornado.routing import PathMatches, Rule
 
-from ..core.errors import LimitReached
-from ..core.quota import check_limit_in_every, member_teams
-from ..pool import Pool
-from .errors import http_error
+from gpupool.core.errors import LimitReached
+from gpupool.core.quota import check_limit_in_every, member_teams
+from gpupool.hub.errors import http_error
+from gpupool.pool import Pool
 
 STARTS = (r"api/users/([^/]+)/server", r"api/users/([^/]+)/servers/([^/]*)")
 """The paths of a start request below the hub's prefix (JupyterHub's own two routes)."""

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 from traitlets.config import LoggingConfigurable
 
-from ..core.errors import InvalidRequest
-from ..core.inventory import NodePool
-from ..core.jobs import Job, JobSpec
-from ..core.ledger import Allocation
-from ..core.queue import ScaleUp
+from gpupool.core.errors import InvalidRequest
+from gpupool.core.inventory import NodePool
+from gpupool.core.jobs import Job, JobSpec
+from gpupool.core.ledger import Allocation
+from gpupool.core.queue import ScaleUp
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class JobBackend(LoggingConfigurable):
 
     async def request_nodes(self, wanted: list[ScaleUp], node_pools: Sequence[NodePool]) -> None:
         """Ask the cluster's autoscaler for the nodes the queue waits for (see
-        :mod:`gpupool.jobs.kube_scale_up`); ``[]`` withdraws every request. Backends without an
+        :mod:`gpupool.kube.scale_up`); ``[]`` withdraws every request. Backends without an
         autoscaler have nothing to ask."""
 
     def validate(self, spec: JobSpec) -> None:

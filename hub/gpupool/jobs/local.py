@@ -48,15 +48,17 @@ from typing import Any
 
 from traitlets import Bool, CaselessStrEnum, Float, Int, List, Unicode, default
 
-from ..core.errors import InvalidRequest
-from ..core.inventory import GPU
-from ..core.jobs import Job, JobSpec
-from ..core.ledger import Allocation
-from ..core.offers import Offer, rank_env
-from ..procfs import process_start, with_item
-from ..settings import ConfigError
-from ..shares import ShareEnforcement, check_mps_accounts, share_env
-from ..usercode import (
+from gpupool.core.errors import InvalidRequest
+from gpupool.core.inventory import GPU
+from gpupool.core.jobs import Job, JobSpec
+from gpupool.core.ledger import Allocation
+from gpupool.core.offers import Offer, rank_env
+from gpupool.declarations import ConfigError
+from gpupool.jobs import private_network
+from gpupool.jobs.backend import JobBackend, Observation
+from gpupool.procfs import process_start, with_item
+from gpupool.shares import ShareEnforcement, check_mps_accounts, share_env
+from gpupool.usercode import (
     Account,
     UnsafeFile,
     become,
@@ -66,8 +68,6 @@ from ..usercode import (
     read_owned,
     spawner_setting,
 )
-from . import private_network
-from .backend import JobBackend, Observation
 
 PREPARE_AND_RUN = """\
 (umask 077 && mkdir -p -- "$GPUPOOL_JOB_DIR" && cat > "$GPUPOOL_JOB_DIR/script.py") || exit 111

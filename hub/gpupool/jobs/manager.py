@@ -39,20 +39,20 @@ from typing import Any
 from traitlets import Float, Int, Type, validate
 from traitlets.config import LoggingConfigurable
 
-from .. import metrics
-from ..clock import utcnow
-from ..core.errors import InvalidRequest, PoolError, UnknownAllocation
-from ..core.jobs import Job, JobSpec, check_submission, transition
-from ..core.offers import check_ddp_backend
-from ..core.paging import page
-from ..core.parse import check_size, clip, clip_names, whole_number
-from ..core.queue import Limits, Queued, Running, ScaleUp, order, scale_ups, schedule
-from ..core.quota import PRIORITY_RANGE, Team, check_offer, check_priority, resolve_team
-from ..core.retention import expired
-from ..pool import Pool
-from ..settings import ConfigError
-from .backend import JobBackend, Observation, every_rank_exited
-from .local import LocalJobBackend
+from gpupool import metrics
+from gpupool.clock import utcnow
+from gpupool.core.errors import InvalidRequest, PoolError, UnknownAllocation
+from gpupool.core.jobs import Job, JobSpec, check_submission, transition
+from gpupool.core.offers import check_ddp_backend
+from gpupool.core.paging import page
+from gpupool.core.parse import check_size, clip, clip_names, whole_number
+from gpupool.core.queue import Limits, Queued, Running, ScaleUp, order, scale_ups, schedule
+from gpupool.core.quota import PRIORITY_RANGE, Team, check_offer, check_priority, resolve_team
+from gpupool.core.retention import expired
+from gpupool.declarations import ConfigError
+from gpupool.jobs.backend import JobBackend, Observation, every_rank_exited
+from gpupool.jobs.local import LocalJobBackend
+from gpupool.pool import Pool
 
 MAX_SCRIPT_BYTES = 1 << 20
 MAX_WORD_BYTES = 32 << 10
@@ -69,8 +69,8 @@ class JobManager(LoggingConfigurable):
         klass=JobBackend,
         config=True,
         help="""What runs jobs: ``gpupool.jobs.local.LocalJobBackend`` (torchrun on this
-        machine) or ``gpupool.jobs.kube.KubeJobBackend`` (Kubernetes Indexed Jobs). Example:
-        ``c.JobManager.backend_class = "gpupool.jobs.kube.KubeJobBackend"``""",
+        machine) or ``gpupool.kube.jobs.KubeJobBackend`` (Kubernetes Indexed Jobs). Example:
+        ``c.JobManager.backend_class = "gpupool.kube.jobs.KubeJobBackend"``""",
     )
     schedule_interval = Float(
         5.0, config=True, help="Seconds between scheduling passes when nothing else triggers one."

@@ -39,9 +39,9 @@ from sqlalchemy import create_engine, delete, event, insert, inspect, select, te
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from ..core.jobs import Job, JobSpec
-from ..core.ledger import Allocation, Device
-from .schema import allocations, devices, job_scripts, jobs, metadata, mig_instances
+from gpupool.core.jobs import Job, JobSpec
+from gpupool.core.ledger import Allocation, Device
+from gpupool.store.schema import allocations, devices, job_scripts, jobs, metadata, mig_instances
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "gpupool_alembic_version"
@@ -361,7 +361,7 @@ class Store:
                 ],
             )
 
-    # -- MIG instances the pool created (:mod:`gpupool.discovery.mig_manager`) ---------------
+    # -- MIG instances the pool created (:mod:`gpupool.mig.manager`) ---------------
     def mig_records(self) -> list[MigRecord]:
         """Every MIG instance the pool created and has not destroyed yet, oldest first."""
         with self.engine.connect() as conn:

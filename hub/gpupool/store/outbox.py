@@ -30,9 +30,9 @@ from typing import Any, TypeVar
 
 from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 
-from ..clock import iso, utcnow
-from ..core.errors import PoolError
-from ..core.jobs import Job
+from gpupool.clock import iso, utcnow
+from gpupool.core.errors import PoolError
+from gpupool.core.jobs import Job
 
 T = TypeVar("T")
 STORE_FAULTS = (SQLAlchemyError, OSError)

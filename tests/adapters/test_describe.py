@@ -1,4 +1,4 @@
-"""``python -m gpupool.inspect``: the repo's own jupyterhub_config.py loads and shows its pool."""
+"""``python -m gpupool.describe``: the repo's own jupyterhub_config.py loads and shows its pool."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def run_inspect(config: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "GPUPOOL_STATE_DIR": str(cwd)}
     return subprocess.run(
-        [sys.executable, "-m", "gpupool.inspect", str(config)],
+        [sys.executable, "-m", "gpupool.describe", str(config)],
         cwd=cwd,
         env=env,
         capture_output=True,

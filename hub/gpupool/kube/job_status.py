@@ -12,7 +12,7 @@ Vocabulary
   nodes and names their ranks.
 - *handle* (:class:`JobRef`): the namespace, the names and the Job's ``uid``, as JSON.
 
-Contract: pure, no API calls; :mod:`gpupool.jobs.kube` fetches the objects and calls these.
+Contract: pure, no API calls; :mod:`gpupool.kube.jobs` fetches the objects and calls these.
 """
 
 from __future__ import annotations
@@ -23,17 +23,16 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpupool.core.jobs import Job
-from gpupool.podspec import (
-    KUEUE_QUEUE_LABEL,
-)
-
-from .backend import Observation
-from .kube_manifests import (
+from gpupool.jobs.backend import Observation
+from gpupool.kube.manifests import (
     COMPLETION_INDEX_LABEL,
     CONTAINER,
     configmap_name,
     job_name,
     service_name,
+)
+from gpupool.kube.pods import (
+    KUEUE_QUEUE_LABEL,
 )
 
 TERMINAL_PHASES = ("Succeeded", "Failed")

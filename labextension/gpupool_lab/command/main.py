@@ -4,8 +4,8 @@ Commands: ``submit``, ``jobs``, ``show``, ``logs``, ``cancel``, ``offers``, ``te
 takes ``--json`` (the hub's JSON, for scripts; ``logs -f --json`` writes one JSON object per line
 and chunk) and ``--url``/``--token`` (needed only outside a single-user server). Everything goes
 through :class:`gpupool_lab.client.Client`; options parse as :mod:`gpupool_lab.options` says
-(the widget and the lab parse them the same way) and tables print as :mod:`gpupool_lab.tables`
-says.
+(the widget and the lab parse them the same way) and tables print as
+:mod:`gpupool_lab.command.tables` says.
 
 Exit codes: 0 success; 1 an error from the hub (its message printed word for word on stderr), an
 unreachable hub, a notebook that cannot be converted, or (``submit --wait``) a job that did not
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupool_lab.client import Client, ClientError, HubError, NotConfigured
+from gpupool_lab.command.tables import format_job, format_jobs, format_offers, format_teams, state
 from gpupool_lab.options import (
     Choice,
     OptionError,
@@ -39,7 +40,6 @@ from gpupool_lab.options import (
     parse_duration,
     positive,
 )
-from gpupool_lab.tables import format_job, format_jobs, format_offers, format_teams, state
 
 __all__ = ["Failure", "UsageError", "choose_offer", "main", "parse_cells", "parse_duration"]
 

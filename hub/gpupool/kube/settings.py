@@ -10,13 +10,13 @@ Vocabulary
 - *claims*: the notebook pod's ``persistentVolumeClaim`` volumes (the user's home, with z2jh's
   default storage a ReadWriteOnce claim that one node at a time can attach). A job pod keeps
   them only where no second node would attach them (see
-  :func:`gpupool.jobs.kube_manifests.make_job`); ``keep_claims`` names the ones that are
+  :func:`gpupool.kube.manifests.make_job`); ``keep_claims`` names the ones that are
   ReadWriteMany, and ``shared_volume_claim`` adds one for the job's outputs.
 - *notebook pod*: the owner's live notebook pod (KubeSpawner's labels and annotation), whose spec
   a job pod copies: the default server before named ones, a running pod before a pending one.
 
 Contract: no I/O but reading the service account's namespace file once, for the default
-namespace; the runtime (API calls) is :mod:`gpupool.jobs.kube`.
+namespace; the runtime (API calls) is :mod:`gpupool.kube.jobs`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,15 @@ from traitlets import Bool, Callable, Dict, Float, Int, List, Unicode, default, 
 
 from gpupool.core.ledger import Allocation
 from gpupool.core.offers import Offer
-from gpupool.podspec import (
+from gpupool.jobs.backend import JobBackend
+from gpupool.kube.job_status import TERMINAL_PHASES, phase
+from gpupool.kube.manifests import (
+    DEFAULT_DNS_PEERS,
+    DEFAULT_LOG_DIR,
+    DEFAULT_PYTHON,
+    DEFAULT_TORCHRUN,
+)
+from gpupool.kube.pods import (
     DEFAULT_GPU_TOLERATIONS,
     DEFAULT_HAMI_RESOURCES,
     DEFAULT_PRODUCT_LABELS,
@@ -38,15 +46,6 @@ from gpupool.podspec import (
     check_queue_template,
 )
 
-from .backend import JobBackend
-from .kube_manifests import (
-    DEFAULT_DNS_PEERS,
-    DEFAULT_LOG_DIR,
-    DEFAULT_PYTHON,
-    DEFAULT_TORCHRUN,
-)
-from .kube_status import TERMINAL_PHASES, phase
-
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 NOTEBOOK_SELECTOR = "component=singleuser-server,hub.jupyter.org/username={user}"
 USERNAME_ANNOTATION = "hub.jupyter.org/username"
@@ -54,7 +53,7 @@ SERVERNAME_LABEL = "hub.jupyter.org/servername"
 
 
 class KubeJobSettings(JobBackend):
-    """The settings of :class:`gpupool.jobs.kube.KubeJobBackend` (its base class)."""
+    """The settings of :class:`gpupool.kube.jobs.KubeJobBackend` (its base class)."""
 
     name = "kubernetes"
 
@@ -125,7 +124,7 @@ class KubeJobSettings(JobBackend):
         True,
         config=True,
         help="""Give each job its own NetworkPolicy, owned by its Job (see
-        :mod:`gpupool.jobs.kube_manifests`, *job network policy*): its pods reach each other and
+        :mod:`gpupool.kube.manifests`, *job network policy*): its pods reach each other and
         the cluster DNS (``network_policy_dns``), and no other job's pods reach them. Needs
         ``create`` and ``delete`` on ``networkpolicies.networking.k8s.io`` in the namespace (the
         Helm chart's Role grants them); without it the job fails to start, saying so. Turn off
@@ -321,7 +320,7 @@ class KubeJobSettings(JobBackend):
     def _valid_shared_path(self, proposal: dict[str, Any]) -> str:
         value = str(proposal["value"])
         if not value.startswith("/"):
-            from gpupool.settings import ConfigError
+            from gpupool.declarations import ConfigError
 
             raise ConfigError(
                 "KubeJobBackend.shared_volume_mount_path", f"{value!r} is not an absolute path"

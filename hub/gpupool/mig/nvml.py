@@ -11,7 +11,7 @@ Vocabulary
 
 Contract: :class:`MigDriver` is the one seam over NVML for MIG instances (``pynvml``, or the
 simulated NVML, per node). It keeps no state but the NVML objects; records, the ledger and the
-policy live in :class:`gpupool.discovery.mig_manager.MigManager`, which calls it. A creation that
+policy live in :class:`gpupool.mig.manager.MigManager`, which calls it. A creation that
 fails leaves no instance behind; NVML's errors are raised as NVML raises them unless a method
 says what it returns instead.
 """
@@ -25,9 +25,9 @@ from typing import Any
 
 import pynvml
 
-from ..core.inventory import GPU
-from ..core.mig import Geometry, Profile
-from .machine import compute_profile_index, profile_index
+from gpupool.core.inventory import GPU
+from gpupool.core.mig import Geometry, Profile
+from gpupool.discovery.machine import compute_profile_index, profile_index
 
 
 def nvml_error(e: Exception) -> int | None:

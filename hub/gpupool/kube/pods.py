@@ -5,7 +5,7 @@ Vocabulary
   (whole GPUs) or, under the ``mixed`` MIG strategy, ``nvidia.com/mig-<profile>`` (one MIG
   instance; a ``+me`` profile is spelt ``.me``, as resource names allow no ``+``).
 - *share request*: what a pod asks for one share of a GPU the platform shares out (its
-  inventory *share resource*, see :mod:`gpupool.discovery.kubernetes`): one replica of the device
+  inventory *share resource*, see :mod:`gpupool.kube.nodes`): one replica of the device
   plugin's time-slicing or MPS (``nvidia.com/gpu.shared: 1``, or ``nvidia.com/gpu: 1`` where the
   plugin does not rename the resource), or under HAMi one virtual GPU with the share's memory
   (``nvidia.com/gpu: 1``, ``nvidia.com/gpumem: <MiB>``: the share's thousandths of the GPU's
@@ -231,8 +231,8 @@ NO_SHARES = ShareRequests()
 
 def check_hami_resources(value: Any, key: str) -> dict[str, str]:
     """``value`` if it maps ``count`` and ``memory`` (and optionally ``cores``) to extended
-    resource names, else a :class:`gpupool.settings.ConfigError` naming ``key``."""
-    from .settings import ConfigError
+    resource names, else a :class:`gpupool.declarations.ConfigError` naming ``key``."""
+    from gpupool.declarations import ConfigError
 
     example = '{"count": "nvidia.com/gpu", "memory": "nvidia.com/gpumem"}'
     if not isinstance(value, Mapping):
@@ -571,8 +571,8 @@ def harden_notebook(pod: V1Pod, fields: Mapping[str, Any] = HARDENING) -> V1Pod:
 
 def check_hardening(value: Any, key: str) -> dict[str, Any]:
     """``value`` if it is a map of container securityContext fields (camelCase), else a
-    :class:`gpupool.settings.ConfigError` naming ``key``."""
-    from .settings import ConfigError
+    :class:`gpupool.declarations.ConfigError` naming ``key``."""
+    from gpupool.declarations import ConfigError
 
     known = set(V1SecurityContext.attribute_map.values())  # type: ignore[attr-defined]
     if not isinstance(value, Mapping):
@@ -616,8 +616,8 @@ def _visibility_env(env: Sequence[V1EnvVar] | None, gpu: bool) -> list[V1EnvVar]
 
 def check_queue_template(value: str, key: str) -> str:
     """``value`` if it is a Kueue queue-name template using only :data:`QUEUE_FIELDS`, else a
-    :class:`gpupool.settings.ConfigError` naming ``key``."""
-    from .settings import ConfigError
+    :class:`gpupool.declarations.ConfigError` naming ``key``."""
+    from gpupool.declarations import ConfigError
 
     try:
         value.format(**dict.fromkeys(QUEUE_FIELDS, "x"))
@@ -630,8 +630,8 @@ def check_queue_template(value: str, key: str) -> str:
 def check_priority_class(value: str, key: str) -> str:
     """``value`` if it is empty or a valid Kueue ``WorkloadPriorityClass`` name to put in a label
     (a DNS subdomain that is also a label value: at most 63 characters), else a
-    :class:`gpupool.settings.ConfigError` naming ``key``."""
-    from .settings import ConfigError
+    :class:`gpupool.declarations.ConfigError` naming ``key``."""
+    from gpupool.declarations import ConfigError
 
     if value and not (is_valid_label(value) and re.fullmatch(DNS_SUBDOMAIN, value)):
         raise ConfigError(

@@ -15,7 +15,7 @@ Vocabulary
   GPUs only until then (the job's bound pod waits on ``Insufficient nvidia.com/gpu`` meanwhile).
 
 Contract: :func:`make_scale_up_pod` and :func:`plan_scale_up_pods` are pure; the backend lists,
-creates and deletes (:meth:`gpupool.jobs.kube.KubeJobBackend.request_nodes`).
+creates and deletes (:meth:`gpupool.kube.jobs.KubeJobBackend.request_nodes`).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..core.inventory import NodePool
-from ..core.offers import Offer
-from ..core.queue import ScaleUp
-from ..podspec import gpu_resources, product_values
+from gpupool.core.inventory import NodePool
+from gpupool.core.offers import Offer
+from gpupool.core.queue import ScaleUp
+from gpupool.kube.pods import gpu_resources, product_values
 
 SCALE_UP_LABEL = "gpupool.io/scale-up"
 FOR_ANNOTATION = "gpupool.io/scale-up-for"

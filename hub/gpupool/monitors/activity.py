@@ -10,7 +10,7 @@ Vocabulary
 - *monitor*: :class:`DeviceMonitor`, the one seam through which the hub reads activity; it holds
   an ``nvml`` (``pynvml`` or a :class:`~gpupool.discovery.simulated.SimulatedNVML` view) per node
   it can read. Nodes it has none for (Kubernetes nodes: NVML is on the node, not in the hub pod)
-  give no samples here; the second source, :class:`gpupool.discovery.dcgm.DCGMSource`, reads
+  give no samples here; the second source, :class:`gpupool.monitors.dcgm.DCGMSource`, reads
   them from NVIDIA's DCGM exporter through Prometheus (when the reclaimer's
   ``dcgm_prometheus_url`` is set) as the same :class:`DeviceSample`, with no PIDs.
 

@@ -31,7 +31,7 @@ Vocabulary
   existing instances handed out as they are) and :attr:`MigManager.off` says why.
 
 Contract: every NVML call for instances goes through
-:class:`gpupool.discovery.mig_nvml.MigDriver` (the ``nvml`` of the GPU's node: ``pynvml`` or the
+:class:`gpupool.mig.nvml.MigDriver` (the ``nvml`` of the GPU's node: ``pynvml`` or the
 simulated NVML, each use between ``nvmlInit`` and ``nvmlShutdown``); this module keeps the
 records, the ledger's view and the policy. An instance is recorded (``creating``) before NVML
 is asked and marked ``live`` with its ``MIG-…`` UUID before the allocation that holds it is
@@ -52,12 +52,12 @@ from typing import Any
 
 import pynvml
 
-from ..core.errors import NoCapacity
-from ..core.inventory import GPU, Inventory, MigInstance
-from ..core.ledger import Allocation, Blocked, Ledger
-from ..core.mig import GEOMETRIES
-from ..settings import ConfigError
-from .mig_nvml import ManagedGpu, MigDriver, nvml_error
+from gpupool.core.errors import NoCapacity
+from gpupool.core.inventory import GPU, Inventory, MigInstance
+from gpupool.core.ledger import Allocation, Blocked, Ledger
+from gpupool.core.mig import GEOMETRIES
+from gpupool.declarations import ConfigError
+from gpupool.mig.nvml import ManagedGpu, MigDriver, nvml_error
 
 KEY = "GPUPool.managed_mig"
 EXAMPLE = (
@@ -358,7 +358,7 @@ class MigManager:
             if self.off:
                 self._undo(made)
                 raise MigCreateFailed(f"MIG on demand is off: {self.off}.", None, d.gpu)
-            from ..store import MigRecord
+            from gpupool.store import MigRecord
 
             record = MigRecord(
                 gpu.node, d.gpu, d.start, d.profile, "creating", self.clock(),
@@ -443,7 +443,7 @@ class MigManager:
                 inst.start,
                 gpu.index,
             )
-        from .nvml import discover
+        from gpupool.discovery.nvml import discover
 
         with contextlib.suppress(pynvml.NVMLError):
             found = discover(self.nvml_by_node[gpu.node], gpu.node, self.log)

@@ -49,7 +49,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from .activity import DeviceSample
+from gpupool.monitors.activity import DeviceSample
 
 log = logging.getLogger("gpupool")
 
@@ -67,7 +67,7 @@ POD_LABELS = frozenset({"pod", "namespace", "container"})
 """The labels dcgm-exporter puts on its series: the device's, and with pod mapping the pod's."""
 
 ALLOCATION_LABEL = "gpupool.io/allocation"
-"""The pod label gpupool puts on every notebook pod (:mod:`gpupool.podspec`)."""
+"""The pod label gpupool puts on every notebook pod (:mod:`gpupool.kube.pods`)."""
 
 MIB = 1 << 20
 

@@ -1,4 +1,4 @@
-"""``python -m gpupool.inspect [jupyterhub_config.py]``: show the pool a config describes.
+"""``python -m gpupool.describe [jupyterhub_config.py]``: show the pool a config describes.
 
 Loads ``c.GPUPool`` from the config file (bad config stops here, naming the key), discovers the
 inventory, restores the ledger from the database and prints GPUs, MIG layouts, offers with what is
@@ -13,11 +13,11 @@ from pathlib import Path
 
 from traitlets.config import PyFileConfigLoader
 
-from .config import GPUPool
-from .core.units import fmt
-from .hub.objects import SETTINGS_KEY, HubObjects
-from .pool import Pool
-from .settings import ConfigError
+from gpupool.config import GPUPool
+from gpupool.core.units import fmt
+from gpupool.declarations import ConfigError
+from gpupool.hub.objects import SETTINGS_KEY, HubObjects
+from gpupool.pool import Pool
 
 
 def render(pool: Pool) -> str:

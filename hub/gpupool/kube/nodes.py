@@ -26,7 +26,7 @@ Vocabulary
   only, by memory (HAMi caps each pod's memory), at most ``deviceSplitCount`` of them each (the
   GPU's *share slots*: the annotation's ``count``, else ``nvidia.com/gpu`` over the GPUs); their
   share resource is ``hami``: a pod asks for ``nvidia.com/gpu: 1`` and
-  ``nvidia.com/gpumem: <MiB>`` (:mod:`gpupool.podspec`).
+  ``nvidia.com/gpumem: <MiB>`` (:mod:`gpupool.kube.pods`).
 - *packing*: the node says how many instances of each profile it has, not which GPU holds which.
   :func:`pack_instances` rebuilds one valid layout with :meth:`Geometry.fit`, on ``gpu.count``
   minus the whole GPUs when the label is there, else on the fewest GPUs that hold them.
@@ -559,7 +559,7 @@ class Gone(Exception):
 class ClusterAPI:
     """Lists and watches ``nodes`` (cluster-wide, matching ``node_selector``) and ``pods`` (in
     ``namespace``, matching ``pod_selector``) as API JSON, through ``kubernetes_asyncio``: the
-    one seam between :mod:`gpupool.hub.kube_reconcile` and the API server (tests point
+    one seam between :mod:`gpupool.kube.reconcile` and the API server (tests point
     ``KUBECONFIG`` at a stand-in, or pass any object with these two methods).
 
     ``list(kind)`` gives ``(items, resourceVersion)``; ``watch(kind, resource_version,

@@ -23,13 +23,13 @@ from typing import Any
 
 from traitlets import TraitError
 
-from .core.inventory import GPU, Inventory
-from .core.ledger import Ledger
-from .core.limits import LIMIT_KEYS, NO_LIMITS, UserLimits
-from .core.mig import GEOMETRIES
-from .core.offers import Offer, fmt_mib, mig_costs, model_memory_mib
-from .core.quota import EVERYONE, Team
-from .core.units import GPU_MILLI, fmt, to_milli
+from gpupool.core.inventory import GPU, Inventory
+from gpupool.core.ledger import Ledger
+from gpupool.core.limits import LIMIT_KEYS, NO_LIMITS, UserLimits
+from gpupool.core.mig import GEOMETRIES
+from gpupool.core.offers import Offer, fmt_mib, mig_costs, model_memory_mib
+from gpupool.core.quota import EVERYONE, Team
+from gpupool.core.units import GPU_MILLI, fmt, to_milli
 
 _MODEL = re.compile(r"^[A-Z][A-Z0-9]*-\d+GB$")
 _OFFER_KEYS = {

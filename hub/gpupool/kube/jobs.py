@@ -3,7 +3,7 @@
 Vocabulary
 - *objects*: per job, a ``batch/v1`` Job, a headless Service, a ConfigMap with the script and
   (with ``network_policy``) the job's NetworkPolicy, all named from the job id and labelled
-  ``gpupool.io/job`` (see :mod:`gpupool.jobs.kube_manifests`). The others are owned by the Job
+  ``gpupool.io/job`` (see :mod:`gpupool.kube.manifests`). The others are owned by the Job
   (``ownerReferences``), so they go when it goes (cancel, or ``ttlSecondsAfterFinished``).
 - *handle*: JSON with the namespace, the three names and the Job's ``uid``. A restarted hub
   finds the objects from the handle alone, or from the names (which depend only on the job id)
@@ -15,9 +15,9 @@ Vocabulary
   backend's, but Kubernetes sees one process per node: each index's newest pod's ``job``
   container exit status (torchrun's) stands for every rank of that node (rank ``r`` ran on node
   ``r // gpus``), so the ranks of one node share one code (see
-  :func:`gpupool.jobs.kube_status.rank_exit_codes`); the job's reason names nodes.
+  :func:`gpupool.kube.job_status.rank_exit_codes`); the job's reason names nodes.
 - *node binding*: GPU job pods are bound to the ledger's nodes (see
-  :mod:`gpupool.jobs.kube_manifests`); a split the binding cannot make exact is logged.
+  :mod:`gpupool.kube.manifests`); a split the binding cannot make exact is logged.
 - *log*: the pod log API of the newest pod with completion index ``rank // gpus``: every rank of
   that node, interleaved by line (rank_log marks where each rank starts). Offsets are bytes of
   the log as the API returns it now; the kubelet's log rotation can shorten it.
@@ -54,24 +54,8 @@ from gpupool.core.inventory import NodePool
 from gpupool.core.jobs import Job
 from gpupool.core.ledger import Allocation
 from gpupool.core.queue import ScaleUp
-from gpupool.podspec import (
-    label_value,
-    queue_name,
-)
-
-from .backend import Observation
-from .kube_manifests import (
-    CONTAINER,
-    JOB_LABEL,
-    exact_binding,
-    make_job,
-    make_network_policy,
-    make_script_configmap,
-    make_service,
-)
-from .kube_scale_up import SCALE_UP_LABEL, make_scale_up_pod, plan_scale_up_pods
-from .kube_settings import NOTEBOOK_SELECTOR, KubeJobSettings, notebook_pod
-from .kube_status import (
+from gpupool.jobs.backend import Observation
+from gpupool.kube.job_status import (
     TERMINAL_PHASES,
     JobRef,
     KubeError,
@@ -80,6 +64,21 @@ from .kube_status import (
     observe_objects,
     phase,
 )
+from gpupool.kube.manifests import (
+    CONTAINER,
+    JOB_LABEL,
+    exact_binding,
+    make_job,
+    make_network_policy,
+    make_script_configmap,
+    make_service,
+)
+from gpupool.kube.pods import (
+    label_value,
+    queue_name,
+)
+from gpupool.kube.scale_up import SCALE_UP_LABEL, make_scale_up_pod, plan_scale_up_pods
+from gpupool.kube.settings import NOTEBOOK_SELECTOR, KubeJobSettings, notebook_pod
 
 
 class KubeJobBackend(KubeJobSettings):
@@ -99,7 +98,7 @@ class KubeJobBackend(KubeJobSettings):
     @property
     def distinct_nodes(self) -> bool:  # type: ignore[override]
         """Bound pods of one Indexed Job share one template, so the binding is exact only when
-        each of the job's nodes is its own machine (see :mod:`gpupool.jobs.kube_manifests`)."""
+        each of the job's nodes is its own machine (see :mod:`gpupool.kube.manifests`)."""
         return bool(self.bind_to_node)
 
     # -- the API client -----------------------------------------------------------------------
@@ -138,7 +137,7 @@ class KubeJobBackend(KubeJobSettings):
 
     # -- scale-up requests --------------------------------------------------------------------
     async def request_nodes(self, wanted: list[ScaleUp], node_pools: Sequence[NodePool]) -> None:
-        """Make the request pods match ``wanted`` (see :mod:`gpupool.jobs.kube_scale_up`)."""
+        """Make the request pods match ``wanted`` (see :mod:`gpupool.kube.scale_up`)."""
         pools = {p.name: p for p in node_pools}
         async with await self.api_client() as api:
             existing = await self._pods(api, self.namespace, SCALE_UP_LABEL)

@@ -6,13 +6,13 @@ Vocabulary
   the list's ``resourceVersion``), then watch from that version, applying ``ADDED``/``MODIFIED``/
   ``DELETED`` events to the cache; a watch the server ends (its ``timeoutSeconds``) is resumed from
   the last version seen, and a ``410 Gone`` (history compacted) means list again. The API server
-  is reached through one seam, :class:`gpupool.discovery.kubernetes.ClusterAPI` (``list`` and
+  is reached through one seam, :class:`gpupool.kube.nodes.ClusterAPI` (``list`` and
   ``watch``); tests point it at a stand-in.
 - *gpupool pods*: pods labelled ``gpupool.io/team`` in the hub's namespace; a notebook's pod
   carries ``gpupool.io/allocation`` (its allocation's id), a job's pods ``gpupool.io/job`` (the
   job id, the ``ref`` of the job's allocations).
 - *effective inventory* (:func:`effective_inventory`): the inventory the nodes give now
-  (:func:`gpupool.discovery.kubernetes.inventory_from_nodes`: cordoned nodes, CPU nodes and nodes
+  (:func:`gpupool.kube.nodes.inventory_from_nodes`: cordoned nodes, CPU nodes and nodes
   whose GPUs are shared are left out), except that a node where allocations are held that the new
   form would lose (the node was removed, cordoned, relabelled to another MIG layout, or its
   allocatable shrank) stays *draining*: only the GPUs (and fixed MIG instances) those allocations
@@ -60,12 +60,12 @@ from prometheus_client import Counter as PromCounter
 from traitlets import Float, Integer, Unicode, default
 from traitlets.config import LoggingConfigurable
 
-from ..core.errors import UnknownAllocation
-from ..core.inventory import GPU, Inventory, Node
-from ..core.ledger import Allocation, Device, Ledger
-from ..discovery.kubernetes import ClusterAPI, Gone, inventory_from_nodes
-from ..jobs.kube_settings import SA_NAMESPACE_FILE
-from ..pool import Pool
+from gpupool.core.errors import UnknownAllocation
+from gpupool.core.inventory import GPU, Inventory, Node
+from gpupool.core.ledger import Allocation, Device, Ledger
+from gpupool.kube.nodes import ClusterAPI, Gone, inventory_from_nodes
+from gpupool.kube.settings import SA_NAMESPACE_FILE
+from gpupool.pool import Pool
 
 log = logging.getLogger("gpupool")
 
@@ -207,7 +207,7 @@ def plan_drift(
 ) -> list[Finding]:
     """What to do about the ledger versus ``pods`` (gpupool pods, API JSON). ``records``: the
     servers JupyterHub records, or ``None`` when they could not be read (then no release)."""
-    from ..podspec import label_value
+    from gpupool.kube.pods import label_value
 
     by_allocation: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     by_job: dict[str, list[Mapping[str, Any]]] = defaultdict(list)

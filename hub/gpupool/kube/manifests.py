@@ -32,7 +32,7 @@ Vocabulary
   (``hostNetwork``, ``hostPID``, ``hostIPC``: a pod on the host's network is out of every
   NetworkPolicy's reach).
 - *job pod hardening*: every job pod, from a notebook pod or not (no running notebook:
-  ``pod_template``, by default empty), runs with :data:`gpupool.podspec.HARDENING`:
+  ``pod_template``, by default empty), runs with :data:`gpupool.kube.pods.HARDENING`:
   ``runAsNonRoot`` and the ``RuntimeDefault`` seccomp profile on the pod and the job container,
   ``allowPrivilegeEscalation: false`` and every capability dropped on the container, over
   whatever the template says (its ``runAsUser``, groups, ``fsGroup``... are kept; ``privileged``
@@ -51,7 +51,7 @@ Vocabulary
   field of it can differ per index (only the ``JOB_COMPLETION_INDEX`` env and the index label do),
   so "index *i* on node *i*" cannot be written into it. What the ledger counted is how many of the
   job's pods, all of one shape, each node holds, and that can: the template requires one of the
-  job's nodes (by name, one node affinity term per node, see :mod:`gpupool.podspec`) and, when
+  job's nodes (by name, one node affinity term per node, see :mod:`gpupool.kube.pods`) and, when
   there are several, spreads the job's
   pods over them (``topologySpreadConstraints``: ``maxSkew: 1`` on ``kubernetes.io/hostname``,
   ``DoNotSchedule``, the job's label; only nodes matching the affinity count). ``k`` allocations
@@ -80,8 +80,8 @@ Vocabulary
   sees the first instance (:func:`gpupool.core.offers.rank_env`).
 
 Contract: no I/O; every function returns new plain dicts (camelCase keys, as the API expects),
-never touching its inputs. GPU-specific parts come from :mod:`gpupool.podspec`
-(:func:`~gpupool.podspec.apply_allocation` on the parts of the pod it owns), so a job
+never touching its inputs. GPU-specific parts come from :mod:`gpupool.kube.pods`
+(:func:`~gpupool.kube.pods.apply_allocation` on the parts of the pod it owns), so a job
 pod carries its allocation exactly as a notebook pod does: equal limits and requests of the
 allocation's ``nvidia.com/*`` resources, the offer model's ``nvidia.com/gpu.product`` affinity and
 the GPU tolerations; CPU jobs get ``NVIDIA_VISIBLE_DEVICES=void``. Every node's allocation must
@@ -113,7 +113,7 @@ from kubernetes_asyncio.client import models as k8s_models
 from gpupool.core.jobs import Job
 from gpupool.core.ledger import Allocation
 from gpupool.core.offers import Offer, rank_env
-from gpupool.podspec import (
+from gpupool.kube.pods import (
     ALLOCATION_LABEL,
     DEFAULT_GPU_TOLERATIONS,
     DEFAULT_PRODUCT_LABELS,
@@ -398,7 +398,7 @@ def make_job(
     - ``suspend`` (or a Kueue queue, whose admission then resumes it) creates the Job suspended.
     - ``kueue_priority_class`` labels the Job (with a Kueue queue only: Kueue reads it there).
     - ``image`` stands in when the template has none (``ValueError`` if neither has one).
-    - A share asks for what ``shares`` says (:class:`~gpupool.podspec.ShareRequests`).
+    - A share asks for what ``shares`` says (:class:`~gpupool.kube.pods.ShareRequests`).
     """
     spec = job.spec
     if len(allocations) != spec.nodes:
@@ -700,7 +700,7 @@ def _with_allocation(
     **gpu: Any,
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """``spec`` and pod labels with the allocation applied by
-    :func:`~gpupool.podspec.apply_allocation` (the parts it owns go through the
+    :func:`~gpupool.kube.pods.apply_allocation` (the parts it owns go through the
     client's models and back). The allocation label is dropped: one template serves every node,
     and each node has its own allocation (they are listed in the Job's annotations)."""
     container = spec["containers"][0]
