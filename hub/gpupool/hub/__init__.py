@@ -23,6 +23,7 @@ import asyncio
 import logging
 import secrets
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +40,14 @@ from gpupool.hub.pages import pages
 from gpupool.hub.reclaim import SERVICE, SERVICE_SCOPES, hub_urls
 from gpupool.hub.reconcile import Reconciler
 from gpupool.hub.scopes import ADMIN_SCOPE, CUSTOM_SCOPES, JOBS_SCOPE, SERVER_ROLE_SCOPES
-from gpupool.kube.pods import check_share_settings
+from gpupool.kube.jobs import check_kube_settings
 from gpupool.kube.reconcile import KubeReconciler
 from gpupool.pool import Pool
 from gpupool.usercode import check_shared_mode, spawner_setting
 
 log = logging.getLogger("gpupool")
+ADMIN_ROLE = "gpupool-admin"
+"""The role ``setup`` gives JupyterHub's ``admin_users``: the pool's admin scope."""
 
 
 def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
@@ -56,7 +59,7 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
     """
     _check_local_spawner(c)
     check_spawn_form(c)
-    check_share_settings(c)
+    check_kube_settings(c)
     settings = GPUPool(config=c)
     pool = Pool.from_config(settings, logger)
     check_profile_offers(c, pool.ledger.offers)
@@ -155,7 +158,7 @@ def _add_service(c: Any, name: str, scopes: list[str], token: str) -> None:
 
 def _add_pages(c: Any) -> None:
     """The admin page ``/hub/gpupool`` and "My GPUs" ``/hub/gpupool/mine``, with their templates."""
-    c.JupyterHub.extra_handlers = [*c.JupyterHub.get("extra_handlers", []), *pages()]
+    c.JupyterHub.extra_handlers = _with_routes(c.JupyterHub.get("extra_handlers", []), pages())
     templates = str(Path(__file__).parent / "templates")
     paths = list(c.JupyterHub.get("template_paths", []))
     c.JupyterHub.template_paths = paths if templates in paths else [*paths, templates]
@@ -163,25 +166,40 @@ def _add_pages(c: Any) -> None:
 
 def _add_api(c: Any) -> None:
     """The REST API's routes, its scopes, and the roles that grant them."""
-    c.JupyterHub.extra_handlers = [*c.JupyterHub.get("extra_handlers", []), *handlers()]
+    c.JupyterHub.extra_handlers = _with_routes(c.JupyterHub.get("extra_handlers", []), handlers())
     c.JupyterHub.custom_scopes = {**c.JupyterHub.get("custom_scopes", {}), **CUSTOM_SCOPES}
-    roles = list(c.JupyterHub.get("load_roles", []))
+    roles = [dict(r) for r in c.JupyterHub.get("load_roles", [])]
     _add_to_role(roles, "user", [JOBS_SCOPE])
     admins = sorted(c.Authenticator.get("admin_users", set()))
-    roles.append({"name": "gpupool-admin", "scopes": [ADMIN_SCOPE], "users": admins})
+    _add_to_role(roles, ADMIN_ROLE, [ADMIN_SCOPE], users=admins)
     _add_to_role(roles, "server", SERVER_ROLE_SCOPES)
     c.JupyterHub.load_roles = roles
 
 
-def _add_to_role(roles: list[dict[str, Any]], name: str, scopes: list[str]) -> None:
-    """Add ``scopes`` to the role ``name`` of ``load_roles``: to the admin's own definition of it,
-    or to JupyterHub's default one (a role in ``load_roles`` replaces the default's scopes). A
-    server's token gets the ``server`` role's scopes, unless ``Spawner.server_token_scopes`` is
-    set (then JupyterHub ignores the role, and gpupool's scopes must be listed there)."""
-    default = next(r for r in get_default_roles() if r["name"] == name)
+def _add_to_role(
+    roles: list[dict[str, Any]],
+    name: str,
+    scopes: Sequence[str],
+    users: Sequence[str] | None = None,
+) -> None:
+    """Add ``scopes`` (and ``users``) to the role ``name`` of ``load_roles``: to its definition
+    there (the admin's, or a former ``setup``'s: JupyterHub refuses a role defined twice), or to
+    JupyterHub's default one (a role in ``load_roles`` replaces the default's scopes), or to a new
+    one. A server's token gets the ``server`` role's scopes, unless
+    ``Spawner.server_token_scopes`` is set (then JupyterHub ignores the role, and gpupool's scopes
+    must be listed there)."""
+    default = next((r for r in get_default_roles() if r["name"] == name), {"scopes": []})
     role = next((r for r in roles if r.get("name") == name), None)
     if role is None:
         role = {"name": name}
         roles.append(role)
-    have = role.setdefault("scopes", list(default["scopes"]))
+    have = role["scopes"] = list(role.get("scopes", default["scopes"]))
     have.extend(s for s in scopes if s not in have)
+    if users is not None:  # listed even when empty: JupyterHub then keeps no one else in it
+        members = role["users"] = list(role.get("users", []))
+        members.extend(u for u in users if u not in members)
+
+
+def _with_routes(routes: list[Any], ours: list[Any]) -> list[Any]:
+    """``extra_handlers`` with ``ours`` added once (a second ``setup`` adds none again)."""
+    return [*routes, *(r for r in ours if r not in routes)]
