@@ -24,10 +24,10 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from benchmarks.load import LoadRun, Persona
+from benchmarks.load_plan import FINAL, TEAMS, Persona
 
-FINAL = ("succeeded", "failed", "cancelled", "lost")
+if TYPE_CHECKING:
+    from benchmarks.load import LoadRun
 
 
 # -- the hub's counts (pure) ---------------------------------------------------------------------
@@ -80,7 +80,6 @@ def decisions(before: Mapping[str, float], after: Mapping[str, float]) -> dict[s
 def spawn_options(team: str | None, rng: random.Random) -> dict[str, Any]:
     """One GPU spawn's ``user_options`` for a member of ``team``: an offer the team allows, at a
     random count (whole GPUs 1 or 2)."""
-    from benchmarks.load import TEAMS
 
     offers = [o for o in (TEAMS[team]["offers"] if team else []) if o != "cpu"]
     if not offers:

@@ -44,12 +44,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from benchmarks.load_plan import Persona
 from benchmarks.load_views import Held, gone_holders, live_processes
 
 if TYPE_CHECKING:
-    from benchmarks.load import LoadRun, Persona
+    from benchmarks.load import LoadRun
 
-FINAL = ("succeeded", "failed", "cancelled", "lost")
 TABLES = ("gpupool_allocations", "gpupool_jobs")
 
 

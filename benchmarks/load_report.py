@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from benchmarks.load_plan import SPEC, final_changes
 from benchmarks.stats import percentile
 from benchmarks.text import align
 
@@ -30,6 +31,15 @@ def _brief(s: Mapping[str, Any]) -> str:
     )
 
 
+def meminfo_gib(key: str) -> float:
+    """``key`` of ``/proc/meminfo`` (``MemTotal``, ``MemAvailable``) in GiB; infinite if the
+    kernel does not tell."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(f"{key}:"):
+            return int(line.split()[1]) / (1 << 20)
+    return float("inf")
+
+
 def machine() -> dict[str, Any]:
     commit = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
@@ -39,10 +49,7 @@ def machine() -> dict[str, Any]:
         capture_output=True,
         text=True,
     ).stdout.strip()
-    total = 0.0
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            total = int(line.split()[1]) / (1 << 20)
+    total = meminfo_gib("MemTotal")
     import gpupool
 
     return {
@@ -94,7 +101,6 @@ def pcts(values: list[float], scale: float = 1.0, digits: int = 3) -> dict[str, 
 
 
 def summarize(run: LoadRun, cleanup: Mapping[str, int]) -> dict[str, Any]:
-    from benchmarks.load import SPEC, final_changes
     from benchmarks.load_views import intervals, scan_figures
 
     r = run.result

@@ -30,20 +30,22 @@ Findings, by what the snapshot can tell:
   process of it and, for a server, no JupyterHub server record), counted once so for longer than
   a grace with the hub up all the while (a hub that is down releases nothing).
 
-Pure functions over snapshots, except :func:`live_processes` (which reads ``/proc``) and
-:func:`device_slots` (which builds the simulated inventory).
+Pure functions over snapshots, except :func:`live_processes` and :func:`homed` (which read
+``/proc`` through ``gpupool.procfs``) and :func:`device_slots` (which builds the simulated
+inventory).
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gpupool import procfs
 
 SERVER_CMD = "jupyterhub-singleuser"
 
@@ -292,16 +294,6 @@ def gone_holders(
 
 
 # -- live processes ------------------------------------------------------------------------------
-def parse_environ(raw: bytes) -> dict[str, str]:
-    """``/proc/<pid>/environ`` as a dict."""
-    env = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            env[key.decode(errors="replace")] = value.decode(errors="replace")
-    return env
-
-
 def classify(pid: int, env: Mapping[str, str], cmd: str) -> Proc | None:
     """A server (its command is ``jupyterhub-singleuser``) or a job process (``GPUPOOL_JOB``);
     ``None`` for anything else (a kernel or another child of a server: its server counts)."""
@@ -330,36 +322,30 @@ class ScanCost:
             self.pids.append(pids)
 
 
+def homed(homes: Path, pids: Iterable[int]) -> Iterator[tuple[int, dict[str, str]]]:
+    """Of ``pids``, the live processes (not zombies) whose ``HOME`` is under ``homes`` (this
+    run's), with their environment."""
+    marker = f"HOME={homes}/".encode()
+    for pid in pids:
+        items = procfs.environ_items(pid)
+        if items is None or not any(item.startswith(marker) for item in items):
+            continue
+        env = procfs.parse_environ(items)
+        if env.get("HOME", "").startswith(f"{homes}/") and procfs.process_start(pid) is not None:
+            yield pid, env
+
+
 def live_processes(homes: Path, cost: ScanCost | None = None) -> list[Proc]:
     """Servers and job processes whose ``HOME`` is under ``homes`` (this run's)."""
     t0 = time.perf_counter()
-    prefix = f"{homes}/"
-    marker = f"HOME={prefix}".encode()
+    pids = procfs.pids()
     found = []
-    pids = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        pids += 1
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                raw = f.read()
-            if marker not in raw:
-                continue
-            env = parse_environ(raw)
-            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                status = f.read().rsplit(b")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if status == b"Z" or not env.get("HOME", "").startswith(prefix):
-            continue
-        proc = classify(int(entry.name), env, cmd)
+    for pid, env in homed(homes, pids):
+        proc = classify(pid, env, procfs.cmdline(pid))
         if proc is not None:
             found.append(proc)
     if cost is not None:
-        cost.add(time.perf_counter() - t0, pids)
+        cost.add(time.perf_counter() - t0, len(pids))
     return found
 
 

@@ -63,6 +63,31 @@ def environ(pid: int) -> dict[str, str] | None:
     return parse_environ(raw.split(b"\0"))
 
 
+def pids() -> list[int]:
+    """Every process id in ``/proc`` now (any of them may be gone by the time it is read)."""
+    return [int(entry.name) for entry in os.scandir("/proc") if entry.name.isdigit()]
+
+
+def environ_items(pid: int) -> list[bytes] | None:
+    """The environment items of ``pid``, undecoded (``None`` if gone or not readable): cheaper
+    than :func:`environ` when most processes are only tested for one item."""
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+
+
+def cmdline(pid: int) -> str:
+    """The command line of ``pid``, its arguments joined by spaces (``""`` if gone or a zombie):
+    unlike :func:`command`, not cut at 15 characters, and a script run by its interpreter is
+    named (``python /usr/bin/jupyterhub-singleuser``)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+
+
 def with_item(item: str, uid: int | None = None) -> list[tuple[int, list[bytes]]]:
     """Every live process whose environment holds ``item`` exactly (``KEY=value``), with its
     environment items; with ``uid``, only processes of that account (another account cannot

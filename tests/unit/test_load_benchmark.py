@@ -3,9 +3,15 @@ quotas, job histories, leaks, the hub's decision counts."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from benchmarks.load import (
+from benchmarks.load_plan import (
+    FINAL,
     ROLES,
     SPEC,
     TEAMS,
@@ -21,20 +27,21 @@ from benchmarks.load_views import (
     Held,
     Persistence,
     Proc,
+    ScanCost,
     Snapshot,
     classify,
     conflicts,
     cross_view,
     device_slots,
     gone_holders,
+    homed,
     intervals,
+    live_processes,
     over_limit,
-    parse_environ,
     team_use,
     views_of,
 )
-
-FINAL = ("succeeded", "failed", "cancelled", "lost")
+from gpupool.procfs import parse_environ
 
 
 def test_users_play_the_roles_in_turn_and_teams_are_groups() -> None:
@@ -133,9 +140,10 @@ def test_over_limit_lists_only_teams_above_their_limit() -> None:
     ]
 
 
-def test_parse_environ() -> None:
+def test_parse_environ() -> None:  # the process view reads environments with gpupool.procfs
     raw = b"HOME=/tmp/h/u1\0CUDA_VISIBLE_DEVICES=\0A=b=c\0junk\0"
-    assert parse_environ(raw) == {"HOME": "/tmp/h/u1", "CUDA_VISIBLE_DEVICES": "", "A": "b=c"}
+    env = parse_environ(raw.split(b"\0"))
+    assert env == {"HOME": "/tmp/h/u1", "CUDA_VISIBLE_DEVICES": "", "A": "b=c"}
 
 
 @pytest.mark.parametrize(
@@ -372,6 +380,32 @@ def test_processes_are_told_apart_by_their_environment() -> None:
     assert classify(12, base, "python -m ipykernel_launcher") is None  # a kernel: its server counts
     bare = classify(13, base, "jupyterhub-singleuser")
     assert bare is not None and bare.holder == "pid:13"
+
+
+def test_the_process_view_finds_this_runs_processes_by_their_home(tmp_path: Path) -> None:
+    env = {"PATH": os.environ.get("PATH", ""), "GPUPOOL_JOB": "j1", "USER": "u1"}
+    mine = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        env={**env, "HOME": f"{tmp_path}/u1", "CUDA_VISIBLE_DEVICES": "GPU-a"},
+    )
+    other = subprocess.Popen(  # another run's home, under a name that starts the same
+        [sys.executable, "-c", "import sys; sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        env={**env, "HOME": f"{tmp_path}-other/u1"},
+    )
+    try:
+        cost = ScanCost()
+        found = {p.pid: p for p in live_processes(tmp_path, cost)}
+        assert set(found) == {mine.pid}
+        assert (found[mine.pid].holder, found[mine.pid].devices) == ("job:j1", ("GPU-a",))
+        assert cost.pids[0] >= 3 and len(cost.seconds) == 1  # every process was looked at
+        assert [pid for pid, _ in homed(tmp_path, [other.pid, mine.pid])] == [mine.pid]
+    finally:
+        for proc in (mine, other):
+            proc.kill()
+            proc.wait()
+    assert live_processes(tmp_path) == []
 
 
 def test_look_intervals() -> None:
