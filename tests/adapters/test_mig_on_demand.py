@@ -6,6 +6,7 @@ managed GPUs through :class:`gpupool.mig.manager.MigManager`, with every failure
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -286,19 +287,49 @@ def all_instances(sim: SimulatedNVML) -> set[str]:
     return set(nvml_instances(sim, "a")) | set(nvml_instances(sim, "b"))
 
 
+Start = Callable[..., Pool]
+"""Builds the pool over the ``machine`` fixture as ``Pool.from_config`` does (a restart is
+another call); keywords as :func:`build`'s."""
+
+
+@pytest.fixture
+def machine(request: pytest.FixtureRequest) -> SimulatedNVML:
+    """The simulated machine of :data:`SPEC`; privileged unless parametrized (indirectly)
+    with ``False``."""
+    return SimulatedNVML(SPEC, privileged=getattr(request, "param", True))
+
+
+@pytest.fixture
+def start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, machine: SimulatedNVML) -> Start:
+    def start(**kwargs: Any) -> Pool:
+        return build(tmp_path, machine, monkeypatch, **kwargs)
+
+    return start
+
+
+def refused_503(pool: Pool, offer: str) -> str:
+    """Asks ``pool`` for ``offer``, which must fail with a 503 that holds and stores nothing:
+    the refusal's message."""
+    with pytest.raises(DeviceUnavailable) as e:
+        pool.allocate("ada", ["vision"], offer)
+    assert status_of(e.value) == 503
+    assert "Free now: " in e.value.message
+    assert pool.ledger.allocations == {} and pool.store.load() == []
+    return e.value.message
+
+
 def test_an_allocation_gets_an_instance_created_recorded_and_destroyed_on_release(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    machine: SimulatedNVML, start: Start
 ) -> None:
-    sim = SimulatedNVML(SPEC)
-    pool = build(tmp_path, sim, monkeypatch)
-    managed = simulated_inventory(sim).gpus[1]
+    pool = start()
+    managed = simulated_inventory(machine).gpus[1]
     assert pool.inventory.gpus[1].mig_mode == "dynamic"
     assert pool.inventory.gpus[2].mig_mode == "dynamic"  # node b's admin 3g stays, blocked
     a = pool.allocate("ada", ["vision"], "mig-4g.40gb")
     (device,) = a.devices
     assert device.gpu == managed.uuid and device.instance and device.instance.startswith("MIG-")
     assert a.visible_devices == device.instance
-    assert nvml_instances(sim) == {device.instance: ("4g.40gb", device.start)}
+    assert nvml_instances(machine) == {device.instance: ("4g.40gb", device.start)}
     (record,) = pool.store.mig_records()
     assert (record.state, record.uuid, record.allocation_id) == ("live", device.instance, a.id)
     (persisted,) = pool.store.load()
@@ -306,22 +337,21 @@ def test_an_allocation_gets_an_instance_created_recorded_and_destroyed_on_releas
     assert pool.ledger.allocations[a.id] == a
     pool.ledger.check_invariants()
     pool.release(a.id)
-    assert nvml_instances(sim) == {}
+    assert nvml_instances(machine) == {}
     assert pool.store.mig_records() == []
     pool.ledger.check_invariants()
 
 
 def test_admin_instances_on_a_managed_gpu_are_handed_out_never_placed_over_nor_destroyed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    machine: SimulatedNVML, start: Start
 ) -> None:
-    sim = SimulatedNVML(SPEC)
-    admin = Admin(sim).create("3g.40gb", 4)
-    (b_admin,) = nvml_instances(sim, "b")  # node b's 3g.40gb at slot 0, made by an admin too
-    pool = build(tmp_path, sim, monkeypatch)
+    admin = Admin(machine).create("3g.40gb", 4)
+    (b_admin,) = nvml_instances(machine, "b")  # node b's 3g.40gb at slot 0, made by an admin too
+    pool = start()
     assert pool.ledger.blocked == {}  # fixed instances now, not blocked slots
     first = [pool.allocate("ada", ["vision"], "mig-3g.40gb") for _ in range(2)]
     assert {a.devices[0].instance for a in first} == {admin, b_admin}  # before carving any
-    assert all_instances(sim) == {admin, b_admin}  # nothing was created for them
+    assert all_instances(machine) == {admin, b_admin}  # nothing was created for them
     assert pool.store.mig_records() == []
     ours = [pool.allocate("ada", ["vision"], "mig-3g.40gb") for _ in range(2)]
     assert sorted((a.devices[0].gpu, a.devices[0].start) for a in ours) == sorted(
@@ -333,24 +363,23 @@ def test_admin_instances_on_a_managed_gpu_are_handed_out_never_placed_over_nor_d
     pool.ledger.check_invariants()
     for held in (*first, *ours):
         pool.release(held.id)
-    assert all_instances(sim) == {admin, b_admin}  # the admin's stay, the pool's are gone
+    assert all_instances(machine) == {admin, b_admin}  # the admin's stay, the pool's are gone
     assert pool.store.mig_records() == []
     again = pool.allocate("ada", ["vision"], "mig-3g.40gb")  # the next user gets one as it is
     assert again.devices[0].instance in {admin, b_admin}
-    assert all_instances(sim) == {admin, b_admin}
+    assert all_instances(machine) == {admin, b_admin}
     pool.ledger.check_invariants()
 
 
 def test_a_holder_of_an_admins_instance_keeps_it_across_a_restart(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    machine: SimulatedNVML, start: Start
 ) -> None:
-    sim = SimulatedNVML(SPEC)
-    admin = Admin(sim).create("1g.10gb", 6)
-    pool = build(tmp_path, sim, monkeypatch)
+    admin = Admin(machine).create("1g.10gb", 6)
+    pool = start()
     held = pool.allocate("ada", ["vision"], "mig-1g.10gb")
     assert held.devices[0].instance == admin
     ours = pool.allocate("ada", ["vision"], "mig-4g.40gb")  # made by the pool, at slot 0
-    again = build(tmp_path, sim, monkeypatch)
+    again = start()
     assert again.ledger.allocations == {held.id: held, ours.id: ours}
     (record,) = again.store.mig_records()  # the pool's own only: the admin's is not recorded
     assert (record.uuid, record.allocation_id) == (ours.devices[0].instance, ours.id)
@@ -362,47 +391,40 @@ def test_a_holder_of_an_admins_instance_keeps_it_across_a_restart(
     with pytest.raises(NoCapacity):  # nothing goes over it while it is held, nor after
         again.allocate("ada", ["vision"], "mig-7g.80gb")
     again.release(held.id)
-    assert admin in nvml_instances(sim)  # released, not destroyed
+    assert admin in nvml_instances(machine)  # released, not destroyed
     assert again.allocate("bob", ["vision"], "mig-1g.10gb").devices[0].instance == admin
     again.ledger.check_invariants()
 
 
 def test_an_admins_instance_destroyed_while_the_hub_was_down_loses_its_holder_only(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    machine: SimulatedNVML, start: Start
 ) -> None:
-    sim = SimulatedNVML(SPEC)
-    by_hand = Admin(sim)
+    by_hand = Admin(machine)
     admin = by_hand.create("1g.10gb", 6)
-    pool = build(tmp_path, sim, monkeypatch)
+    pool = start()
     held = pool.allocate("ada", ["vision"], "mig-1g.10gb")
     assert held.devices[0].instance == admin
     ours = pool.allocate("ada", ["vision"], "mig-4g.40gb")
     by_hand.destroy(admin)  # the admin destroyed it while the hub was down
-    again = build(tmp_path, sim, monkeypatch)
+    again = start()
     assert again.ledger.allocations == {ours.id: ours}
     assert [a.id for a in again.store.load()] == [ours.id]
     assert again.mig is not None
     assert admin not in {r["uuid"] for r in again.mig.view(again.ledger)["admin"]}
-    assert set(nvml_instances(sim)) == {ours.devices[0].instance}
+    assert set(nvml_instances(machine)) == {ours.devices[0].instance}
     made = again.allocate("ada", ["vision"], "mig-1g.10gb")
     assert made.devices[0].instance not in (None, admin)  # slot 6 is the pool's to use now
     again.ledger.check_invariants()
 
 
 def test_an_admins_instance_destroyed_while_the_hub_runs_is_not_handed_out_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    machine: SimulatedNVML, start: Start
 ) -> None:
-    sim = SimulatedNVML(SPEC)
-    by_hand = Admin(sim)
+    by_hand = Admin(machine)
     admin = by_hand.create("1g.10gb", 6)
-    pool = build(tmp_path, sim, monkeypatch)
+    pool = start()
     by_hand.destroy(admin)  # the admin takes it back while the hub runs
-    with pytest.raises(DeviceUnavailable) as e:
-        pool.allocate("ada", ["vision"], "mig-1g.10gb")
-    assert status_of(e.value) == 503
-    assert "slot 6 of GPU 1 (an admin's) is gone" in e.value.message
-    assert "Free now: " in e.value.message
-    assert pool.ledger.allocations == {} and pool.store.load() == []
+    assert "slot 6 of GPU 1 (an admin's) is gone" in refused_503(pool, "mig-1g.10gb")
     managed = pool.inventory.gpus[1].uuid
     assert pool.ledger.blocked[managed, 6].reason == "gone"
     assert pool.mig is not None
@@ -410,31 +432,30 @@ def test_an_admins_instance_destroyed_while_the_hub_runs_is_not_handed_out_again
     made = pool.allocate("ada", ["vision"], "mig-1g.10gb")  # one the pool makes, elsewhere
     (device,) = made.devices
     assert device.instance not in (None, admin) and (device.gpu, device.start) != (managed, 6)
-    assert device.instance in all_instances(sim) and admin not in all_instances(sim)
+    assert device.instance in all_instances(machine) and admin not in all_instances(machine)
     pool.ledger.check_invariants()
-    again = build(tmp_path, sim, monkeypatch)  # the next start: slot 6 is free to use
+    again = start()  # the next start: slot 6 is free to use
     assert (managed, 6) not in again.ledger.blocked
     assert again.ledger.allocations == {made.id: made}
 
 
 def test_a_restart_re_adopts_held_instances_and_destroys_orphans_only(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_url: str
+    machine: SimulatedNVML, start: Start, db_url: str
 ) -> None:
     """The records of the instances the pool made, kept in its database (SQLite, PostgreSQL)."""
-    sim = SimulatedNVML(SPEC)
-    pool = build(tmp_path, sim, monkeypatch, url=db_url)
+    pool = start(url=db_url)
     kept = pool.allocate("ada", ["vision"], "mig-4g.40gb")  # made by the pool on GPU 1
     orphan = pool.allocate("ada", ["vision"], "mig-1g.10gb")
     # the hub dies after the orphan's instance was made and recorded, but its allocation is lost
     pool.store.delete([orphan.id])
     taken = {d.start for d in orphan.devices if d.gpu == pool.inventory.gpus[1].uuid}
     free = next(s for s in (6, 5, 4) if s not in taken)
-    admin = Admin(sim).create("1g.10gb", free)  # meanwhile
+    admin = Admin(machine).create("1g.10gb", free)  # meanwhile
     pool.store.close()
-    again = build(tmp_path, sim, monkeypatch, url=db_url)
+    again = start(url=db_url)
     assert again.ledger.allocations[kept.id].devices == kept.devices
-    b_admin = set(nvml_instances(sim, "b"))  # node b's admin 3g.40gb (and perhaps ours)
-    assert all_instances(sim) == {kept.devices[0].instance, admin} | b_admin
+    b_admin = set(nvml_instances(machine, "b"))  # node b's admin 3g.40gb (and perhaps ours)
+    assert all_instances(machine) == {kept.devices[0].instance, admin} | b_admin
     (record,) = again.store.mig_records()
     assert (record.uuid, record.allocation_id, record.state) == (
         kept.devices[0].instance,
@@ -443,53 +464,47 @@ def test_a_restart_re_adopts_held_instances_and_destroys_orphans_only(
     )
     again.ledger.check_invariants()
     again.release(kept.id)
-    assert all_instances(sim) == {admin} | (b_admin - {kept.devices[0].instance})
+    assert all_instances(machine) == {admin} | (b_admin - {kept.devices[0].instance})
     assert again.store.mig_records() == []
     again.store.close()
 
 
 def test_an_allocation_whose_instance_vanished_is_lost_at_restart(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    machine: SimulatedNVML, start: Start
 ) -> None:
-    sim = SimulatedNVML(SPEC)
-    pool = build(tmp_path, sim, monkeypatch)
+    pool = start()
     a = pool.allocate("ada", ["vision"], "mig-4g.40gb")  # fits only the managed GPU 1
     assert a.devices[0].instance is not None
-    Admin(sim).destroy(a.devices[0].instance)  # an admin destroyed it while the hub was down
-    again = build(tmp_path, sim, monkeypatch)
+    Admin(machine).destroy(a.devices[0].instance)  # an admin destroyed it while the hub was down
+    again = start()
     assert a.id not in again.ledger.allocations
     assert again.store.load() == [] and again.store.mig_records() == []
 
 
+@pytest.mark.parametrize("machine", [False], ids=["unprivileged"], indirect=True)
 def test_without_permission_the_hub_starts_and_managed_gpus_are_fixed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    machine: SimulatedNVML, start: Start, caplog: pytest.LogCaptureFixture
 ) -> None:
-    sim = SimulatedNVML(SPEC, privileged=False)
     with caplog.at_level(logging.WARNING):
-        pool = build(tmp_path, sim, monkeypatch, logger=logging.getLogger("gpupool-test"))
+        pool = start(logger=logging.getLogger("gpupool-test"))
     assert pool.mig is not None and "no permission" in pool.mig.off
     assert "MIG on demand is off" in caplog.text
     assert pool.inventory.gpus[1].mig_mode == "fixed"
     with pytest.raises(NoCapacity):  # nothing to hand out on the empty managed GPU
         pool.allocate("ada", ["vision"], "mig-4g.40gb")
     a = pool.allocate("ada", ["vision"], "mig-3g.40gb")  # node b's admin instance, as it is
-    assert a.devices[0].instance in nvml_instances(sim, "b")
+    assert a.devices[0].instance in nvml_instances(machine, "b")
     assert pool.mig.view(pool.ledger)["off"] == pool.mig.off
 
 
 def test_no_permission_at_creation_releases_and_turns_mig_on_demand_off(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    machine: SimulatedNVML, start: Start
 ) -> None:
-    sim = SimulatedNVML(SPEC)
-    pool = build(tmp_path, sim, monkeypatch)
+    pool = start()
     assert pool.mig is not None
     pool.mig.nvml_by_node["a"].privileged = False  # the hub lost its MIG capability meanwhile
-    with pytest.raises(DeviceUnavailable) as e:
-        pool.allocate("ada", ["vision"], "mig-7g.80gb")
-    assert status_of(e.value) == 503
-    assert "no permission" in e.value.message and "Free now:" in e.value.message
-    assert pool.ledger.allocations == {} and pool.store.load() == []
-    assert pool.store.mig_records() == [] and nvml_instances(sim) == {}
+    assert "no permission" in refused_503(pool, "mig-7g.80gb")
+    assert pool.store.mig_records() == [] and nvml_instances(machine) == {}
     assert pool.mig is not None and pool.mig.off
     with pytest.raises(NoCapacity):  # the managed GPU's slots are no longer offered
         pool.allocate("ada", ["vision"], "mig-7g.80gb")
@@ -497,20 +512,15 @@ def test_no_permission_at_creation_releases_and_turns_mig_on_demand_off(
 
 
 def test_a_racing_admin_instance_fails_the_creation_with_503_and_no_leak(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    machine: SimulatedNVML, start: Start
 ) -> None:
-    sim = SimulatedNVML(SPEC)
-    pool = build(tmp_path, sim, monkeypatch)
-    racer = Admin(sim).create("1g.10gb", 0)
-    with pytest.raises(DeviceUnavailable) as e:
-        pool.allocate("ada", ["vision"], "mig-7g.80gb")
-    assert status_of(e.value) == 503
-    message = e.value.message
+    pool = start()
+    racer = Admin(machine).create("1g.10gb", 0)
+    message = refused_503(pool, "mig-7g.80gb")
     assert "Could not create MIG 7g.80gb at slot 0 of GPU 1" in message
-    assert "Free now: " in message and "1g.10gb" in message
-    assert pool.ledger.allocations == {} and pool.store.load() == []
+    assert "1g.10gb" in message  # among what is free now
     assert pool.store.mig_records() == []
-    assert set(nvml_instances(sim)) == {racer}  # the admin's is untouched, nothing leaked
+    assert set(nvml_instances(machine)) == {racer}  # the admin's is untouched, nothing leaked
     assert pool.ledger.blocked[pool.inventory.gpus[1].uuid, 0].reason == "admin"
     a = pool.allocate("ada", ["vision"], "mig-3g.40gb")  # placed beside the racer now
     assert a.devices[0].start == 4 or a.devices[0].gpu != pool.inventory.gpus[1].uuid
@@ -518,40 +528,37 @@ def test_a_racing_admin_instance_fails_the_creation_with_503_and_no_leak(
 
 
 def test_a_failed_creation_leaves_the_admins_instances_of_the_start_allocatable(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    machine: SimulatedNVML, start: Start
 ) -> None:
     """What NVML shows after a failed creation is learnt (the racer's instance is blocked), but
     the admin's instances known since the start stay fixed instances, handed out as they are."""
-    sim = SimulatedNVML(SPEC)
-    by_hand = Admin(sim)
+    by_hand = Admin(machine)
     admin = by_hand.create("3g.40gb", 4)
-    (b_admin,) = nvml_instances(sim, "b")
-    pool = build(tmp_path, sim, monkeypatch)
+    (b_admin,) = nvml_instances(machine, "b")
+    pool = start()
     racer = by_hand.create("1g.10gb", 0)
-    with pytest.raises(DeviceUnavailable):  # a 4g.40gb fits only slot 0 of GPU 1
-        pool.allocate("ada", ["vision"], "mig-4g.40gb")
+    refused_503(pool, "mig-4g.40gb")  # a 4g.40gb fits only slot 0 of GPU 1
     gpu = pool.inventory.gpus[1].uuid
     assert pool.ledger.blocked[gpu, 0].reason == "admin"
     assert (gpu, 4) not in pool.ledger.blocked
     held = [pool.allocate("ada", ["vision"], "mig-3g.40gb") for _ in range(2)]
     assert {a.devices[0].instance for a in held} == {admin, b_admin}
-    assert set(nvml_instances(sim)) == {admin, racer}
+    assert set(nvml_instances(machine)) == {admin, racer}
     assert pool.mig is not None
     assert {r["uuid"] for r in pool.mig.view(pool.ledger)["admin"]} == {admin, b_admin, racer}
     pool.ledger.check_invariants()
 
 
 def test_a_busy_instance_drains_then_is_destroyed_and_its_slots_come_back(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    machine: SimulatedNVML, start: Start
 ) -> None:
-    sim = SimulatedNVML(SPEC)
-    pool = build(tmp_path, sim, monkeypatch)
+    pool = start()
     a = pool.allocate("ada", ["vision"], "mig-7g.80gb")
     uuid = a.devices[0].instance
     assert uuid is not None
-    sim.set_processes(uuid, [4242])  # a process outlives the server
+    machine.set_processes(uuid, [4242])  # a process outlives the server
     pool.release(a.id)
-    assert uuid in nvml_instances(sim)
+    assert uuid in nvml_instances(machine)
     (record,) = pool.store.mig_records()
     assert (record.state, record.allocation_id) == ("draining", None)
     gpu = pool.inventory.gpus[1].uuid
@@ -561,9 +568,9 @@ def test_a_busy_instance_drains_then_is_destroyed_and_its_slots_come_back(
     with pytest.raises(NoCapacity):  # the draining slots are not handed out
         pool.allocate("ada", ["vision"], "mig-7g.80gb")
     assert pool.retry_draining() == 0
-    sim.set_processes(uuid, [])
+    machine.set_processes(uuid, [])
     assert pool.retry_draining() == 1
-    assert nvml_instances(sim) == {} and pool.store.mig_records() == []
+    assert nvml_instances(machine) == {} and pool.store.mig_records() == []
     assert (gpu, 0) not in pool.ledger.blocked
     b = pool.allocate("ada", ["vision"], "mig-7g.80gb")
     assert b.devices[0].gpu == gpu and b.devices[0].instance not in (None, uuid)
@@ -571,20 +578,19 @@ def test_a_busy_instance_drains_then_is_destroyed_and_its_slots_come_back(
 
 
 def test_a_draining_orphan_at_restart_is_blocked_until_it_can_go(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    machine: SimulatedNVML, start: Start
 ) -> None:
-    sim = SimulatedNVML(SPEC)
-    pool = build(tmp_path, sim, monkeypatch)
+    pool = start()
     a = pool.allocate("ada", ["vision"], "mig-7g.80gb")
     uuid = a.devices[0].instance
     assert uuid is not None
     pool.store.delete([a.id])  # lost with the hub; its process still runs
-    sim.set_processes(uuid, [4242])
-    again = build(tmp_path, sim, monkeypatch)
+    machine.set_processes(uuid, [4242])
+    again = start()
     assert again.ledger.blocked[a.devices[0].gpu, 0].reason == "draining"
-    sim.set_processes(uuid, [])
+    machine.set_processes(uuid, [])
     assert again.retry_draining() == 1
-    assert nvml_instances(sim) == {}
+    assert nvml_instances(machine) == {}
 
 
 # -- the admin page ----------------------------------------------------------------------------
@@ -617,26 +623,24 @@ def render_admin(pool: Pool) -> str:
     )
 
 
-def test_the_admin_page_says_why_mig_on_demand_is_off(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    pool = build(tmp_path, SimulatedNVML(SPEC, privileged=False), monkeypatch)
+@pytest.mark.parametrize("machine", [False], ids=["unprivileged"], indirect=True)
+def test_the_admin_page_says_why_mig_on_demand_is_off(machine: SimulatedNVML, start: Start) -> None:
+    pool = start()
     html = render_admin(pool)
     assert 'id="gp-mig-off"' in html
     assert "MIG on demand is off: NVML refuses to manage MIG instances (no permission" in html
 
 
 def test_the_admin_page_shows_made_admin_and_draining_instances(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    machine: SimulatedNVML, start: Start
 ) -> None:
-    sim = SimulatedNVML(SPEC)
-    Admin(sim).create("1g.10gb", 6)  # an admin's
-    pool = build(tmp_path, sim, monkeypatch)
+    Admin(machine).create("1g.10gb", 6)  # an admin's
+    pool = start()
     a = pool.allocate("ada", ["vision"], "mig-4g.40gb")
     admins = pool.allocate("ada", ["vision"], "mig-1g.10gb")  # the admin's, as it is
     b = pool.allocate("ada", ["vision"], "mig-1g.10gb")  # one the pool makes
     assert admins.devices[0].start == 6 and b.devices[0].start != 6
-    sim.set_processes(b.devices[0].instance or "", [4242])
+    machine.set_processes(b.devices[0].instance or "", [4242])
     pool.release(b.id)
     html = render_admin(pool)
     assert 'id="gp-mig-off"' not in html
