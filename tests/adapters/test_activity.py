@@ -54,9 +54,51 @@ def test_unreadable_devices_and_nodes_are_left_out(caplog: pytest.LogCaptureFixt
     assert monitor.sample("elsewhere", [whole]) == {}
     assert not monitor.can_read("elsewhere") and monitor.can_read("n1")
     assert "GPU-gone" in caplog.text
-    # NVML itself is never left initialised
+    # the monitor holds NVML until it is closed, and leaves it shut down then
+    sim.nvmlDeviceGetCount()
+    monitor.close()
     with pytest.raises(pynvml.NVMLError_Uninitialized):
         sim.nvmlDeviceGetCount()
+
+
+def test_sampling_initialises_nvml_once_not_per_sample(tmp_path: Path) -> None:
+    activity = tmp_path / "activity.json"
+    sim = SimulatedNVML(SPEC, activity_file=activity)
+    whole, mig = uuids(sim)
+    before = sim.init_count
+    monitor = DeviceMonitor({"n1": sim})
+    for gpu in (10, 20, 30, 40, 50):
+        activity.write_text(json.dumps({whole: {"gpu": gpu}, mig: {"pids": [gpu]}}))
+        sample = monitor.sample("n1", [whole, mig])
+        assert sample[whole].utilisation == gpu  # each sample reads the moment's activity
+        assert monitor.processes("n1", [mig]) == {mig: [(gpu, 1024 << 20)]}
+    assert sim.init_count - before == 1
+    monitor.close()
+    monitor.sample("n1", [whole])  # closed: the next reading holds NVML again
+    assert sim.init_count - before == 2
+
+
+def test_a_node_whose_nvml_cannot_start_is_logged_once_and_tried_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Flaky(SimulatedNVML):
+        broken = True
+
+        def nvmlInit(self) -> None:
+            if self.broken:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+            super().nvmlInit()
+
+    sim = Flaky(SPEC)
+    monitor = DeviceMonitor({"n1": sim})
+    assert monitor.sample("n1", ["GPU-x"]) == {} and monitor.processes("n1", ["GPU-x"]) == {}
+    said = [r.getMessage() for r in caplog.records if "cannot be read" in r.getMessage()]
+    assert said == [
+        "gpupool: NVML on n1 cannot be read: no NVIDIA driver found (Driver Not Loaded)"
+    ]
+    sim.broken = False
+    whole, _ = uuids(sim)
+    assert set(monitor.sample("n1", [whole])) == {whole}
 
 
 def test_the_offset_clock_moves_time_by_the_file(tmp_path: Path) -> None:

@@ -9,15 +9,9 @@ import pytest
 
 from gpupool.core.inventory import model_key
 from gpupool.core.mig import GEOMETRIES
-from gpupool.discovery import (
-    SimulatedNVML,
-    discover,
-    parse_spec,
-    running_pids,
-    simulated_inventory,
-    utilisation,
-)
+from gpupool.discovery import SimulatedNVML, discover, parse_spec, simulated_inventory
 from gpupool.discovery.spec import GRAMMAR, PRODUCTS
+from gpupool.monitors.activity import DeviceMonitor
 
 H100 = GEOMETRIES["H100-80GB"]
 SPEC = "a: 8x H100-80GB, mig=2:3g.40gb+2g.20gb+1g.10gb, nvlink=4; b: 2x A100-40GB, mig=1"
@@ -287,23 +281,27 @@ def test_utilisation_is_not_supported_on_mig_devices(sim: SimulatedNVML) -> None
     sim.set_utilisation(sim.nvmlDeviceGetUUID(whole), gpu=42, memory=7)
     rates = sim.nvmlDeviceGetUtilizationRates(whole)
     assert (rates.gpu, rates.memory) == (42, 7)
-    assert utilisation(sim, sim.nvmlDeviceGetUUID(whole)) == 42
-    assert utilisation(sim, sim.nvmlDeviceGetUUID(mig)) is None
-    sim.nvmlDeviceGetCount()  # the helpers' init/shutdown pairs left our own init in place
+    monitor = DeviceMonitor({"a": sim})
+    read = monitor.sample("a", [sim.nvmlDeviceGetUUID(whole), sim.nvmlDeviceGetUUID(mig)])
+    assert [s.utilisation for s in read.values()] == [42, None]
+    monitor.close()
+    sim.nvmlDeviceGetCount()  # the monitor's session left our own init in place
 
 
 def test_processes_show_on_their_device_and_its_parent(sim: SimulatedNVML) -> None:
     gpu = sim.nvmlDeviceGetHandleByIndex(7)
     mig = sim.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 1)
-    mig_uuid = sim.nvmlDeviceGetUUID(mig)
-    assert running_pids(sim, mig_uuid) == []
+    mig_uuid, gpu_uuid = sim.nvmlDeviceGetUUID(mig), sim.nvmlDeviceGetUUID(gpu)
+    monitor = DeviceMonitor({"a": sim})
+    assert monitor.processes("a", [mig_uuid]) == {mig_uuid: []}
     sim.set_processes(mig_uuid, [4242], used_mib=512)
-    assert running_pids(sim, mig_uuid) == [4242]
-    assert running_pids(sim, sim.nvmlDeviceGetUUID(gpu)) == [4242]
+    running = monitor.processes("a", [mig_uuid, gpu_uuid])
+    assert running == {mig_uuid: [(4242, 512 << 20)], gpu_uuid: [(4242, 512 << 20)]}
     (proc,) = sim.nvmlDeviceGetComputeRunningProcesses(mig)
     assert proc.gpuInstanceId == sim.nvmlDeviceGetGpuInstanceId(mig)
     assert sim.nvmlDeviceGetMemoryInfo(mig).used == 512 << 20
-    assert running_pids(sim, sim.nvmlDeviceGetUUID(sim.nvmlDeviceGetHandleByIndex(0))) == []
+    whole = sim.nvmlDeviceGetUUID(sim.nvmlDeviceGetHandleByIndex(0))
+    assert monitor.processes("a", [whole]) == {whole: []}
 
 
 def test_nvlink_p2p_status_follows_the_islands(sim: SimulatedNVML) -> None:

@@ -9,21 +9,23 @@ Vocabulary
   :func:`discover` over a :class:`SimulatedNVML`; it is labelled ``simulated`` wherever it shows.
 
 Contract: :func:`discover` only reads (creating or destroying MIG instances is not its job), fails
-soft without a driver (empty inventory, a note, one warning), and always shuts NVML down again.
+soft without a driver (empty inventory, a note, one warning), and holds NVML only while it reads
+(:class:`~gpupool.discovery.nvml_session.NVMLSession`, the one session every NVML reader uses).
 :func:`parse_spec` raises ``ValueError`` with the bad part, the grammar and an example, so a bad
 ``c.GPUPool.inventory`` stops the hub with a message the admin can act on.
 """
 
-from gpupool.discovery.nvml import discover, running_pids, utilisation
+from gpupool.discovery.nvml import discover
+from gpupool.discovery.nvml_session import NVMLSession, NVMLUnavailable
 from gpupool.discovery.simulated import SimulatedNVML, simulated_inventory
 from gpupool.discovery.spec import NodeSpec, parse_spec
 
 __all__ = [
+    "NVMLSession",
+    "NVMLUnavailable",
     "NodeSpec",
     "SimulatedNVML",
     "discover",
     "parse_spec",
-    "running_pids",
     "simulated_inventory",
-    "utilisation",
 ]

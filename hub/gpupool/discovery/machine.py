@@ -144,11 +144,13 @@ class Gpu:
 
 @dataclass
 class Machine:
-    """One simulated node; ``refs`` counts ``nvmlInit`` calls not yet shut down."""
+    """One simulated node; ``refs`` counts ``nvmlInit`` calls not yet shut down, ``inits`` all
+    ``nvmlInit`` calls ever made (how often readers initialised NVML)."""
 
     spec: NodeSpec
     gpus: list[Gpu]
     refs: int = 0
+    inits: int = 0
     utilisation: dict[str, tuple[int, int]] = field(default_factory=dict)
     processes: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     created: int = 0

@@ -8,8 +8,9 @@ Vocabulary
 - *NVLink peers*: GPUs for which ``nvmlDeviceGetP2PStatus(a, b, NVML_P2P_CAPS_INDEX_NVLINK)``
   is ``NVML_P2P_STATUS_OK``.
 
-Contract: :func:`discover` never leaves NVML initialised (``nvmlShutdown`` after every successful
-``nvmlInit``). It fails soft: without a usable driver it returns an empty inventory with a note and
+Contract: :func:`discover` holds the NVML session (:mod:`gpupool.discovery.nvml_session`) only
+while it reads: NVML stays initialised afterwards only where another reader holds it. It fails
+soft: without a usable driver it returns an empty inventory with a note and
 logs one warning; a GPU NVML cannot read, or a MIG instance gpupool cannot model, is left out with
 a note. MIG instances resolve to profiles by NVML profile ID and placement size, never by name
 alone (names drift with drivers); only when NVML refuses GPU-instance queries (they need root)
@@ -18,7 +19,6 @@ does it fall back to the MIG device's name and a :meth:`Geometry.fit` placement,
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import socket
 from collections import defaultdict
@@ -29,9 +29,9 @@ import pynvml
 
 from gpupool.core.inventory import GPU, Inventory, MigInstance, MigMode, Node, model_key
 from gpupool.core.mig import GEOMETRIES, Geometry, Profile
+from gpupool.discovery.nvml_session import NVMLSession, NVMLUnavailable, text
 
 HINT = "Use inventory = 'simulated:<spec>' to try gpupool without GPUs."
-_NO_DRIVER = (pynvml.NVMLError_LibraryNotFound, pynvml.NVMLError_DriverNotLoaded)
 _NO_MIG = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)
 
 _log = logging.getLogger(__name__)
@@ -41,24 +41,23 @@ def discover(
     nvml: Any = None, node_name: str | None = None, log: logging.Logger | None = None
 ) -> Inventory:
     """This node's GPUs as NVML (default: the real ``pynvml``) reports them."""
-    nvml = pynvml if nvml is None else nvml
+    session = NVMLSession.of(nvml)
     log = log or _log
-    simulated = bool(getattr(nvml, "simulated", False))
+    simulated = bool(getattr(session.module, "simulated", False))
     source = "simulated" if simulated else "nvml"
-    node = node_name or getattr(nvml, "node_name", None) or socket.gethostname()
+    node = node_name or getattr(session.module, "node_name", None) or socket.gethostname()
     try:
-        nvml.nvmlInit()
-    except pynvml.NVMLError as e:
-        note = _init_failure(e)
+        session.hold()
+    except NVMLUnavailable as e:
+        note = f"NVML: {e}; the pool has no GPUs. {HINT}"
         log.warning(note)
         return Inventory((), source=source, simulated=simulated, notes=(note,))
     notes: list[str] = []
     try:
-        driver = _text(nvml.nvmlSystemGetDriverVersion())
-        gpus = _read_gpus(nvml, notes)
+        driver = text(session.nvml.nvmlSystemGetDriverVersion())
+        gpus = _read_gpus(session, notes)
     finally:
-        with contextlib.suppress(pynvml.NVMLError):
-            nvml.nvmlShutdown()
+        session.release()
     for note in notes:
         log.warning("NVML on %s: %s", node, note)
     kind = "simulated NVML" if simulated else "NVML"
@@ -66,51 +65,13 @@ def discover(
     return Inventory((Node(node, gpus),), source=source, simulated=simulated, notes=tuple(notes))
 
 
-def utilisation(nvml: Any, uuid: str) -> int | None:
-    """GPU utilisation in percent of a GPU or MIG device, or ``None`` where NVML has none.
-
-    NVML does not measure utilisation per MIG device (nor of a GPU in MIG mode): ``None`` there.
-    Other NVML errors (such as ``NVMLError_NotFound`` for a UUID that is gone) propagate.
-    """
-    nvml = pynvml if nvml is None else nvml
-    nvml.nvmlInit()
-    try:
-        handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
-        try:
-            return int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-        except pynvml.NVMLError_NotSupported:
-            return None
-    finally:
-        nvml.nvmlShutdown()
-
-
-def running_pids(nvml: Any, uuid: str) -> list[int]:
-    """Process IDs of the compute processes on a GPU or MIG device (works in MIG mode too)."""
-    nvml = pynvml if nvml is None else nvml
-    nvml.nvmlInit()
-    try:
-        handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
-        return [int(p.pid) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)]
-    finally:
-        nvml.nvmlShutdown()
-
-
-def _init_failure(e: pynvml.NVMLError) -> str:
-    if isinstance(e, _NO_DRIVER):
-        return f"NVML: no NVIDIA driver found ({e}); the pool has no GPUs. {HINT}"
-    return f"NVML: could not start ({e}); the pool has no GPUs. {HINT}"
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _read_gpus(nvml: Any, notes: list[str]) -> tuple[GPU, ...]:
+def _read_gpus(session: NVMLSession, notes: list[str]) -> tuple[GPU, ...]:
+    nvml = session.nvml
     gpus: list[GPU] = []
     handles: dict[str, Any] = {}
     for i in range(nvml.nvmlDeviceGetCount()):
         try:
-            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            handle = session.device_at(i)
             gpu = _read_gpu(nvml, handle, notes)
         except pynvml.NVMLError as e:
             notes.append(f"GPU {i} left out: NVML says {e}")
@@ -124,7 +85,7 @@ def _read_gpus(nvml: Any, notes: list[str]) -> tuple[GPU, ...]:
 
 def _read_gpu(nvml: Any, handle: Any, notes: list[str]) -> GPU | None:
     index = nvml.nvmlDeviceGetIndex(handle)
-    name = _text(nvml.nvmlDeviceGetName(handle))
+    name = text(nvml.nvmlDeviceGetName(handle))
     memory_mib = nvml.nvmlDeviceGetMemoryInfo(handle).total >> 20
     model = model_key(name, memory_mib)
     mig_on = _mig_enabled(nvml, handle, index, notes)
@@ -139,7 +100,7 @@ def _read_gpu(nvml: Any, handle: Any, notes: list[str]) -> GPU | None:
         instances = _read_instances(nvml, handle, index, geometry, notes)
     mode: MigMode = "off" if not mig_on else "fixed" if instances else "dynamic"
     return GPU(
-        uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+        uuid=text(nvml.nvmlDeviceGetUUID(handle)),
         index=index,
         model=model,
         memory_mib=memory_mib,
@@ -176,7 +137,7 @@ def _read_instances(
             mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
         except pynvml.NVMLError_NotFound:
             continue
-        uuid, gi = _text(nvml.nvmlDeviceGetUUID(mig)), nvml.nvmlDeviceGetGpuInstanceId(mig)
+        uuid, gi = text(nvml.nvmlDeviceGetUUID(mig)), nvml.nvmlDeviceGetGpuInstanceId(mig)
         if gi in seen:
             notes.append(
                 f"GPU {index}: GPU instance {gi} has several compute instances; "
@@ -206,7 +167,7 @@ def _instance_profile(
     try:
         info = nvml.nvmlGpuInstanceGetInfo(nvml.nvmlDeviceGetGpuInstanceById(handle, gi))
     except pynvml.NVMLError_NoPermission:
-        shown = _text(nvml.nvmlDeviceGetName(mig)).rpartition(" MIG ")[2]
+        shown = text(nvml.nvmlDeviceGetName(mig)).rpartition(" MIG ")[2]
         return geometry.resolve(shown), None
     size = info.placement.size
     return geometry.resolve(profile_id=info.profileId, memory_slots=size), info.placement.start

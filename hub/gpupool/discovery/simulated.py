@@ -9,7 +9,9 @@ Vocabulary
 
 Contract: each method has pynvml's name, arguments and result shape (pynvml's own ctypes
 structures where it returns one) and raises pynvml's own error classes where real NVML fails:
-``NVMLError_Uninitialized`` before ``nvmlInit``, ``NVMLError_InvalidArgument`` for a foreign handle
+``NVMLError_Uninitialized`` before ``nvmlInit`` and after the last ``nvmlShutdown`` (``nvmlInit``
+is counted per machine, as NVML counts it per process; handles taken before are invalid then),
+``NVMLError_InvalidArgument`` for a foreign handle
 or an index out of range, ``NVMLError_NotFound`` for a missing MIG device or GPU instance,
 ``NVMLError_NotSupported`` for utilisation of a MIG device (or of a GPU in MIG mode), and
 ``NVMLError_NoPermission`` for GPU-instance queries, creation and destruction when built with
@@ -116,11 +118,13 @@ class SimulatedNVML:
     def _load_activity(self, path: Path) -> None:
         """Apply an activity file: ``{uuid: {"gpu": 37, "memory": 10, "pids": [4242],
         "used_mib": 2048}}`` (all keys optional), so a test or a demo can drive a hub that runs
-        in another process. Read at every ``nvmlInit``; a missing file means no activity, and
-        UUIDs not on this spec's machines are ignored."""
+        in another process. Read at every call that reports activity (utilisation, memory,
+        processes; as a real driver reports the moment's, however long NVML stays initialised);
+        a missing file means no activity, a half-written one (not JSON yet) the last activity
+        read, and UUIDs not on this spec's machines are ignored."""
         try:
             activity = json.loads(path.read_text())
-        except FileNotFoundError:
+        except (FileNotFoundError, json.JSONDecodeError):
             return
         for uuid, state in activity.items():
             try:
@@ -130,6 +134,11 @@ class SimulatedNVML:
             machine.utilisation[uuid] = (int(state.get("gpu", 0)), int(state.get("memory", 0)))
             used = int(state.get("used_mib", 1024)) << 20
             machine.processes[uuid] = [(int(pid), used) for pid in state.get("pids", [])]
+
+    @property
+    def init_count(self) -> int:
+        """How many times ``nvmlInit`` was called on this view's machine (by any view)."""
+        return self._machines[self.node_name].inits
 
     def rename_profile(self, profile: str, shown_as: str) -> None:
         """Make the "driver" name a profile differently (``3g.40gb`` as ``3g.39gb``)."""
@@ -192,6 +201,13 @@ class SimulatedNVML:
             raise error(pynvml.NVML_ERROR_UNINITIALIZED)
         return m
 
+    def _activity(self) -> Machine:
+        """The machine, with the activity file applied (its utilisation and processes now)."""
+        m = self._machine()
+        if self.activity_file is not None:
+            self._load_activity(self.activity_file)
+        return m
+
     def _resolve(self, handle: object) -> tuple[Gpu, Instance | None]:
         m = self._machine()
         if not isinstance(handle, Device) or handle.node != self.node_name:
@@ -226,9 +242,9 @@ class SimulatedNVML:
     # -- system and devices --------------------------------------------------------------------
 
     def nvmlInit(self) -> None:
-        self._machines[self.node_name].refs += 1
-        if self.activity_file is not None:
-            self._load_activity(self.activity_file)
+        m = self._machines[self.node_name]
+        m.refs += 1
+        m.inits += 1
 
     def nvmlShutdown(self) -> None:
         self._machine().refs -= 1
@@ -278,7 +294,7 @@ class SimulatedNVML:
         gpu = self._gpu(handle)  # MIG devices: NotSupported
         if gpu.mig:
             raise error(pynvml.NVML_ERROR_NOT_SUPPORTED)  # nvidia-smi shows N/A in MIG mode
-        rates = self._machine().utilisation.get(gpu.uuid, (0, 0))
+        rates = self._activity().utilisation.get(gpu.uuid, (0, 0))
         return pynvml.c_nvmlUtilization_t(gpu=rates[0], memory=rates[1])
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list[Any]:
@@ -289,7 +305,7 @@ class SimulatedNVML:
         if inst is None:
             owners += [(i.uuid, i.gi) for i in gpu.instances.values() if i.uuid]
         na = pynvml.NVML_VALUE_NOT_AVAILABLE_uint.value
-        procs = self._machine().processes
+        procs = self._activity().processes
         return [
             pynvml.nvmlFriendlyObject(
                 {
@@ -521,7 +537,7 @@ class SimulatedNVML:
         if inst.ci != h.ci:
             raise error(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # a destroyed one's handle
         self._root()
-        machine = self._machine()
+        machine = self._activity()
         if inst.uuid and machine.processes.get(inst.uuid):
             raise error(pynvml.NVML_ERROR_IN_USE)
         machine.processes.pop(inst.uuid or "", None)

@@ -32,7 +32,7 @@ Vocabulary
 
 Contract: every NVML call for instances goes through
 :class:`gpupool.mig.nvml.MigDriver` (the ``nvml`` of the GPU's node: ``pynvml`` or the
-simulated NVML, each use between ``nvmlInit`` and ``nvmlShutdown``); this module keeps the
+simulated NVML, each use inside the node's NVML session); this module keeps the
 records, the ledger's view and the policy. An instance is recorded (``creating``) before NVML
 is asked and marked ``live`` with its ``MIG-…`` UUID before the allocation that holds it is
 handed out; a failed creation leaves no instance and no record.

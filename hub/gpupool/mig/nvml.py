@@ -3,8 +3,9 @@
 Vocabulary
 - *managed GPU* (:class:`ManagedGpu`): a GPU whose instances the pool creates: its node, UUID,
   index, model and MIG geometry.
-- *session*: one use of a node's NVML between ``nvmlInit`` and ``nvmlShutdown``
-  (:meth:`MigDriver.session`); every call here opens its own.
+- *session*: the node's NVML session (:class:`gpupool.discovery.nvml_session.NVMLSession`),
+  held for each call here (:meth:`MigDriver.session`); NVML is initialised only where no other
+  reader (the device monitor) holds it already.
 - *own GPU instance*: the GPU instance of a record (:class:`gpupool.store.MigRecord`) when NVML
   still has it as recorded: same GPU-instance ID, profile and start slot. Anything else on the
   GPU is not the pool's and is never touched.
@@ -19,7 +20,7 @@ says what it returns instead.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,16 +29,9 @@ import pynvml
 from gpupool.core.inventory import GPU
 from gpupool.core.mig import Geometry, Profile
 from gpupool.discovery.machine import compute_profile_index, profile_index
+from gpupool.discovery.nvml_session import NVMLSession, nvml_error, text
 
-
-def nvml_error(e: Exception) -> int | None:
-    """NVML's error code of ``e`` (``None``: not an NVML error)."""
-    return getattr(e, "value", None) if isinstance(e, pynvml.NVMLError) else None
-
-
-def text(value: str | bytes) -> str:
-    """An NVML string (bytes from older bindings) as text."""
-    return value.decode() if isinstance(value, bytes) else value
+__all__ = ["ManagedGpu", "MigDriver", "nvml_error", "text"]
 
 
 @dataclass
@@ -55,15 +49,9 @@ class MigDriver:
     def __init__(self, nvml_by_node: Mapping[str, Any]) -> None:
         self.nvml_by_node = dict(nvml_by_node)
 
-    @contextlib.contextmanager
-    def session(self, node: str) -> Iterator[Any]:
-        nvml = self.nvml_by_node[node]
-        nvml.nvmlInit()
-        try:
-            yield nvml
-        finally:
-            with contextlib.suppress(pynvml.NVMLError):
-                nvml.nvmlShutdown()
+    def session(self, node: str) -> contextlib.AbstractContextManager[NVMLSession]:
+        """``node``'s NVML session, held for a block."""
+        return NVMLSession.of(self.nvml_by_node[node]).use()
 
     def probe(self, candidates: Iterable[tuple[str, GPU]]) -> str:
         """ "" when NVML lets this process manage MIG instances, else why not. Asks for the
@@ -72,8 +60,8 @@ class MigDriver:
             geometry = gpu.geometry
             assert geometry is not None
             try:
-                with self.session(node) as nvml:
-                    handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+                with self.session(node) as session:
+                    nvml, handle = session.nvml, session.device(gpu.uuid)
                     p = geometry.profiles[0]
                     info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_index(p))
                     nvml.nvmlDeviceGetGpuInstanceRemainingCapacity(handle, info.id)
@@ -91,8 +79,8 @@ class MigDriver:
         returns the GPU- and compute-instance IDs and the MIG device's UUID."""
         p = gpu.geometry.resolve(profile)
         assert p is not None
-        with self.session(gpu.node) as nvml:
-            handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+        with self.session(gpu.node) as session:
+            nvml, handle = session.nvml, session.device(gpu.uuid)
             info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_index(p))
             placement = pynvml.c_nvmlGpuInstancePlacement_t()
             placement.start, placement.size = start, p.memory_slots
@@ -116,9 +104,9 @@ class MigDriver:
         """Whether NVML no longer shows MIG device ``uuid`` on ``gpu`` (another NVML error: it
         is taken as there)."""
         try:
-            with self.session(gpu.node) as nvml:
-                mig = nvml.nvmlDeviceGetHandleByUUID(uuid)
-                parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+            with self.session(gpu.node) as session:
+                nvml = session.nvml
+                parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(session.device(uuid))
                 return text(nvml.nvmlDeviceGetUUID(parent)) != gpu.uuid
         except pynvml.NVMLError as e:
             return bool(nvml_error(e) == pynvml.NVML_ERROR_NOT_FOUND)
@@ -128,10 +116,10 @@ class MigDriver:
         between creating the GPU instance and its compute instance); NVML errors are ignored."""
         if record.gpu_instance_id is None:
             return
-        with contextlib.suppress(pynvml.NVMLError), self.session(gpu.node) as nvml:
-            gi = _own_gpu_instance(nvml, gpu, record)
+        with contextlib.suppress(pynvml.NVMLError), self.session(gpu.node) as session:
+            gi = _own_gpu_instance(session, gpu, record)
             if gi is not None:
-                nvml.nvmlGpuInstanceDestroy(gi)
+                session.nvml.nvmlGpuInstanceDestroy(gi)
 
     def destroy(self, gpu: ManagedGpu, record: Any) -> str:
         """Destroy a recorded instance: ``destroyed``, ``gone`` (not there, or no longer the
@@ -139,18 +127,19 @@ class MigDriver:
         if record.gpu_instance_id is None and record.uuid is None:
             return "gone"
         try:
-            with self.session(gpu.node) as nvml:
+            with self.session(gpu.node) as session:
+                nvml = session.nvml
                 if record.gpu_instance_id is None:  # a crash before the IDs were recorded
                     try:
-                        mig = nvml.nvmlDeviceGetHandleByUUID(record.uuid)
+                        mig = session.device(record.uuid)
                     except pynvml.NVMLError_NotFound:
                         return "gone"
                     record = replace(record, gpu_instance_id=nvml.nvmlDeviceGetGpuInstanceId(mig))
-                gi = _own_gpu_instance(nvml, gpu, record)
+                gi = _own_gpu_instance(session, gpu, record)
                 if gi is None:
                     return "gone"
                 if record.uuid is not None:
-                    handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+                    handle = session.device(gpu.uuid)
                     try:
                         ci_id, uuid = _mig_device(nvml, handle, record.gpu_instance_id)
                     except pynvml.NVMLError_NotFound:
@@ -188,10 +177,10 @@ def _destroy_gpu_instance(nvml: Any, gi: Any) -> None:
     nvml.nvmlGpuInstanceDestroy(gi)
 
 
-def _own_gpu_instance(nvml: Any, gpu: ManagedGpu, record: Any) -> Any:
+def _own_gpu_instance(session: NVMLSession, gpu: ManagedGpu, record: Any) -> Any:
     """The GPU instance of ``record`` if NVML still has it as recorded (same ID, profile and
     start), else ``None``: an instance that is not the pool's is never touched."""
-    handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+    nvml, handle = session.nvml, session.device(gpu.uuid)
     try:
         gi = nvml.nvmlDeviceGetGpuInstanceById(handle, record.gpu_instance_id)
     except pynvml.NVMLError as e:

@@ -14,20 +14,25 @@ Vocabulary
   them from NVIDIA's DCGM exporter through Prometheus (when the reclaimer's
   ``dcgm_prometheus_url`` is set) as the same :class:`DeviceSample`, with no PIDs.
 
-Contract: :meth:`DeviceMonitor.sample` initialises NVML once per node per call and always shuts it
-down again; a device NVML cannot read (gone, or an NVML error) is left out of the result rather
-than failing the whole reading, and the error is logged once per device.
+Contract: the monitor is a periodic reader: it holds each node's NVML session
+(:class:`~gpupool.discovery.nvml_session.NVMLSession`) from its first reading of that node until
+:meth:`DeviceMonitor.close`, so NVML is initialised once, not on every sample (a node whose NVML
+cannot start is tried again at the next reading). A device NVML cannot read (gone, or an NVML
+error) is left out of the result rather than failing the whole reading, and the error is logged
+once per device, as is a node whose NVML cannot start.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pynvml
+
+from gpupool.discovery.nvml_session import NVMLSession, NVMLUnavailable
 
 T = TypeVar("T")
 
@@ -48,6 +53,8 @@ class DeviceMonitor:
 
     def __init__(self, nvml_by_node: Mapping[str, Any] | None = None) -> None:
         self.nvml_by_node = dict(nvml_by_node or {})
+        self._held: dict[str, NVMLSession] = {}
+        self._holding = threading.Lock()
         self._failed: set[str] = set()
 
     def can_read(self, node: str | None) -> bool:
@@ -62,30 +69,45 @@ class DeviceMonitor:
         bytes (``None`` where NVML does not report it); a device NVML cannot read is left out."""
         return self._each(node, uuids, _processes, "NVML cannot read the processes of")
 
-    def _each(
-        self, node: str, uuids: Iterable[str], read: Callable[[Any, str], T], failing: str
-    ) -> dict[str, T]:
-        """``read(nvml, uuid)`` for each device of ``uuids`` on ``node``, inside one NVML
-        session; a node or device NVML cannot read is logged once and left out."""
+    def close(self) -> None:
+        """Release the NVML sessions this monitor holds (the next reading holds them again)."""
+        with self._holding:
+            held, self._held = self._held, {}
+        for session in held.values():
+            session.release()
+
+    def _session(self, node: str) -> NVMLSession | None:
+        """``node``'s NVML session, held from the first reading on (``None``: no NVML there,
+        or one that cannot start, logged once)."""
         nvml = self.nvml_by_node.get(node)
+        if nvml is None:
+            return None
+        with self._holding:
+            if node not in self._held:
+                session = NVMLSession.of(nvml)
+                try:
+                    session.hold()
+                except NVMLUnavailable as e:
+                    self._once(node, f"NVML on {node} cannot be read: {e}")
+                    return None
+                self._held[node] = session
+            return self._held[node]
+
+    def _each(
+        self, node: str, uuids: Iterable[str], read: Callable[[NVMLSession, str], T], failing: str
+    ) -> dict[str, T]:
+        """``read(session, uuid)`` for each device of ``uuids`` on ``node``; a node or device NVML
+        cannot read is logged once and left out."""
         wanted = list(uuids)
-        if nvml is None or not wanted:
-            return {}
-        try:
-            nvml.nvmlInit()
-        except pynvml.NVMLError as e:
-            self._once(node, f"NVML on {node} cannot be read: {e}")
+        session = self._session(node) if wanted else None
+        if session is None:
             return {}
         out: dict[str, T] = {}
-        try:
-            for uuid in wanted:
-                try:
-                    out[uuid] = read(nvml, uuid)
-                except pynvml.NVMLError as e:
-                    self._once(uuid, f"{failing} {uuid} on {node}: {e}")
-        finally:
-            with contextlib.suppress(pynvml.NVMLError):
-                nvml.nvmlShutdown()
+        for uuid in wanted:
+            try:
+                out[uuid] = read(session, uuid)
+            except pynvml.NVMLError as e:
+                self._once(uuid, f"{failing} {uuid} on {node}: {e}")
         return out
 
     def _once(self, key: str, message: str) -> None:
@@ -94,13 +116,13 @@ class DeviceMonitor:
             log.warning("gpupool: %s", message)
 
 
-def _processes(nvml: Any, uuid: str) -> list[tuple[int, int | None]]:
-    handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
-    return [(int(p.pid), _used(p)) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+def _processes(session: NVMLSession, uuid: str) -> list[tuple[int, int | None]]:
+    running = session.nvml.nvmlDeviceGetComputeRunningProcesses(session.device(uuid))
+    return [(int(p.pid), _used(p)) for p in running]
 
 
-def _read(nvml: Any, uuid: str) -> DeviceSample:
-    handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+def _read(session: NVMLSession, uuid: str) -> DeviceSample:
+    nvml, handle = session.nvml, session.device(uuid)
     try:
         utilisation: int | None = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
     except pynvml.NVMLError_NotSupported:
