@@ -9,8 +9,10 @@ Vocabulary
   (``gpupool_offer_limit``: KubeGPUSpawner's profiles). Both doors are checked by the same code,
   on the hub.
 - *spawn form*: gpupool's radio list, shown per ``spawn_form`` (by default only when there is
-  something to choose); ``options_from_form`` stays JupyterHub's configurable trait, with
-  gpupool's parser as its default, and an admin's callable composes with it.
+  something to choose), printed by a Jinja template an admin may replace or extend
+  (``spawn_form_template``, :mod:`gpupool.hub.form`); ``options_from_form`` stays JupyterHub's
+  configurable trait, with gpupool's parser as its default, and an admin's callable composes
+  with it.
 - *allocation*: what the pool granted this server (see :class:`gpupool.core.ledger.Allocation`);
   its id is in the spawner's state, so a hub restart re-attaches the running server to it.
 - *ref*: ``user/server-name``, what the allocation is for.
@@ -35,7 +37,7 @@ from typing import Any
 
 from jupyterhub.spawner import Spawner
 from sqlalchemy.orm import object_session
-from traitlets import Int, TraitError, Unicode, default, validate
+from traitlets import Int, List, TraitError, Unicode, default, validate
 
 from gpupool.core.errors import InvalidRequest, PoolError, TooLarge, UnknownAllocation
 from gpupool.core.ledger import Allocation
@@ -44,7 +46,7 @@ from gpupool.core.parse import check_size, check_texts, json_size
 from gpupool.core.quota import EVERYONE, resolve_team
 from gpupool.hub.compat import query_options
 from gpupool.hub.errors import http_error
-from gpupool.hub.form import SPAWN_FORMS, render
+from gpupool.hub.form import SPAWN_FORMS, form_template, form_view, render
 from gpupool.hub.menu import Choice, menu
 from gpupool.hub.objects import hub_objects
 from gpupool.hub.reconcile import STATE_KEY
@@ -108,6 +110,28 @@ class GPUSpawnerMixin(Spawner):
         takes what the REST call or spawn link names, else ``default_offer``). Example:
         ``c.GPUSpawnerMixin.spawn_form = "always"``""",
     )
+    spawn_form_template = Unicode(
+        "",
+        config=True,
+        help="""gpupool's spawn form as your own Jinja template (autoescaped), instead of its
+        default ``gpupool-spawn-form.html``: replace it, or extend it and override its blocks
+        (``intro``, ``simulated``, ``team``, ``legend``, ``quota``, ``choice``, ``nothing``,
+        ``outro``). The template gets ``form`` (:class:`gpupool.hub.form.FormView`), and the
+        chosen radio button must post ``form.field`` = ``choice.value``. A template that does
+        not compile, names a file that is not there or fails on a sample form stops the hub at
+        start. Like KubeSpawner's ``profile_form_template``. Example:
+        ``c.GPUSpawnerMixin.spawn_form_template = '{% extends "gpupool-spawn-form.html" %}'
+        '{% block intro %}<p>GPUs: ask in #gpu-help</p>{% endblock %}'``""",
+    )
+    spawn_form_template_paths = List(
+        Unicode(),
+        config=True,
+        help="""Folders holding your own templates, which ``spawn_form_template`` may
+        ``{% extends %}`` or ``{% include %}`` (searched after gpupool's own: the name
+        ``gpupool-spawn-form.html`` always means gpupool's). Example:
+        ``c.GPUSpawnerMixin.spawn_form_template_paths = ["/etc/jupyterhub/templates"]`` with
+        ``c.GPUSpawnerMixin.spawn_form_template = '{% extends "site-form.html" %}'``""",
+    )
     default_offer = Unicode(
         "cpu",
         config=True,
@@ -166,8 +190,10 @@ class GPUSpawnerMixin(Spawner):
             return ""
         pool = self.gpupool
         menus = menu(pool.ledger, self.user.name, self.gpupool_groups())
-        notes = self.gpupool_offer_notes()
-        return render(menus, pool.inventory.label, pool.inventory.simulated, notes)
+        view = form_view(
+            menus, pool.inventory.label, pool.inventory.simulated, self.gpupool_offer_notes()
+        )
+        return render(view, form_template(self.spawn_form_template, self.spawn_form_template_paths))
 
     def gpupool_offer_notes(self) -> dict[str, str]:
         """Hook: a sentence per offer name for the spawn page (how a share is enforced; for a

@@ -17,11 +17,12 @@ from __future__ import annotations
 import os
 import pwd
 import random
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,28 +110,19 @@ def real_database(path: Path) -> bytes:
     return path.read_bytes()
 
 
-def test_a_garbage_file_is_refused_and_left_alone(tmp_path: Path) -> None:
-    """SQLite only: a file that is no database."""
-    db = tmp_path / "gpupool.sqlite"
-    garbage = random.Random(12).randbytes(8192)
-    db.write_bytes(garbage)
-    assert refusal(db) == (
-        f"{KEY} {db} is not a SQLite database (file is not a database): {MOVE_AWAY}"
-    )
-    assert db.read_bytes() == garbage
+def garbage(db: Path) -> None:
+    """A file that is no database."""
+    db.write_bytes(random.Random(12).randbytes(8192))
 
 
-def test_a_truncated_database_is_refused(tmp_path: Path) -> None:
-    """SQLite only: a file cut short."""
-    db = tmp_path / "gpupool.sqlite"
+def truncated(db: Path) -> None:
+    """A database cut short."""
     whole = real_database(db)
     db.write_bytes(whole[: len(whole) // 2])
-    assert refusal(db) == f"{KEY} {db} is damaged (database disk image is malformed): {MOVE_AWAY}"
 
 
-def test_a_damaged_page_inside_a_database_is_refused(tmp_path: Path) -> None:
-    """SQLite only: the schema reads fine; only the allocations' own pages are garbage."""
-    db = tmp_path / "gpupool.sqlite"
+def damaged_page(db: Path) -> None:
+    """A database whose schema reads fine; only the allocations' own pages are garbage."""
     real_database(db)
     with sa.create_engine(f"sqlite:///{db}").connect() as conn:
         page_size = conn.exec_driver_sql("PRAGMA page_size").scalar_one()
@@ -141,51 +133,67 @@ def test_a_damaged_page_inside_a_database_is_refused(tmp_path: Path) -> None:
     start = (root - 1) * page_size
     data[start : start + page_size] = random.Random(3).randbytes(page_size)
     db.write_bytes(bytes(data))
-    message = refusal(db)
-    assert message.startswith(f"{KEY} {db} is damaged ("), message
-    assert message.endswith(f"): {MOVE_AWAY}"), message
 
 
-def test_damage_that_only_the_integrity_check_sees_is_refused_in_one_line(tmp_path: Path) -> None:
-    """SQLite only: SQLite reads this file, but ``PRAGMA quick_check`` finds its header's
-    freelist wrong."""
-    db = tmp_path / "gpupool.sqlite"
+def wrong_freelist(db: Path) -> None:
+    """A database SQLite reads, but whose header's count of free pages ``PRAGMA quick_check``
+    finds wrong."""
     data = bytearray(real_database(db))
-    data[36:40] = (5).to_bytes(4, "big")  # the header's count of free pages
+    data[36:40] = (5).to_bytes(4, "big")
     db.write_bytes(bytes(data))
-    assert refusal(db) == (
-        f"{KEY} {db} is damaged (Main freelist: size is 0 but should be 5): {MOVE_AWAY}"
-    )
 
 
-def test_an_unknown_migration_is_refused(db_url: str) -> None:
+@pytest.mark.parametrize(
+    ("damage", "what"),
+    [
+        (garbage, r"is not a SQLite database \(file is not a database\)"),
+        (truncated, r"is damaged \(database disk image is malformed\)"),
+        (damaged_page, r"is damaged \(.+\)"),  # SQLite's words vary with the bytes it reads
+        (wrong_freelist, r"is damaged \(Main freelist: size is 0 but should be 5\)"),
+    ],
+    ids=["garbage", "truncated", "damaged page", "integrity check only"],
+)
+def test_a_damaged_file_is_refused_in_one_line_and_left_alone(
+    tmp_path: Path, damage: Callable[[Path], None], what: str
+) -> None:
+    """SQLite only: damage the file's own bytes show."""
+    db = tmp_path / "gpupool.sqlite"
+    damage(db)
+    damaged = db.read_bytes()
+    message = refusal(db)
+    expected = f"{re.escape(f'{KEY} {db}')} {what}: {re.escape(MOVE_AWAY)}"
+    assert re.fullmatch(expected, message), message
+    assert db.read_bytes() == damaged
+
+
+@pytest.mark.parametrize(
+    ("statement", "said"),
+    [
+        (
+            "UPDATE gpupool_alembic_version SET version_num = '0099'",
+            "{named} is at migration '0099', which this gpupool does not know (its newest is "
+            "'0006'; written by a newer gpupool?): upgrade gpupool, or restore a backup made with "
+            "this version",
+        ),
+        (
+            "DROP TABLE gpupool_alembic_version",
+            "{named} has gpupool tables (gpupool_allocation_devices, gpupool_allocations, "
+            "gpupool_job_scripts, gpupool_jobs, gpupool_mig_instances) but no record of their "
+            "migration (table gpupool_alembic_version): {fresh_start}",
+        ),
+        (
+            "DROP TABLE gpupool_jobs",
+            "{named} is at migration '0006' but lacks the table gpupool_jobs: {fresh_start}",
+        ),
+    ],
+    ids=["unknown migration", "no migration record", "missing table"],
+)
+def test_a_database_at_a_state_no_migration_explains_is_refused(
+    db_url: str, statement: str, said: str
+) -> None:
     populated(db_url)
-    sql(db_url, "UPDATE gpupool_alembic_version SET version_num = '0099'")
-    assert refusal(db_url) == (
-        f"{named(db_url)} is at migration '0099', which this gpupool does not know (its newest is "
-        "'0006'; written by a newer gpupool?): upgrade gpupool, or restore a backup made with "
-        "this version"
-    )
-
-
-def test_gpupool_tables_without_their_migration_record_are_refused(db_url: str) -> None:
-    populated(db_url)
-    sql(db_url, "DROP TABLE gpupool_alembic_version")
-    assert refusal(db_url) == (
-        f"{named(db_url)} has gpupool tables (gpupool_allocation_devices, gpupool_allocations, "
-        "gpupool_job_scripts, gpupool_jobs, gpupool_mig_instances) but no record of their "
-        "migration "
-        f"(table gpupool_alembic_version): {fresh_start(db_url)}"
-    )
-
-
-def test_a_missing_table_is_refused(db_url: str) -> None:
-    populated(db_url)
-    sql(db_url, "DROP TABLE gpupool_jobs")
-    assert refusal(db_url) == (
-        f"{named(db_url)} is at migration '0006' but lacks the table gpupool_jobs: "
-        f"{fresh_start(db_url)}"
-    )
+    sql(db_url, statement)
+    assert refusal(db_url) == said.format(named=named(db_url), fresh_start=fresh_start(db_url))
 
 
 def test_an_older_migration_is_upgraded(db_url: str) -> None:
@@ -351,52 +359,54 @@ def give(path: Path, account: str) -> None:
     os.chown(path, pw.pw_uid, pw.pw_gid)
 
 
-def test_a_read_only_directory_is_refused(folder: Path) -> None:
-    """SQLite only: the file is writable, its directory is not: SQLite cannot make its journal
-    there, so the first write (every spawn, every job) would fail. The hub says so at start
-    instead."""
-    db = folder / "gpupool.sqlite"
+def read_only_directory(db: Path) -> None:
+    """The file is writable, its directory is not: SQLite cannot make its journal there, so the
+    first write (every spawn, every job) would fail. The hub says so at start instead."""
     real_database(db)
     if IS_ROOT:  # the folder stays root's; the file becomes the hub account's
         give(db, shared_account())
     else:
-        folder.chmod(0o555)
-    said, account = open_as_hub(db)
-    assert said == (
-        f"ConfigError: {KEY} {db} is read-only (attempt to write a readonly database): "
-        f"the hub's account ({account}) must be able to write the file and its directory "
-        f"{folder}, where SQLite keeps a journal next to the file"
-    )
+        db.parent.chmod(0o555)
 
 
-def test_a_read_only_file_is_refused(folder: Path) -> None:
-    """SQLite only: file permissions."""
-    db = folder / "gpupool.sqlite"
+def read_only_file(db: Path) -> None:
+    """File permissions."""
     real_database(db)
     if IS_ROOT:  # the folder becomes the hub account's; the file stays root's
-        give(folder, shared_account())
+        give(db.parent, shared_account())
     else:
         db.chmod(0o444)
-    said, account = open_as_hub(db)
-    assert said == (
-        f"ConfigError: {KEY} {db} is read-only (attempt to write a readonly database): "
-        f"the hub's account ({account}) must be able to write the file and its directory "
-        f"{folder}, where SQLite keeps a journal next to the file"
-    )
 
 
-def test_a_new_database_in_a_read_only_directory_is_refused(folder: Path) -> None:
-    """SQLite only: directory permissions."""
-    db = folder / "gpupool.sqlite"
+def no_file_in_a_read_only_directory(db: Path) -> None:
+    """Directory permissions, for a new database."""
     if not IS_ROOT:
-        folder.chmod(0o555)
+        db.parent.chmod(0o555)
+
+
+@pytest.mark.parametrize(
+    ("setup", "what"),
+    [
+        (read_only_directory, "is read-only (attempt to write a readonly database)"),
+        (read_only_file, "is read-only (attempt to write a readonly database)"),
+        (no_file_in_a_read_only_directory, "cannot be created (unable to open database file)"),
+    ],
+    ids=["read-only directory", "read-only file", "new database in a read-only directory"],
+)
+def test_a_database_the_hubs_account_cannot_write_is_refused(
+    folder: Path, setup: Callable[[Path], None], what: str
+) -> None:
+    """SQLite only: permissions, as the account they apply to."""
+    db = folder / "gpupool.sqlite"
+    setup(db)
+    existed = db.exists()
     said, account = open_as_hub(db)
     assert said == (
-        f"ConfigError: {KEY} {db} cannot be created (unable to open database file): "
+        f"ConfigError: {KEY} {db} {what}: "
         f"the hub's account ({account}) must be able to write the file and its directory "
         f"{folder}, where SQLite keeps a journal next to the file"
     )
-    assert not db.exists()
+    assert db.exists() == existed  # a refused new database is not created
 
 
 @pytest.fixture
