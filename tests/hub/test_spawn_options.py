@@ -1,7 +1,8 @@
 """gpupool composes with JupyterHub's own ways of starting servers (a real hub): options of
 others are left alone, ``options_from_form`` stays a configurable trait an admin's callable
-composes with, spawn links work, a user with nothing to choose gets no form, and a server's
-token gets gpupool's scopes through JupyterHub's ``server`` role."""
+composes with, spawn links work, a user with nothing to choose gets no form, an admin's
+template extending gpupool's form shows on the spawn page (a bad one stops the hub, named), and
+a server's token gets gpupool's scopes through JupyterHub's ``server`` role."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ def pick_flavour(form_data):  # an admin's options_from_form: it reads only its 
 
 c.LocalGPUSpawner.options_from_form = pick_flavour
 c.LocalGPUSpawner.apply_user_options = {"flavour": "notebook_dir"}
+c.LocalGPUSpawner.spawn_form_template = (  # an admin's block in gpupool's form
+    '{% extends "gpupool-spawn-form.html" %}'
+    '{% block intro %}<p class="site-help">Ask {{ "<b>" }}#gpu-help</p>{% endblock %}'
+)
 c.JupyterHub.load_roles = [  # an admin's change to the server role
     {"name": "server",
      "scopes": ["users:activity!user", "access:servers!server", "read:users:name"]},
@@ -48,6 +53,7 @@ def test_a_user_with_nothing_to_choose_starts_at_once_without_a_form(hub: Hub) -
     assert hub.allocations()["eve/"].offer == "cpu"
     page = hub.login("ada").get(f"{hub.url}/hub/spawn", timeout=60).text  # ada has choices
     assert 'name="gpupool_choice"' in page
+    assert '<p class="site-help">Ask &lt;b&gt;#gpu-help</p>' in page  # the admin's template
     stop_all(hub, "eve")
 
 
@@ -103,11 +109,21 @@ def test_a_servers_token_gets_gpupools_scopes_through_the_server_role(hub: Hub) 
     stop_all(hub, "eli")
 
 
-def test_a_bad_spawn_form_setting_stops_the_hub_at_start_naming_the_key(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("setting", "says"),
+    [
+        ('c.LocalGPUSpawner.spawn_form = "sometimes"',
+         "LocalGPUSpawner.spawn_form: must be one of choices, always, never, not 'sometimes'"),
+        ("c.LocalGPUSpawner.spawn_form_template = '{% extends \"site-form.html\" %}'",
+         "LocalGPUSpawner.spawn_form_template: no template 'site-form.html' in gpupool's "
+         "templates nor in spawn_form_template_paths (none set)"),
+    ],
+)  # fmt: skip
+def test_a_bad_spawn_form_setting_stops_the_hub_at_start_naming_the_key(
+    tmp_path: Path, setting: str, says: str
+) -> None:
     (tmp_path / "state").mkdir()
     with homes() as root:
-        h = Hub(tmp_path / "state", root, prelude='c.LocalGPUSpawner.spawn_form = "sometimes"\n')
+        h = Hub(tmp_path / "state", root, prelude=f"{setting}\n")
         assert exits(h) == 1
-    assert last_line(h).endswith(
-        "LocalGPUSpawner.spawn_form: must be one of choices, always, never, not 'sometimes'"
-    ), h.log_tail()
+    assert last_line(h).endswith(says), h.log_tail()
