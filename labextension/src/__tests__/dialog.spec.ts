@@ -3,72 +3,105 @@ import { Widget } from '@lumino/widgets';
 
 import type { IOffer, IOffersReply, ITeamOffers } from '../api';
 import { RunDistributedBody } from '../dialog';
+import type { INotebookCells, IRunChoice } from '../validate';
 
-const offers: IOffersReply = {
-  simulated: true,
-  inventory: '2× H100-80GB, MIG',
-  teams: [
-    {
-      team: 'vision',
-      used: 1,
-      limit: 4,
-      guarantee: 3,
-      borrow_limit: 1,
-      left: 3,
-      user_used: 0,
-      user_cap: null,
-      offers: [
-        {
-          name: 'cpu',
-          kind: 'cpu',
-          label: 'CPU only',
-          description: 'No GPU',
-          count: 1,
-          cost: 0,
-          free: 0,
-          enabled: true,
-          reason: ''
-        },
-        {
-          name: 'mig-3g.40gb',
-          kind: 'mig',
-          label: 'MIG 3g.40gb',
-          description: 'Half an H100',
-          count: 1,
-          cost: 0.5,
-          free: 0,
-          // A hub that does not report admission: not enabled reads as never.
-          enabled: false,
-          reason: 'none free right now'
-        },
-        {
-          name: 'mig-2g.20gb',
-          kind: 'mig',
-          label: 'MIG 2g.20gb',
-          description: 'A quarter of an H100',
-          count: 1,
-          cost: 0.25,
-          free: 0,
-          admission: 'wait',
-          enabled: false,
-          reason: 'none free right now'
-        },
-        ...[1, 2, 3].map(count => ({
-          name: 'h100',
-          kind: 'gpu' as const,
-          label: `H100-80GB ×${count}`,
-          description: 'Whole H100',
-          count,
-          cost: count,
-          free: 2,
-          admission: count <= 2 ? ('now' as const) : ('wait' as const),
-          enabled: count <= 2,
-          reason: count <= 2 ? '' : 'only 2 free on one node'
-        }))
-      ]
-    }
-  ]
-};
+type Line = Partial<IOffer> & Pick<IOffer, 'name' | 'kind'>;
+
+/** An offer line that can start now, with what this one says. */
+function line(partial: Line): IOffer {
+  return {
+    label: partial.name,
+    description: '',
+    count: 1,
+    cost: 0,
+    free: 0,
+    admission: 'now',
+    enabled: true,
+    reason: '',
+    ...partial
+  };
+}
+
+/**
+ * The lines of one offer for counts 1 to `most`; those above `startable` queue (only that many
+ * are free on one node).
+ */
+function counts(most: number, startable: number, each: (count: number) => Line): IOffer[] {
+  return Array.from({ length: most }, (_, i) => {
+    const count = i + 1;
+    const now = count <= startable;
+    return line({
+      count,
+      admission: now ? 'now' : 'wait',
+      enabled: now,
+      reason: now ? '' : `only ${startable} free on one node`,
+      ...each(count)
+    });
+  });
+}
+
+/** What a hub that does not report admission sends: the line without it. */
+function unreported(offer: IOffer): IOffer {
+  const copy = { ...offer };
+  delete copy.admission;
+  return copy;
+}
+
+/** A team's offers with its quota: nothing used unless `quota` says so. */
+function team(name: string, offers: IOffer[], quota: Partial<ITeamOffers> = {}): ITeamOffers {
+  return {
+    team: name,
+    used: 0,
+    limit: 0,
+    guarantee: 0,
+    borrow_limit: 0,
+    left: 0,
+    user_used: 0,
+    user_cap: null,
+    offers,
+    ...quota
+  };
+}
+
+const cpu = line({ name: 'cpu', kind: 'cpu', label: 'CPU only', description: 'No GPU' });
+const h100 = (count: number): Line => ({
+  name: 'h100',
+  kind: 'gpu',
+  label: `H100-80GB ×${count}`,
+  description: 'Whole H100',
+  cost: count,
+  free: 2
+});
+
+const mounted: RunDistributedBody[] = [];
+
+/**
+ * The dialog's body for one team's offers on a pool (`GET offers`' `simulated` and
+ * `inventory`), attached to the page (disposed after each test).
+ */
+function mount(
+  offers: ITeamOffers,
+  pool: Omit<IOffersReply, 'teams'>,
+  choice: IRunChoice,
+  cells: INotebookCells = { count: 1, active: 0, selected: [0] }
+): RunDistributedBody {
+  const body = new RunDistributedBody({
+    offers: { ...pool, teams: [offers] },
+    choice,
+    name: 'train',
+    cells,
+    trans: nullTranslator.load('gpupool_lab')
+  });
+  Widget.attach(body, document.body);
+  mounted.push(body);
+  return body;
+}
+
+afterEach(() => {
+  for (const body of mounted.splice(0)) {
+    body.dispose();
+  }
+});
 
 function field<T extends HTMLElement>(body: Widget, selector: string): T {
   const node = body.node.querySelector<T>(selector);
@@ -83,29 +116,55 @@ function type(input: HTMLInputElement | HTMLSelectElement, value: string): void 
   input.dispatchEvent(new Event('input', { bubbles: true }));
 }
 
+/** Values typed, in order, into the inputs named: `[['gpus', '2'], ['nodes', '5']]`. */
+type Steps = [name: 'gpus' | 'nodes', value: string][];
+
+function typeAll(body: Widget, steps: Steps): void {
+  for (const [name, value] of steps) {
+    type(field<HTMLInputElement>(body, `input[name="${name}"]`), value);
+  }
+}
+
 describe('RunDistributedBody', () => {
+  const vision = team(
+    'vision',
+    [
+      unreported(cpu),
+      // A hub that does not report admission: not enabled reads as never.
+      unreported(
+        line({
+          name: 'mig-3g.40gb',
+          kind: 'mig',
+          label: 'MIG 3g.40gb',
+          description: 'Half an H100',
+          cost: 0.5,
+          enabled: false,
+          reason: 'none free right now'
+        })
+      ),
+      line({
+        name: 'mig-2g.20gb',
+        kind: 'mig',
+        label: 'MIG 2g.20gb',
+        description: 'A quarter of an H100',
+        cost: 0.25,
+        admission: 'wait',
+        enabled: false,
+        reason: 'none free right now'
+      }),
+      ...counts(3, 2, h100)
+    ],
+    { used: 1, limit: 4, guarantee: 3, borrow_limit: 1, left: 3 }
+  );
   let body: RunDistributedBody;
 
   beforeEach(() => {
-    body = new RunDistributedBody({
-      offers,
-      choice: {
-        team: 'vision',
-        offer: 'h100',
-        gpus: 2,
-        nodes: 1,
-        timeLimit: 7200,
-        cells: 'upto'
-      },
-      name: 'train',
-      cells: { count: 4, active: 1, selected: [1] },
-      trans: nullTranslator.load('gpupool_lab')
-    });
-    Widget.attach(body, document.body);
-  });
-
-  afterEach(() => {
-    body.dispose();
+    body = mount(
+      vision,
+      { simulated: true, inventory: '2× H100-80GB, MIG' },
+      { team: 'vision', offer: 'h100', gpus: 2, nodes: 1, timeLimit: 7200, cells: 'upto' },
+      { count: 4, active: 1, selected: [1] }
+    );
   });
 
   it('has the named inputs, pre-filled', () => {
@@ -141,50 +200,64 @@ describe('RunDistributedBody', () => {
     expect(queued?.title).toBe('A quarter of an H100 — will queue: none free right now');
   });
 
-  it('shows why the form is invalid and marks it for the dialog', () => {
-    const error = field<HTMLElement>(body, '.gpupool-form-error');
-    expect(error.textContent).toBe('');
-    expect(error.classList.contains('jp-mod-error')).toBe(false);
-
-    type(field<HTMLInputElement>(body, 'input[name="gpus"]'), '4');
-    expect(error.textContent).toBe('H100-80GB takes 1 to 3 GPUs per node, not 4.');
-    expect(error.classList.contains('jp-mod-error')).toBe(true);
-
-    // 2 GPUs on 5 nodes: 10 GPU-eq, beyond the team's limit of 4.
-    type(field<HTMLInputElement>(body, 'input[name="gpus"]'), '2');
-    type(field<HTMLInputElement>(body, 'input[name="nodes"]'), '5');
-    expect(error.textContent).toBe(
+  it.each<[string, Steps, string]>([
+    ['nothing typed', [], ''],
+    ['4 GPUs per node', [['gpus', '4']], 'H100-80GB takes 1 to 3 GPUs per node, not 4.'],
+    [
+      // 10 GPU-eq, beyond the team's limit of 4
+      '2 GPUs on 5 nodes',
+      [
+        ['gpus', '2'],
+        ['nodes', '5']
+      ],
       'H100-80GB ×2: needs 10 GPU-eq (5 × 2); team vision may hold at most 4.'
-    );
-    expect(error.classList.contains('jp-mod-error')).toBe(true);
-
-    type(field<HTMLInputElement>(body, 'input[name="nodes"]'), '1');
-    type(field<HTMLInputElement>(body, 'input[name="gpus"]'), '1');
-    expect(error.textContent).toBe('');
-    expect(error.classList.contains('jp-mod-error')).toBe(false);
+    ],
+    [
+      'valid again after an error',
+      [
+        ['gpus', '4'],
+        ['gpus', '2'],
+        ['nodes', '5'],
+        ['nodes', '1'],
+        ['gpus', '1']
+      ],
+      ''
+    ]
+  ])('shows why the form is invalid and marks it for the dialog: %s', (_, steps, message) => {
+    const error = field<HTMLElement>(body, '.gpupool-form-error');
+    typeAll(body, steps);
+    expect(error.textContent).toBe(message);
+    expect(error.classList.contains('jp-mod-error')).toBe(message !== '');
   });
 
-  it('says when the job will queue, and lets it be submitted', () => {
-    const notice = field<HTMLElement>(body, '.gpupool-form-notice');
-    const error = field<HTMLElement>(body, '.gpupool-form-error');
-    expect(notice.hidden).toBe(true);
-
-    type(field<HTMLInputElement>(body, 'input[name="gpus"]'), '3');
-    expect(notice.hidden).toBe(false);
-    expect(notice.textContent).toBe('The job will queue: only 2 free on one node.');
-    expect(error.classList.contains('jp-mod-error')).toBe(false);
-    expect(body.validate()).toBeNull();
-
-    // 2 GPUs on 2 nodes: 4 GPU-eq, within the limit of 4 but 3 are left.
-    type(field<HTMLInputElement>(body, 'input[name="gpus"]'), '2');
-    type(field<HTMLInputElement>(body, 'input[name="nodes"]'), '2');
-    expect(notice.textContent).toBe(
+  it.each<[string, Steps, string]>([
+    ['nothing typed', [], ''],
+    ['3 GPUs per node', [['gpus', '3']], 'The job will queue: only 2 free on one node.'],
+    [
+      // 4 GPU-eq, within the limit of 4 but 3 are left
+      '2 GPUs on 2 nodes',
+      [
+        ['gpus', '2'],
+        ['nodes', '2']
+      ],
       'The job will queue: needs 4 GPU-eq (2 × 2); team vision has 3 left.'
-    );
-
-    type(field<HTMLInputElement>(body, 'input[name="nodes"]'), '1');
-    expect(notice.hidden).toBe(true);
-    expect(notice.textContent).toBe('');
+    ],
+    [
+      'one node again',
+      [
+        ['gpus', '2'],
+        ['nodes', '2'],
+        ['nodes', '1']
+      ],
+      ''
+    ]
+  ])('says when the job will queue, and lets it be submitted: %s', (_, steps, notice) => {
+    const shown = field<HTMLElement>(body, '.gpupool-form-notice');
+    typeAll(body, steps);
+    expect(shown.hidden).toBe(notice === '');
+    expect(shown.textContent).toBe(notice);
+    expect(field<HTMLElement>(body, '.gpupool-form-error').classList).not.toContain('jp-mod-error');
+    expect(body.validate()).toBeNull();
   });
 
   it('relabels the count for CPU and converts minutes to seconds', () => {
@@ -196,78 +269,28 @@ describe('RunDistributedBody', () => {
 });
 
 describe('RunDistributedBody for a user in no team', () => {
-  const everyone: ITeamOffers = {
-    team: 'everyone',
-    used: 0,
-    limit: 0,
-    guarantee: 0,
-    borrow_limit: 0,
-    left: 0,
-    user_used: 0,
-    user_cap: null,
-    offers: [
-      {
-        name: 'cpu',
-        kind: 'cpu',
-        label: 'CPU only',
-        description: 'No GPU',
-        count: 1,
-        cost: 0,
-        free: 0,
-        admission: 'now',
-        enabled: true,
-        reason: ''
-      }
-    ]
-  };
-
   it('says CPU only, not a quota of 0 of 0', () => {
-    const body = new RunDistributedBody({
-      offers: { simulated: false, inventory: '4× H100-80GB', teams: [everyone] },
-      choice: { team: 'everyone', offer: 'cpu', gpus: 2, nodes: 1, timeLimit: 3600, cells: 'all' },
-      name: 'train',
-      cells: { count: 1, active: 0, selected: [0] },
-      trans: nullTranslator.load('gpupool_lab')
-    });
-    Widget.attach(body, document.body);
-    try {
-      expect(field<HTMLSelectElement>(body, 'select[name="team"]').options[0].textContent).toBe(
-        'no team (CPU only)'
-      );
-      expect(field<HTMLElement>(body, '.gpupool-quota').textContent).toBe(
-        'CPU only (you are in no team)'
-      );
-      expect(body.node.textContent).not.toMatch(/0 of 0|GPU-eq/);
-      expect(body.node.textContent).not.toMatch(/waiting for GPUs/i);
-      expect(body.validate()).toBeNull();
-    } finally {
-      body.dispose();
-    }
+    const body = mount(
+      team('everyone', [cpu]),
+      { simulated: false, inventory: '4× H100-80GB' },
+      { team: 'everyone', offer: 'cpu', gpus: 2, nodes: 1, timeLimit: 3600, cells: 'all' }
+    );
+    expect(field<HTMLSelectElement>(body, 'select[name="team"]').options[0].textContent).toBe(
+      'no team (CPU only)'
+    );
+    expect(field<HTMLElement>(body, '.gpupool-quota').textContent).toBe(
+      'CPU only (you are in no team)'
+    );
+    expect(body.node.textContent).not.toMatch(/0 of 0|GPU-eq/);
+    expect(body.node.textContent).not.toMatch(/waiting for GPUs/i);
+    expect(body.validate()).toBeNull();
   });
 });
 
 describe('RunDistributedBody with MIG instances and shares', () => {
-  const line = (partial: Partial<IOffer> & { name: string; kind: IOffer['kind'] }): IOffer => ({
-    label: partial.name,
-    description: '',
-    count: 1,
-    cost: 0,
-    free: 0,
-    admission: 'now',
-    enabled: true,
-    reason: '',
-    ...partial
-  });
-  const edge: ITeamOffers = {
-    team: 'edge',
-    used: 0,
-    limit: 4,
-    guarantee: 4,
-    borrow_limit: 0,
-    left: 4,
-    user_used: 0,
-    user_cap: null,
-    offers: [
+  const edge = team(
+    'edge',
+    [
       line({ name: 'cpu', kind: 'cpu', label: 'CPU only' }),
       line({
         name: 'share-6gb',
@@ -277,48 +300,26 @@ describe('RunDistributedBody with MIG instances and shares', () => {
         cost: 0.25,
         free: 3
       }),
-      ...[1, 2, 3].map(count =>
-        line({
-          name: 'mig-1g.10gb',
-          kind: 'mig',
-          label: `MIG 1g.10gb ×${count}`,
-          description: 'An eighth of an H100',
-          count,
-          cost: 0.125 * count,
-          free: 2,
-          admission: count <= 2 ? 'now' : 'wait',
-          enabled: count <= 2,
-          reason: count <= 2 ? '' : 'only 2 free on one node'
-        })
-      ),
-      ...[1, 2].map(count =>
-        line({
-          name: 'h100',
-          kind: 'gpu',
-          label: `H100-80GB ×${count}`,
-          description: 'Whole H100',
-          count,
-          cost: count,
-          free: 2
-        })
-      )
-    ]
-  };
+      ...counts(3, 2, count => ({
+        name: 'mig-1g.10gb',
+        kind: 'mig',
+        label: `MIG 1g.10gb ×${count}`,
+        description: 'An eighth of an H100',
+        cost: 0.125 * count,
+        free: 2
+      })),
+      ...counts(2, 2, h100)
+    ],
+    { limit: 4, guarantee: 4, left: 4 }
+  );
   let body: RunDistributedBody;
 
   beforeEach(() => {
-    body = new RunDistributedBody({
-      offers: { simulated: true, inventory: 'H100 with MIG, RTX 3090', teams: [edge] },
-      choice: { team: 'edge', offer: 'h100', gpus: 2, nodes: 1, timeLimit: 3600, cells: 'all' },
-      name: 'train',
-      cells: { count: 1, active: 0, selected: [0] },
-      trans: nullTranslator.load('gpupool_lab')
-    });
-    Widget.attach(body, document.body);
-  });
-
-  afterEach(() => {
-    body.dispose();
+    body = mount(
+      edge,
+      { simulated: true, inventory: 'H100 with MIG, RTX 3090' },
+      { team: 'edge', offer: 'h100', gpus: 2, nodes: 1, timeLimit: 3600, cells: 'all' }
+    );
   });
 
   const gpus = () => field<HTMLInputElement>(body, 'input[name="gpus"]');
