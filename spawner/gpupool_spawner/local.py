@@ -47,7 +47,7 @@ from gpupool.core.ledger import Allocation
 from gpupool.declarations import ConfigError
 from gpupool.hub.errors import refuse
 from gpupool.hub.objects import hub_objects
-from gpupool.hub.reconcile import START_KEY
+from gpupool.hub.records import START_KEY
 from gpupool.procfs import process_start
 from gpupool.shares import (
     ShareEnforcement,

@@ -49,7 +49,7 @@ from gpupool.hub.errors import http_error
 from gpupool.hub.form import SPAWN_FORMS, form_template, form_view, render
 from gpupool.hub.menu import Choice, menu
 from gpupool.hub.objects import hub_objects
-from gpupool.hub.reconcile import STATE_KEY
+from gpupool.hub.records import STATE_KEY
 from gpupool.hub.spawn_gate import starting
 from gpupool.pool import Pool
 from gpupool_spawner.options import OfferLimit, from_form, others, parse_user_options

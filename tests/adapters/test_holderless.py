@@ -1,13 +1,13 @@
 """While the hub runs, an allocation with no holder at all (no process claims it, JupyterHub
 records no server of its ref) is released once it has been so for the grace, and logged; a start
 in progress (JupyterHub records the server, pending) and a live server keep theirs. The decision
-is pure (:func:`gpupool.hub.reconcile.plan`); the time is the caller's."""
+is pure (:func:`gpupool.core.reconcile.plan`); the time is the caller's."""
 
 from __future__ import annotations
 
 from gpupool.core.ledger import Ledger
 from gpupool.core.offers import Request
-from gpupool.hub.reconcile import Proc, Record, holderless, plan
+from gpupool.core.reconcile import Proc, Record, holderless, plan
 from tests.factories import OFFERS, TEAMS, mixed_inventory
 
 

@@ -19,16 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.hub.reconcile import (
-    START_KEY,
-    STATE_KEY,
-    HubUnreadable,
-    Record,
-    fetch_users,
-    read_records,
-    record,
-    rest_records,
-)
+from gpupool.core.reconcile import Record
+from gpupool.hub.hub_api import HubAPI, HubUnreadable
+from gpupool.hub.records import START_KEY, STATE_KEY, read_records, record, rest_records
 from gpupool.procfs import process_start
 from tests.conftest import holder, holders
 from tests.hubapi import TOKEN, FakeHub, HubDB, free_port
@@ -122,7 +115,7 @@ def test_the_rest_api_gives_the_same_records_as_the_orm_page_by_page(
         hubdb.server("fay", ("nlp",), running=False)
         fake.page = 2
 
-        users = asyncio.run(fetch_users(fake.api_url, TOKEN))
+        users = asyncio.run(HubAPI(fake.api_url, TOKEN).active_users())
 
         assert [u["name"] for u in users] == ["ada", "ben", "cal", "dee", "eve"]
         assert fake.calls == [("GET", "/hub/api/users")] * 3  # three pages of two
@@ -135,7 +128,9 @@ def test_a_hub_that_does_not_page_gives_the_same_records(hubdb: HubDB, fake: Fak
     hubdb.server("ada", ("vision",), {STATE_KEY: "a1"})
     hubdb.server("ben", ("vision",), {STATE_KEY: "b1"})
     fake.body = json.dumps(fake.users({"state": ["active"]}, paged=False)).encode()
-    assert rest_records(asyncio.run(fetch_users(fake.api_url, TOKEN))) == read_records(hubdb.url)
+    assert rest_records(asyncio.run(HubAPI(fake.api_url, TOKEN).active_users())) == read_records(
+        hubdb.url
+    )
 
 
 def test_a_server_whose_start_is_pending_is_left_to_its_spawner() -> None:
@@ -179,4 +174,4 @@ def test_an_unreadable_rest_api_raises_never_an_empty_list(
     else:
         token = "someone-elses"
     with pytest.raises(HubUnreadable):
-        asyncio.run(fetch_users(api, token, timeout=5))
+        asyncio.run(HubAPI(api, token, timeout=5).active_users())

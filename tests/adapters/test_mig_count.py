@@ -22,18 +22,18 @@ from gpupool.core import Inventory, Ledger, Node, Offer, Team
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.ledger import Device
 from gpupool.core.offers import MIG_NOTEBOOK_NOTE
+from gpupool.core.reconcile import Proc, Record, plan
 from gpupool.discovery import SimulatedNVML, simulated_inventory
 from gpupool.hub.errors import status_of
 from gpupool.hub.objects import SETTINGS_KEY, build
-from gpupool.hub.reconcile import Proc, Record, plan
 from gpupool.jobs.manager import JobManager
 from gpupool.mig.manager import DeviceUnavailable
 from gpupool.monitors.activity import DeviceMonitor
 from gpupool.pool import Pool
 from gpupool_spawner.local import LocalGPUSpawner
 from tests.accounts import shared_mode
-from tests.adapters.test_mig_on_demand import make_instance, nvml_instances
 from tests.factories import gpu
+from tests.adapters.test_mig_on_demand import make_instance, nvml_instances
 
 LOG = logging.getLogger("gpupool.tests.mig_count")
 FIXED = "simulated:n: 1x H100-80GB, mig=1:1g.10gb+1g.10gb+1g.10gb"

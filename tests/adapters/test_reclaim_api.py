@@ -130,14 +130,15 @@ def test_without_the_hubs_api_url_the_reclaimer_does_not_run(
 ) -> None:
     r = IdleReclaimer(s.pool, TOKEN, log=LOG)
 
-    async def start() -> None:
+    async def start() -> bool:
         r.start()
+        started = r.background.running
         await r.stop()
+        return started
 
     with caplog.at_level(logging.WARNING, logger=LOG.name):
-        asyncio.run(start())
+        assert asyncio.run(start()) is False
     assert "the idle GPU reclaimer is off" in caplog.text
-    assert r._task is None
 
 
 def test_the_loop_waits_for_the_hub_then_looks(s: Setting) -> None:
@@ -152,7 +153,7 @@ def test_the_loop_waits_for_the_hub_then_looks(s: Setting) -> None:
         r.start()
         await asyncio.sleep(0.3)
         assert r.last_look is None  # the hub is not up: no look yet
-        r.api_url = s.api.api_url  # (as if it had come up)
+        r.hub.api_url = s.api.api_url  # (as if it had come up)
         for _ in range(100):
             if ada.id in r.watches:
                 break

@@ -21,22 +21,14 @@ from prometheus_client import REGISTRY
 
 from gpupool.core.ledger import Allocation, Device, Ledger
 from gpupool.core.offers import Request
+from gpupool.core.reconcile import Action, Proc, Record, lost_database, plan
 from gpupool.discovery import SimulatedNVML, simulated_inventory
-from gpupool.hub.reconcile import (
-    START_KEY,
-    STATE_KEY,
-    Action,
-    Proc,
-    Reconciler,
-    Record,
-    lost_database,
-    plan,
-    process_start,
-    scan,
-    server_alive,
-)
+from gpupool.hub.reconcile import Reconciler
+from gpupool.hub.records import START_KEY, STATE_KEY
 from gpupool.monitors.activity import DeviceMonitor
 from gpupool.pool import Pool
+from gpupool.processes import scan, server_alive
+from gpupool.procfs import process_start
 from gpupool.store import Store
 from tests.conftest import gone, holder, holders
 from tests.factories import OFFERS, TEAMS, mixed_inventory
@@ -440,7 +432,7 @@ def test_a_pass_while_the_hub_runs_is_skipped_when_its_rest_api_cannot_be_read(
         s.api.status = 503  # the hub answers, with an error
         assert asyncio.run(s.reconciler.periodic()) == []
         s.api.status = None
-        s.reconciler.api_url = f"http://127.0.0.1:{free_port()}/hub/api"  # nothing listens
+        s.reconciler.hub.api_url = f"http://127.0.0.1:{free_port()}/hub/api"  # nothing listens
         assert asyncio.run(s.reconciler.periodic()) == []
 
         assert said(caplog, "a reconciliation pass was skipped") == 2
@@ -448,7 +440,7 @@ def test_a_pass_while_the_hub_runs_is_skipped_when_its_rest_api_cannot_be_read(
         assert ada.id in s.pool.ledger.allocations and not gone(stray)
         assert TOKEN not in caplog.text
 
-        s.reconciler.api_url = s.api.api_url  # readable again: the pass runs
+        s.reconciler.hub.api_url = s.api.api_url  # readable again: the pass runs
         actions = asyncio.run(s.reconciler.periodic())
         assert sorted(a.action for a in actions) == ["released", "stopped"]
         assert ada.id not in s.pool.ledger.allocations and gone(stray)

@@ -48,7 +48,7 @@ OFFERS = {
 
 @dataclass(frozen=True)
 class Rec:
-    """A JupyterHub record, as :class:`gpupool.hub.reconcile.Record` names a server."""
+    """A JupyterHub record, as :class:`gpupool.core.reconcile.Record` names a server."""
 
     ref: str
     allocation: str = ""
@@ -449,11 +449,14 @@ def hub_config(tmp_path: Path) -> Config:
 
 
 def kube_tasks() -> set[asyncio.Task[Any]]:
-    return {
-        t
-        for t in asyncio.all_tasks()
-        if getattr(t.get_coro(), "__qualname__", "").startswith("KubeReconciler.")
-    }
+KUBE_TASKS = {
+    "gpupool: watching nodes",
+    "gpupool: watching pods",
+    "gpupool: checking the pods against the ledger",
+}
+
+
+    return {t for t in asyncio.all_tasks() if t.get_name() in KUBE_TASKS}
 
 
 @pytest.fixture
@@ -484,7 +487,7 @@ def test_setup_on_a_kubernetes_inventory_follows_the_cluster_and_repairs_drift(
         assert c.JupyterHub.tornado_settings[SETTINGS_KEY].kube is kube
         try:
             await until(lambda: kube.synced == {"nodes", "pods"})
-            assert kube.namespace == NS and len(kube_tasks()) == 4
+            assert kube.namespace == NS and len(kube_tasks()) == len(KUBE_TASKS)
 
             cluster.api.add_node(h100_node("dgx-h100-3"))  # a node added: granted at once
             await until(lambda: gpus_on(hub.pool, "dgx-h100-3") == 8)

@@ -18,13 +18,9 @@ import pytest
 
 from gpupool.core.ledger import Allocation, Device
 from gpupool.discovery import simulated_inventory
-from gpupool.hub.reconcile import (
-    SERVICE_SCOPES,
-    HubUnreadable,
-    fetch_users,
-    read_records,
-    rest_records,
-)
+from gpupool.hub.hub_api import HubAPI, HubUnreadable
+from gpupool.hub.reconcile import SERVICE_SCOPES
+from gpupool.hub.records import read_records, rest_records
 from gpupool.pool import Pool
 from gpupool.store import Store
 from tests.accounts import homes
@@ -203,7 +199,7 @@ def test_the_rest_api_names_the_same_servers_as_the_hubs_database(tmp_path: Path
         spawn(hub, "ada", "vision|h100|1")
         spawn(hub, "dee", "nlp|mig-3g.40gb|1")
         api = f"{hub.url}/hub/api"
-        users = asyncio.run(fetch_users(api, hub.token("admin", SERVICE_SCOPES)))
+        users = asyncio.run(HubAPI(api, hub.token("admin", SERVICE_SCOPES)).active_users())
         from_rest = sorted(rest_records(users), key=lambda r: r.ref)
         hub_db = f"sqlite:///{hub.state / 'jupyterhub.sqlite'}"
         assert from_rest == sorted(read_records(hub_db), key=lambda r: r.ref)
@@ -214,5 +210,5 @@ def test_the_rest_api_names_the_same_servers_as_the_hubs_database(tmp_path: Path
         ]
         fewer = [s for s in SERVICE_SCOPES if s != "list:users"]
         with pytest.raises(HubUnreadable, match="403"):
-            asyncio.run(fetch_users(api, hub.token("admin", fewer)))
+            asyncio.run(HubAPI(api, hub.token("admin", fewer)).active_users())
         stop_all(hub, "ada", "dee")

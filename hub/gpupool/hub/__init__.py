@@ -77,7 +77,7 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
     _add_pages(c)
     _add_spawn_gate(hub)
     _add_service(c, SERVICE, SERVICE_SCOPES, hub.reclaimer.token)
-    _add_service(c, reconcile.SERVICE, reconcile.SERVICE_SCOPES, reconciler.token)
+    _add_service(c, reconcile.SERVICE, reconcile.SERVICE_SCOPES, reconciler.hub.token)
     register(PoolCollector(pool, hub.jobs, hub.reclaimer.idle))
     try:
         loop = asyncio.get_running_loop()
@@ -116,15 +116,7 @@ def _kube_reconciler(
     if inventory != "kubernetes" and not inventory.startswith("kubernetes:"):
         return None
     selector = inventory.partition(":")[2].strip() or None
-
-    async def records() -> list[reconcile.Record]:
-        if not reconciler.api_url:
-            raise reconcile.HubUnreadable("no URL of JupyterHub's REST API")
-        users = await reconcile.fetch_users(
-            reconciler.api_url, reconciler.token, reconciler.request_timeout
-        )
-        return reconcile.rest_records(users)
-
+    records = reconciler.hub_records
     return KubeReconciler(pool, records=records, node_selector=selector, config=c, log=logger)
 
 

@@ -18,8 +18,9 @@ Vocabulary
   {api_url}/users/{name}``: ``servers[name]`` with ``ready`` and its ``url`` path); its kernels
   are read through the proxy, ``{public_url}{url}api/kernels``, like any client's.
 
-Seams: ``clock`` (default :func:`gpupool.clock.utcnow`), the HTTP client, and the pool's
-:class:`DeviceMonitor` and :class:`~gpupool.monitors.dcgm.DCGMSource` (Prometheus) for devices.
+Seams: ``clock`` (default :func:`gpupool.clock.utcnow`), the hub's REST API (:attr:`hub`, a
+:class:`gpupool.hub.hub_api.HubAPI`), and the pool's :class:`DeviceMonitor` and
+:class:`~gpupool.monitors.dcgm.DCGMSource` (Prometheus) for devices.
 The reclaimer talks to the hub like any service, through the REST API only (as
 jupyterhub-idle-culler does): as the ``gpupool-reclaimer`` service (:data:`SERVICE`), whose token
 ``setup(c)`` makes at start (random, in memory, never logged), with :data:`SERVICE_SCOPES`: read
@@ -40,24 +41,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections import defaultdict
 from collections.abc import Callable as CallableType
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote, urlparse
+from urllib.parse import urlparse
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.httpclient import HTTPClientError
 from traitlets import Callable, Dict, Float, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
 from gpupool import metrics
+from gpupool.background import Periodic
 from gpupool.clock import iso, utcnow
 from gpupool.core.idle import ACTIONS, DeviceReading, IdlePolicy, Reading, Watch, observe
 from gpupool.core.ledger import Allocation
 from gpupool.declarations import ConfigError
 from gpupool.hub.compat import START_SERVERS_SCOPE
+from gpupool.hub.hub_api import HubAPI
 from gpupool.monitors.dcgm import ALLOCATION_SERIES_LABEL, DCGMSource, by_ledger_device
 from gpupool.pool import Pool
 
@@ -66,8 +68,6 @@ SERVICE_SCOPES = ["read:servers", "delete:servers", START_SERVERS_SCOPE, "access
 """Read a user's servers, stop one (``stop``), start it again (``cpu``), read its kernels."""
 DEFAULT_POLICY = {"threshold": 5, "idle_minutes": 120, "warn_minutes": 30, "action": "stop"}
 _POLICY_KEYS = set(DEFAULT_POLICY)
-HTTP_CLIENT_TIMEOUT = 599
-"""The code tornado's HTTP client gives a call that timed out (``HTTPTimeoutError``)."""
 KERNEL_CALLS_AT_ONCE = 16
 """How many servers' kernels one pass asks for at the same time."""
 
@@ -197,12 +197,15 @@ class IdleReclaimer(LoggingConfigurable):
         (``http://127.0.0.1:8000``), where servers' kernels are read."""
         super().__init__(**kwargs)
         self.pool = pool
-        self.token = token
-        self.api_url = api_url.rstrip("/")
+        self.hub = HubAPI(api_url, token, self.request_timeout)
+        """JupyterHub's REST API, as the :data:`SERVICE`."""
         self.public_url = (self.proxy_url or public_url).rstrip("/")
         self.watches: dict[str, Watch] = {}
         self._policies = parse_policies(self.policies)
-        self._task: asyncio.Task[None] | None = None
+        self.background = Periodic(
+            "idle reclaim pass", self.look, lambda: self.period, self.log, first=self.hub.wait_up
+        )
+        """Every ``period`` seconds, once the hub's REST API answers."""
         self._kernels_unread = False
         """Whether some server's kernels could not be read yet (said once, at warning level)."""
         self.last_look: float | None = None
@@ -217,6 +220,14 @@ class IdleReclaimer(LoggingConfigurable):
         """Other warnings a notebook's ``warning`` carries to JupyterLab, in the same shape
         (the share watch's: GPU memory over a share, :mod:`gpupool.hub.share_watch`); the
         soonest ``reclaim_at`` is shown."""
+
+    @property
+    def api_url(self) -> str:
+        return self.hub.api_url
+
+    @property
+    def token(self) -> str:
+        return self.hub.token
 
     def policy(self, team: str) -> IdlePolicy:
         return self._policies.get(team, self._policies["*"])
@@ -294,23 +305,10 @@ class IdleReclaimer(LoggingConfigurable):
                 "given (IdleReclaimer api_url)"
             )
             return
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+        self.background.start()
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _loop(self) -> None:
-        while not await self._hub_up():
-            await asyncio.sleep(0.5)
-        while True:
-            try:
-                await self.look()
-            except Exception:
-                self.log.exception("gpupool: idle reclaim pass failed")
-            await asyncio.sleep(self.period)
+        await self.background.stop()
 
     async def look(self) -> list[tuple[Allocation, str]]:
         """One pass; returns what was warned or reclaimed (``(allocation, "warn"|"reclaim")``)."""
@@ -394,7 +392,7 @@ class IdleReclaimer(LoggingConfigurable):
             url = await self.server_url(allocation)
             if not url:
                 return None, None
-            kernels = await self._call("GET", url + "api/kernels")
+            kernels = await self.hub.call("GET", url + "api/kernels")
             if not isinstance(kernels, list):
                 raise ValueError(f"not a list of kernels: {kernels!r:.80}")
             busy = any(k.get("execution_state") == "busy" for k in kernels)
@@ -416,15 +414,8 @@ class IdleReclaimer(LoggingConfigurable):
         """The notebook server's URL through the proxy (``{public_url}/user/ada/``) from the
         hub's REST API, or ``None`` while it is not ready (or gone)."""
         user, _, name = allocation.ref.partition("/")
-        try:
-            model = await self._call("GET", f"{self.api_url}/users/{quote(user, safe='')}")
-        except HTTPClientError as e:
-            if e.code == 404:
-                return None
-            raise
-        servers = model.get("servers") if isinstance(model, dict) else None
-        server = servers.get(name) if isinstance(servers, dict) else None
-        if not isinstance(server, dict) or not server.get("ready"):
+        server = await self.hub.server(user, name)
+        if server is None or not server.get("ready"):
             return None
         path = server.get("url")
         if not isinstance(path, str) or not path.endswith("/"):
@@ -456,27 +447,25 @@ class IdleReclaimer(LoggingConfigurable):
             policy.idle_after // 60,
             "restarting it on cpu" if action == "cpu" else "stopping the server",
         )
-        path = f"/users/{quote(user, safe='')}/"
-        path += f"servers/{quote(server, safe='')}" if server else "server"
         try:
-            await self._call_slow_ok("DELETE", self.api_url + path)
-            await self._wait_stopped(user, server)
+            await self.hub.stop_server(user, server)
+            await self.hub.wait_stopped(user, server)
         except (HTTPClientError, OSError, TimeoutError) as e:
             self.log.error("gpupool: could not reclaim %s: %s", allocation.ref, e)
             return
         self.watches.pop(allocation.id, None)
         metrics.RECLAIMS.labels(team=allocation.team, action=action, reason="idle").inc()
         if action == "cpu":
-            await self._restart_on_cpu(allocation, path)
+            await self._restart_on_cpu(allocation)
 
-    async def _restart_on_cpu(self, allocation: Allocation, path: str) -> None:
+    async def _restart_on_cpu(self, allocation: Allocation) -> None:
         """Start the stopped server again on the ``cpu`` offer; whether it is starting is read
         back from the hub, not from how fast it answered."""
         user, _, server = allocation.ref.partition("/")
         body = {"offer": "cpu", "team": allocation.team}
         try:
-            answered = await self._call_slow_ok("POST", self.api_url + path, body)
-            if not answered and not await self._has_server(user, server):
+            answered = await self.hub.start_server(user, server, body)
+            if not answered and not await self.hub.has_server(user, server):
                 raise TimeoutError(f"no server after {self.request_timeout:.0f} s")
         except (HTTPClientError, OSError, TimeoutError) as e:
             self.log.error(
@@ -488,52 +477,6 @@ class IdleReclaimer(LoggingConfigurable):
             allocation.ref,
             "accepted" if answered else "still starting (JupyterHub carries on with it)",
         )
-
-    async def _call_slow_ok(self, method: str, url: str, body: Any = None) -> bool:
-        """A call that starts or stops a server: ``False`` when the reply took longer than
-        ``request_timeout``. JupyterHub carries on with the start or stop regardless (it replies
-        202 after its ``slow_spawn_timeout``/``slow_stop_timeout``, 10 s by default), so the
-        caller reads the outcome from the hub's model."""
-        try:
-            await self._call(method, url, body)
-        except HTTPClientError as e:
-            if e.code != HTTP_CLIENT_TIMEOUT:
-                raise
-            return False
-        return True
-
-    async def _has_server(self, user: str, server: str) -> bool:
-        model = await self._call("GET", f"{self.api_url}/users/{quote(user, safe='')}")
-        return server in (model.get("servers") or {})
-
-    async def _wait_stopped(self, user: str, server: str, timeout: float = 120.0) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while loop.time() < deadline:
-            if not await self._has_server(user, server):
-                return
-            await asyncio.sleep(0.5)
-        raise TimeoutError(f"server {user}/{server} did not stop within {timeout:.0f} s")
-
-    async def _hub_up(self) -> bool:
-        """Whether the hub's REST API answers (its root needs no token)."""
-        try:
-            await self._call("GET", self.api_url + "/")
-        except (HTTPClientError, OSError, ValueError):
-            return False
-        return True
-
-    async def _call(self, method: str, url: str, body: Any = None) -> Any:
-        request = HTTPRequest(
-            url,
-            method=method,
-            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
-            body=None if body is None and method != "POST" else json.dumps(body or {}),
-            request_timeout=self.request_timeout,
-            follow_redirects=False,
-        )
-        response = await AsyncHTTPClient().fetch(request)
-        return json.loads(response.body) if response.body else None
 
 
 def warning_message(

@@ -37,22 +37,21 @@ process whose memory NVML does not report (``usedGpuMemory`` not available), cou
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.httpclient import HTTPClientError
 
 from gpupool import metrics
+from gpupool.background import Periodic
 from gpupool.clock import iso
 from gpupool.core.holders import Holding, OnDevice, holder_of
 from gpupool.core.ledger import Allocation
+from gpupool.hub.hub_api import reply_message
 from gpupool.hub.reclaim import IdleReclaimer
 from gpupool.jobs.manager import JobManager
 from gpupool.pool import Pool
@@ -124,7 +123,9 @@ class ShareWatch:
         """Allocations this watch stopped, until the pool releases them (never stopped twice)."""
         self.events: deque[Event] = deque(maxlen=EVENTS_KEPT)
         self._said: set[str] = set()
-        self._task: asyncio.Task[None] | None = None
+        self.background = Periodic(
+            "share watch pass", self.look, lambda: self.enforcement.period, log
+        )
 
     @property
     def grace(self) -> float:
@@ -164,21 +165,10 @@ class ShareWatch:
 
     # -- the loop ------------------------------------------------------------------------------
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+        self.background.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.look()
-            except Exception:
-                self.log.exception("gpupool: share watch pass failed")
-            await asyncio.sleep(self.enforcement.period)
+        await self.background.stop()
 
     def watched(self) -> list[Allocation]:
         """The allocations with a share of a GPU without MPS, on nodes whose NVML is read."""
@@ -339,21 +329,16 @@ def stopper(
         if not reclaimer.api_url:
             raise RuntimeError("no URL of JupyterHub's REST API to stop the server with")
         user, _, server = allocation.ref.partition("/")
-        path = f"/users/{quote(user, safe='')}/"
-        path += f"servers/{quote(server, safe='')}" if server else "server"
-        request = HTTPRequest(
-            reclaimer.api_url + path,
-            method="DELETE",
-            headers={"Authorization": f"token {reclaimer.token}"},
-            request_timeout=reclaimer.request_timeout,
-            follow_redirects=False,
-        )
         try:
-            await AsyncHTTPClient().fetch(request)
+            answered = await reclaimer.hub.stop_server(user, server)
         except HTTPClientError as e:
-            body = e.response.body if e.response is not None else b""
-            raise RuntimeError(f"{e} {json.loads(body or b'{}').get('message', '')}") from None
-        log.warning("gpupool: stopped %s: %s", allocation.ref, reason)
+            raise RuntimeError(reply_message(e)) from None
+        log.warning(
+            "gpupool: %s %s: %s",
+            "stopped" if answered else "stopping (JupyterHub carries on with it)",
+            allocation.ref,
+            reason,
+        )
 
     return stop
 

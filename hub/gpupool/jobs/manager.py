@@ -40,6 +40,7 @@ from traitlets import Float, Int, Type, validate
 from traitlets.config import LoggingConfigurable
 
 from gpupool import metrics
+from gpupool.background import Periodic
 from gpupool.clock import utcnow
 from gpupool.core.errors import InvalidRequest, PoolError, UnknownAllocation
 from gpupool.core.jobs import Job, JobSpec, check_submission, transition
@@ -172,8 +173,10 @@ class JobManager(LoggingConfigurable):
         self._launching = asyncio.Semaphore(self.max_concurrent_launches)
         self.stopping = False
         """Set when the hub shuts down: no pass starts anything any more."""
-        self._kick: asyncio.Event | None = None
-        self._loop_task: asyncio.Task[None] | None = None
+        self.scheduler = Periodic(
+            "scheduling pass", self._scheduled, lambda: self.schedule_interval, self.log
+        )
+        """A pass every ``schedule_interval`` seconds, and soon after every :meth:`kick`."""
         self.starting: asyncio.Task[None] | None = None
         """The task running :meth:`start` in the hub (kept so it is not garbage-collected)."""
 
@@ -195,17 +198,15 @@ class JobManager(LoggingConfigurable):
                 self._watch(job.id)
         self.pool.on_release.append(lambda _a: self.kick())
         self.pool.on_inventory.append(self.kick)
-        self._kick = asyncio.Event()
-        self._kick.set()  # a first pass at once: jobs queued before a restart, old requests
-        self._loop_task = asyncio.create_task(self._loop())
+        self.scheduler.start()  # a first pass at once: jobs queued before a restart, old requests
 
     async def stop(self) -> None:
         """Stop scheduling and watching (the hub is shutting down); running jobs keep running
         and are re-attached at the next start."""
         self.stopping = True
-        for task in [self._loop_task, *self._watchers.values()]:
-            if task:
-                task.cancel()
+        for task in self._watchers.values():
+            task.cancel()
+        await self.scheduler.stop()
 
     def shutting_down(self) -> None:
         """The hub is going away: start nothing more (the GPUs its servers free as it stops
@@ -216,28 +217,19 @@ class JobManager(LoggingConfigurable):
 
     def kick(self) -> None:
         """Ask for a scheduling pass soon."""
-        if self._kick is not None:
-            self._kick.set()
+        self.scheduler.kick()
 
-    async def _loop(self) -> None:
-        assert self._kick is not None
-        while True:
-            # asyncio.timeout, never wait_for: on Python 3.11 wait_for returns instead of raising
-            # when stop()'s cancel arrives just as the event is set (CPython #86296; a server
-            # released by the hub's shutdown sets it), and the loop would outlive the hub.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.schedule_interval):
-                    await self._kick.wait()
-            self._kick.clear()
+    async def _scheduled(self) -> None:
+        """The loop's pass: schedule, then forget old jobs when due (each failure logged)."""
+        try:
+            await self.schedule_pass()
+        except Exception:
+            self.log.exception("gpupool: scheduling pass failed")
+        if self.retention_days and self.now() >= self._next_prune:
             try:
-                await self.schedule_pass()
+                await self.prune()
             except Exception:
-                self.log.exception("gpupool: scheduling pass failed")
-            if self.retention_days and self.now() >= self._next_prune:
-                try:
-                    await self.prune()
-                except Exception:
-                    self.log.exception("gpupool: forgetting old jobs failed")
+                self.log.exception("gpupool: forgetting old jobs failed")
 
     # -- the user's side ---------------------------------------------------------------------
     def submit(
@@ -403,7 +395,7 @@ class JobManager(LoggingConfigurable):
             if now.final:
                 return
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.log_poll_interval):  # not wait_for (see start)
+                async with asyncio.timeout(self.log_poll_interval):  # not wait_for: #86296
                     await left.wait()
 
     def queue_positions(self) -> dict[str, int]:

@@ -39,9 +39,10 @@ UUIDs changed; if any allocation could not be restored, nothing is swapped (logg
 through :meth:`Pool.release` (its listeners, the job queue, run). A pass that cannot read
 JupyterHub's records releases nothing. Nothing here deletes or changes a Kubernetes object.
 :meth:`KubeReconciler.stop` cancels its tasks and returns only once every one has ended (no
-timeout hides one that would not): their waits are plain ``Event.wait``/``sleep`` and watch
-streams closed by ``aclosing``, never ``asyncio.wait_for`` around a wait that can be cancelled
-(on Python 3.11 it can swallow the cancel, CPython issue #86296).
+timeout hides one that would not, :func:`gpupool.background.stop_tasks`): the reflectors' waits
+are plain ``sleep`` and watch streams closed by ``aclosing``, and the checker is a
+:class:`gpupool.background.Periodic`, never ``asyncio.wait_for`` around a wait that can be
+cancelled (on Python 3.11 it can swallow the cancel, CPython issue #86296).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from prometheus_client import Counter as PromCounter
 from traitlets import Float, Integer, Unicode, default
 from traitlets.config import LoggingConfigurable
 
+from gpupool.background import Periodic, stop_tasks
 from gpupool.core.errors import UnknownAllocation
 from gpupool.core.inventory import GPU, Inventory, Node
 from gpupool.core.ledger import Allocation, Device, Ledger
@@ -88,7 +90,7 @@ class API(Protocol):
 
 
 class HubRecord(Protocol):
-    """What a JupyterHub record must say (:class:`gpupool.hub.reconcile.Record`)."""
+    """What a JupyterHub record must say (:class:`gpupool.core.reconcile.Record`)."""
 
     @property
     def ref(self) -> str: ...
@@ -435,34 +437,37 @@ class KubeReconciler(LoggingConfigurable):
         self.reported: set[str] = set()
         self._unknown_since: dict[str, float] = {}
         self._noted: set[str] = set(pool.inventory.notes)
-        self._dirty = asyncio.Event()
+        self.checker = Periodic(
+            "checking the pods against the ledger",
+            self.check,
+            lambda: self.period,
+            self.log,
+            at_once=False,
+        )
+        """A :meth:`check` pass on every change (:meth:`nudge`), and at least every
+        ``period`` seconds."""
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping: asyncio.Task[None] | None = None
         self.passes = 0
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the reflectors, the checker and its ticker on the running loop."""
+        """Start the reflectors and the checker on the running loop."""
         if self._released not in self.pool.on_release:
             self.pool.on_release.append(self._released)
         if not self._tasks:
             self._tasks = [
-                asyncio.ensure_future(self.reflect("nodes")),
-                asyncio.ensure_future(self.reflect("pods")),
-                asyncio.ensure_future(self._checker()),
-                asyncio.ensure_future(self._ticker()),
+            loop = asyncio.get_running_loop()
+                loop.create_task(self.reflect(kind), name=f"gpupool: watching {kind}")
+                for kind in ("nodes", "pods")
             ]
 
+            self.checker.start()
     async def stop(self) -> None:
         """Cancel every task and await each to its end (no timeout: none of them holds a
         cancellation back, so this returns once they have unwound), then close the API."""
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        for task, result in zip(tasks, results, strict=True):
-            if isinstance(result, Exception):  # not a cancellation: a task had failed
-                self.log.error("gpupool: Kubernetes task %s had failed: %r", task, result)
+        await asyncio.gather(stop_tasks(tasks, self.log), self.checker.stop())
         with contextlib.suppress(ValueError):
             self.pool.on_release.remove(self._released)
         close = getattr(self.api, "close", None)
@@ -475,12 +480,12 @@ class KubeReconciler(LoggingConfigurable):
     def shutting_down(self) -> None:
         """The hub is going away (:func:`gpupool.hub.shutdown.watch` calls this, synchronously,
         from the loop): :meth:`stop`, on the loop, without waiting for it here."""
-        if self._stopping is None and self._tasks:
+        if self._stopping is None and (self._tasks or self.checker.running):
             self._stopping = asyncio.get_running_loop().create_task(self.stop())
 
     def nudge(self) -> None:
         """Ask for a :meth:`check` pass soon (the checker coalesces requests)."""
-        self._dirty.set()
+        self.checker.kick()
 
     # -- the reflector ----------------------------------------------------------------------
     async def reflect(self, kind: str) -> None:
@@ -527,26 +532,7 @@ class KubeReconciler(LoggingConfigurable):
     def _changed(self, kind: str) -> None:
         if kind == "nodes":
             self.apply_nodes()
-        self._dirty.set()
-
-    async def _checker(self) -> None:
-        # A plain Event.wait, woken by _changed, nudge and the ticker: never
-        # asyncio.wait_for(event.wait(), timeout), which on Python 3.11 returns instead of
-        # raising when stop()'s cancel arrives just as the event is set (CPython #86296),
-        # so the task would run on after stop().
-        while True:
-            await self._dirty.wait()
-            self._dirty.clear()
-            try:
-                await self.check()
-            except Exception:
-                self.log.exception("gpupool: checking the pods against the ledger failed")
-
-    async def _ticker(self) -> None:
-        """A :meth:`check` pass at least every ``period`` seconds."""
-        while True:
-            await asyncio.sleep(self.period)
-            self._dirty.set()
+        self.checker.kick()
 
     # -- nodes --------------------------------------------------------------------------------
     def apply_nodes(self) -> None:
