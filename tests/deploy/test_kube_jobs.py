@@ -371,8 +371,9 @@ def test_two_node_mig_job_with_restarts_and_a_kueue_queue() -> None:
     validate(obj)
     validate(pod_of(obj))
     spec = obj["spec"]
-    assert (spec["completions"], spec["parallelism"], spec["backoffLimit"]) == (2, 2, 4)
-    assert [r["action"] for r in spec["podFailurePolicy"]["rules"]] == ["Ignore"]
+    # max_restarts counts the pool's preemptions (the hub requeues): a failure is never retried
+    assert (spec["completions"], spec["parallelism"], spec["backoffLimit"]) == (2, 2, 0)
+    assert [r["action"] for r in spec["podFailurePolicy"]["rules"]] == ["Ignore", "FailJob"]
     assert spec["suspend"] is True  # Kueue admits it
     assert (spec["activeDeadlineSeconds"], spec["ttlSecondsAfterFinished"]) == (600, 60)
     assert obj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "vision-gpu"

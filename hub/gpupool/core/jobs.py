@@ -4,6 +4,11 @@ Vocabulary
 - *spec*: what the user asked for: the script (code produced from a notebook, or a ``.py`` file),
   where and how to run it (working directory, arguments, environment), the shape (an offer,
   ``gpus`` per node, ``nodes``), a time limit, how often it may be restarted, a priority.
+- *restarts* (``max_restarts``): how many times the pool may put the job back in the queue after
+  preempting it (its team borrowed GPUs a lender needed back), to start again from the
+  beginning; the same on every backend. A job whose process fails is never restarted (torchrun
+  runs with ``--max-restarts 0``, a Kubernetes Job with ``backoffLimit: 0``): it ends
+  ``failed``, and its owner resubmits.
 - *job*: a spec with an owner, the team charged, a state, timestamps, per-rank exit codes, the
   allocations it holds while active, the devices it runs (or last ran) on, and the backend's
   *handle* (a JSON text: pid and start time

@@ -286,7 +286,7 @@ class LocalJobBackend(JobBackend):
             self.python, "-m", "torch.distributed.run",
             "--nnodes", "1", "--nproc-per-node", str(job.spec.gpus),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-            "--max-restarts", "0",
+            "--max-restarts", "0",  # failures end the job: max_restarts counts preemptions
             "-m", "gpupool_lab.rank_log", str(jdir), str(jdir / "script.py"), *job.spec.args,
         ]  # fmt: skip
         command = ["/usr/bin/nice", "-n", str(self.niceness),

@@ -86,7 +86,10 @@ class JobManager(LoggingConfigurable):
         7 * 24 * 3600, config=True, help="The longest time limit a job may ask for, in seconds."
     )
     max_restarts_limit = Int(
-        5, config=True, help="The most restarts (after preemption) a job may ask for. Example: 3"
+        5,
+        config=True,
+        help="""The largest ``max_restarts`` a job may ask for: how often the pool may requeue
+        it after preempting it (a failed job is never restarted). Example: 3""",
     )
     log_poll_interval = Float(
         0.5,

@@ -390,10 +390,10 @@ def make_job(
       leaves that out); the template's claims are kept or left out as *claims* says, and
       ``shared_claim`` is mounted at ``shared_mount_path`` in every pod.
     - ``completions = parallelism = nodes``; ``activeDeadlineSeconds`` = the time limit.
-    - ``backoffLimit = max_restarts × nodes``: a failing node takes the others' collectives down,
-      so one restart of the group costs up to ``nodes`` failed pods. With ``max_restarts = 0`` a
-      ``FailJob`` rule ends the job at the first non-zero exit (reason ``PodFailurePolicy``);
-      pods evicted or preempted (condition ``DisruptionTarget``) are replaced without counting.
+    - ``backoffLimit: 0`` and a ``FailJob`` rule: the first non-zero exit ends the job (reason
+      ``PodFailurePolicy``): as on every backend, a failed job is never restarted
+      (``max_restarts`` counts the pool's preemptions, in the hub: :mod:`gpupool.core.jobs`);
+      pods evicted or preempted by Kubernetes (``DisruptionTarget``) are replaced uncounted.
       ``podReplacementPolicy: Failed`` keeps two pods of one index from running at once.
     - ``suspend`` (or a Kueue queue, whose admission then resumes it) creates the Job suspended.
     - ``kueue_priority_class`` labels the Job (with a Kueue queue only: Kueue reads it there).
@@ -468,8 +468,8 @@ def make_job(
         "completionMode": "Indexed",
         "completions": spec.nodes,
         "parallelism": spec.nodes,
-        "backoffLimit": spec.max_restarts * spec.nodes,
-        "podFailurePolicy": pod_failure_policy(spec.max_restarts),
+        "backoffLimit": 0,
+        "podFailurePolicy": pod_failure_policy(),
         "podReplacementPolicy": "Failed",
         "activeDeadlineSeconds": spec.time_limit,
         "suspend": bool(suspend or kueue_queue),
@@ -500,20 +500,21 @@ def exact_binding(allocations: Sequence[Allocation]) -> bool:
     return len(set(counts.values())) <= 1
 
 
-def pod_failure_policy(max_restarts: int) -> dict[str, Any]:
-    """Disruptions (eviction, preemption, node drain) never count; without restarts any
-    non-zero exit of the job container fails the whole Job at once."""
-    rules: list[dict[str, Any]] = [
-        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
-    ]
-    if max_restarts == 0:
-        rules.append(
+def pod_failure_policy() -> dict[str, Any]:
+    """Disruptions (eviction, preemption, node drain) never count; any non-zero exit of the job
+    container fails the whole Job at once."""
+    return {
+        "rules": [
+            {
+                "action": "Ignore",
+                "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+            },
             {
                 "action": "FailJob",
                 "onExitCodes": {"containerName": CONTAINER, "operator": "NotIn", "values": [0]},
-            }
-        )
-    return {"rules": rules}
+            },
+        ]
+    }
 
 
 def torchrun_args(

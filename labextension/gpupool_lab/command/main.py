@@ -271,7 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
         "lists them; the hub's choice when it lists none)",
     )
     s.add_argument("--time-limit", type=parse_duration, help="seconds, or 30m, 2h, 1h30m")
-    s.add_argument("--max-restarts", type=non_negative, help="torchrun restarts on failure")
+    s.add_argument(
+        "--max-restarts",
+        type=non_negative,
+        help="how often the pool may requeue the job after preempting it to give borrowed GPUs "
+        "back (default 0); a job that fails is never restarted",
+    )
     s.add_argument(
         "--priority",
         type=int,
