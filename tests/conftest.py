@@ -267,6 +267,54 @@ def a100_mixed_node(name: str = "dgx-a100-1") -> dict[str, Any]:
     return node(name, labels, resources)
 
 
+T4_MIB = 15360  # GFD's nvidia.com/gpu.memory on a Tesla T4
+
+
+def shared_node(
+    name: str = "t4-shared",
+    *,
+    strategy: str = "time-slicing",
+    renamed: bool = False,
+    gpus: int = 4,
+    replicas: int = 4,
+) -> dict[str, Any]:
+    """A node of ``gpus`` T4s, each shared into ``replicas`` by the device plugin."""
+    product = "Tesla-T4" if renamed else "Tesla-T4-SHARED"
+    labels = gpu_node_labels(product, str(T4_MIB), gpus, "all-disabled")
+    labels |= {
+        "nvidia.com/gpu.replicas": str(replicas),
+        "nvidia.com/gpu.sharing-strategy": strategy,
+        "nvidia.com/mig.capable": "false",
+    }
+    if renamed:
+        resources = {"nvidia.com/gpu": "0", "nvidia.com/gpu.shared": str(gpus * replicas)}
+    else:
+        resources = {"nvidia.com/gpu": str(gpus * replicas)}
+    return node(name, labels, resources)
+
+
+def hami_node(name: str = "l40s-hami", gpus: int = 2, split: int = 10) -> dict[str, Any]:
+    """A node of ``gpus`` L40S that HAMi's device plugin shares out, each GPU to at most
+    ``split`` pods (its ``deviceSplitCount``, 10 by default)."""
+    labels = {"kubernetes.io/hostname": name, "gpu": "on"}
+    obj = node(name, labels, {"nvidia.com/gpu": str(split * gpus)})
+    devices = [
+        {
+            "id": f"GPU-0000000{i}-1111-2222-3333-444444444444",
+            "count": split,
+            "devmem": 46068,
+            "devcore": 100,
+            "type": "NVIDIA-NVIDIA L40S",
+            "numa": 0,
+            "mode": "hami-core",
+            "health": True,
+        }
+        for i in range(gpus)
+    ]
+    obj["metadata"]["annotations"]["hami.io/node-nvidia-register"] = json.dumps(devices)
+    return obj
+
+
 def kubeconfig(path: Path, server: str) -> Path:
     """A kubeconfig at ``path`` for an API server at ``server`` (a test token, no TLS)."""
     config = {

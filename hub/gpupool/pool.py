@@ -68,7 +68,7 @@ def load_inventory(
     from gpupool.discovery import SimulatedNVML, discover, simulated_inventory
 
     if source == "kubernetes" or source.startswith("kubernetes:"):
-        from gpupool.kube.nodes import load_kubernetes_inventory
+        from gpupool.kube.api import load_kubernetes_inventory
 
         found = load_kubernetes_inventory(source.partition(":")[2].strip() or None)
         for note in found.notes:

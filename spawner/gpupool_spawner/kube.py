@@ -17,6 +17,9 @@ Vocabulary
   :class:`gpupool.kube.pods.ShareRequests` over the pool's inventory.
 - *product labels*: model key to ``nvidia.com/gpu.product`` values: the built-in table, plus the
   products the Kubernetes inventory saw on the nodes, with ``gpu_product_labels`` overriding both.
+- *GPU pod settings*: tolerations, priority class, scheduler, product labels, node binding, HAMi
+  resources and Kueue labels are :class:`gpupool.kube.settings.KubeGPUSettings`, which this class
+  and the job backend both inherit (``c.KubeGPUSettings.<name>`` sets both).
 - *profiles*: KubeSpawner's ``profile_list`` (z2jh's ``singleuser.profileList``, which z2jh's
   ``jupyterhub_config.py`` sets on ``c.KubeSpawner`` and this subclass inherits) works as in
   KubeSpawner: the ``profile`` user option, a profile's ``profile_options`` and their
@@ -54,29 +57,22 @@ from jupyterhub.utils import maybe_future
 from kubernetes_asyncio.client import V1Pod, V1ResourceRequirements
 from kubespawner import KubeSpawner
 from kubespawner.utils import get_k8s_model
-from traitlets import Bool, Dict, List, Unicode, default, validate
+from traitlets import Dict, default, validate
 
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.ledger import Allocation
 from gpupool.core.parse import clip
-from gpupool.declarations import ConfigError
 from gpupool.hub.errors import refuse
 from gpupool.hub.form import PROFILE_OFFERS_KEY
 from gpupool.kube.pods import (
-    DEFAULT_GPU_TOLERATIONS,
-    DEFAULT_HAMI_RESOURCES,
-    DEFAULT_PRODUCT_LABELS,
     HARDENING,
     HOSTNAME_LABEL,
-    ShareRequests,
     apply_allocation,
-    check_hami_resources,
     check_hardening,
-    check_priority_class,
-    check_queue_template,
     harden_notebook,
     product_values,
 )
+from gpupool.kube.settings import KubeGPUSettings
 from gpupool_spawner.mixin import GPUSpawnerMixin
 from gpupool_spawner.options import OfferLimit, others
 
@@ -84,95 +80,10 @@ PROFILE_FIELDS = ("profile", "profile-option-")
 """The spawn form fields KubeSpawner's profile form posts (the name, or its start)."""
 
 
-class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner):
-    gpu_tolerations = List(
-        [dict(t) for t in DEFAULT_GPU_TOLERATIONS],
-        config=True,
-        help="""Tolerations added to GPU and MIG pods only (Kubernetes JSON, as
-        ``KubeSpawner.tolerations``); CPU-only pods lose any toleration with these keys.
-        Example::
-
-            c.KubeGPUSpawner.gpu_tolerations = [
-                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-                {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"},
-            ]
-        """,
-    )
-
-    gpu_priority_class_name = Unicode(
-        "",
-        config=True,
-        help="""PriorityClass of GPU and MIG pods (empty: KubeSpawner's ``priority_class_name``).
-        Example: ``c.KubeGPUSpawner.gpu_priority_class_name = "gpu-interactive"``""",
-    )
-
-    gpu_scheduler_name = Unicode(
-        "",
-        config=True,
-        help="""Scheduler of GPU and MIG pods (empty: KubeSpawner's ``scheduler_name``).
-        Example: ``c.KubeGPUSpawner.gpu_scheduler_name = "kai-scheduler"``""",
-    )
-
-    gpu_product_labels = Dict(
-        {},
-        config=True,
-        help="""``nvidia.com/gpu.product`` values by gpupool model key, for offers with a
-        ``model``; overrides the built-in table (and what the node inventory saw) per model.
-        Example::
-
-            c.KubeGPUSpawner.gpu_product_labels = {
-                "H100-80GB": ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe"],
-            }
-        """,
-    )
-
-    bind_to_node = Bool(
-        True,
-        config=True,
-        help="""Bind GPU and MIG pods to the node the pool's ledger chose for them (a required node
-        affinity on the node's name), so that kube-scheduler cannot put them on
-        another node than the one the pool counted. Turn off only when the pool's inventory is
-        not the cluster's nodes (a simulated inventory in a test cluster). Example:
-        ``c.KubeGPUSpawner.bind_to_node = False``""",
-    )
-
-    kueue_queue_template = Unicode(
-        "",
-        config=True,
-        help="""When set, GPU and MIG pods get the label ``kueue.x-k8s.io/queue-name`` with this
-        template filled in (``{team}``, ``{offer}``, ``{user}``), so a Kueue ``LocalQueue`` per
-        team can admit them. Empty (the default): no Kueue label. Example:
-        ``c.KubeGPUSpawner.kueue_queue_template = "{team}-gpu"``""",
-    )
-
-    kueue_priority_class = Unicode(
-        "",
-        config=True,
-        help="""Kueue ``WorkloadPriorityClass`` of GPU and MIG pods: the label
-        ``kueue.x-k8s.io/priority-class``, set only with ``kueue_queue_template`` (Kueue reads it
-        on queued workloads only). A notebook should rank above every job
-        (``KubeJobBackend.kueue_priority_class``), so that Kueue never preempts it for one.
-        Empty (the default): no label, Kueue's default priority. The Helm chart sets
-        ``<release>-notebook``. Example:
-        ``c.KubeGPUSpawner.kueue_priority_class = "gpupool-notebook"``""",
-    )
-
-    hami_resources = Dict(
-        dict(DEFAULT_HAMI_RESOURCES),
-        config=True,
-        help="""HAMi's resource names (its ``resourceCountName``, ``resourceMemoryName`` and,
-        optionally, ``resourceCoreName``), for shares of GPUs on nodes HAMi shares out (the
-        annotation ``hami.io/node-nvidia-register``): a share there asks for one ``count`` and
-        its memory in MiB as ``memory``, and with ``cores`` its percentage of the GPU's compute.
-        Example::
-
-            c.KubeGPUSpawner.hami_resources = {
-                "count": "nvidia.com/gpu",
-                "memory": "nvidia.com/gpumem",
-                "cores": "nvidia.com/gpucores",
-            }
-        """,
-    )
+class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner, KubeGPUSettings):
+    """KubeSpawner with GPUs from the pool; the GPU pod settings are
+    :class:`gpupool.kube.settings.KubeGPUSettings` (``c.KubeGPUSettings.<name>`` for notebooks
+    and jobs, ``c.KubeGPUSpawner.<name>`` for notebooks)."""
 
     pod_hardening = Dict(
         dict(HARDENING),
@@ -199,46 +110,10 @@ class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner):
     def _valid_pod_hardening(self, proposal: dict[str, Any]) -> dict[str, Any]:
         return check_hardening(proposal["value"], "KubeGPUSpawner.pod_hardening")
 
-    @validate("hami_resources")
-    def _valid_hami_resources(self, proposal: dict[str, Any]) -> dict[str, str]:
-        return check_hami_resources(proposal["value"], "KubeGPUSpawner.hami_resources")
-
-    @validate("gpu_product_labels")
-    def _valid_product_labels(self, proposal: dict[str, Any]) -> dict[str, list[str]]:
-        value = proposal["value"]
-        out: dict[str, list[str]] = {}
-        for model, labels in value.items():
-            values = [labels] if isinstance(labels, str) else labels
-            if not isinstance(values, list | tuple) or not all(
-                isinstance(v, str) and v for v in values
-            ):
-                raise ConfigError(
-                    f"KubeGPUSpawner.gpu_product_labels[{model!r}]",
-                    f"must be a list of label values like ['NVIDIA-H100-80GB-HBM3'], "
-                    f"got {labels!r}",
-                )
-            out[str(model)] = list(values)
-        return out
-
-    @validate("kueue_queue_template")
-    def _valid_queue_template(self, proposal: dict[str, Any]) -> str:
-        return check_queue_template(str(proposal["value"]), "KubeGPUSpawner.kueue_queue_template")
-
-    @validate("kueue_priority_class")
-    def _valid_priority_class(self, proposal: dict[str, Any]) -> str:
-        return check_priority_class(str(proposal["value"]), "KubeGPUSpawner.kueue_priority_class")
-
     # -- product labels -----------------------------------------------------------------------
     def gpupool_product_labels(self) -> dict[str, tuple[str, ...]]:
         """The model → ``nvidia.com/gpu.product`` mapping in force (see the module docstring)."""
-        labels = {model: list(values) for model, values in DEFAULT_PRODUCT_LABELS.items()}
-        inventory = self.gpupool.inventory
-        if inventory.source == "kubernetes":
-            for gpu in inventory.gpus:
-                if gpu.product_name and gpu.product_name not in labels.get(gpu.model, []):
-                    labels.setdefault(gpu.model, []).append(gpu.product_name)
-        labels.update(self.gpu_product_labels)
-        return {model: tuple(values) for model, values in labels.items()}
+        return self.product_labels_for(self.gpupool.inventory)
 
     # -- the mixin's hook and KubeSpawner's manifest -------------------------------------------
     def gpupool_check_allocation(self, allocation: Allocation) -> None:
@@ -269,7 +144,7 @@ class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner):
             kueue_queue_template=self.kueue_queue_template,
             kueue_priority_class=self.kueue_priority_class,
             bind_to_node=self.bind_to_node,
-            shares=ShareRequests.of(self.gpupool.inventory, self.hami_resources),
+            shares=self.share_requests_for(self.gpupool.inventory),
         )
 
     def _gpupool_check_pins(self, pod: V1Pod, allocation: Allocation | None) -> None:

@@ -26,13 +26,12 @@ from gpupool.config import GPUPool
 from gpupool.core import Inventory, Ledger, NoCapacity, Offer, Request, Team
 from gpupool.core.mig import GEOMETRIES
 from gpupool.declarations import ConfigError
+from gpupool.kube.api import load_kubernetes_inventory, read_nodes
 from gpupool.kube.nodes import (
     inventory_from_nodes,
-    load_kubernetes_inventory,
     mig_profile_name,
     pack_instances,
     product_model,
-    read_nodes,
 )
 from gpupool.pool import load_inventory
 from tests.conftest import a100_mixed_node, h100_node, kubeconfig, node

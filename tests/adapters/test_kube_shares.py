@@ -12,7 +12,6 @@ annotation and ``deviceSplitCount`` (10) virtual ``nvidia.com/gpu`` per GPU.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from typing import Any
 
@@ -21,9 +20,8 @@ import pytest
 from gpupool.core import Ledger, NoCapacity, Offer, Request, Team
 from gpupool.core.ledger import Device
 from gpupool.kube.nodes import hami_devices, inventory_from_nodes
-from tests.conftest import gpu_node_labels, h100_node, node
+from tests.conftest import T4_MIB, h100_node, hami_node, shared_node
 
-T4_MIB = 15360  # GFD's nvidia.com/gpu.memory on a Tesla T4
 OFFERS = {
     "cpu": Offer("cpu", "cpu"),
     "gpu": Offer("gpu", "gpu", max_count=8),
@@ -32,51 +30,6 @@ OFFERS = {
     "share-4gb": Offer("share-4gb", "share", share_mib=4096),
     "share-8gb": Offer("share-8gb", "share", share_mib=8192),
 }
-
-
-def shared_node(
-    name: str = "t4-shared",
-    *,
-    strategy: str = "time-slicing",
-    renamed: bool = False,
-    gpus: int = 4,
-    replicas: int = 4,
-) -> dict[str, Any]:
-    """A node of ``gpus`` T4s, each shared into ``replicas`` by the device plugin."""
-    product = "Tesla-T4" if renamed else "Tesla-T4-SHARED"
-    labels = gpu_node_labels(product, str(T4_MIB), gpus, "all-disabled")
-    labels |= {
-        "nvidia.com/gpu.replicas": str(replicas),
-        "nvidia.com/gpu.sharing-strategy": strategy,
-        "nvidia.com/mig.capable": "false",
-    }
-    if renamed:
-        resources = {"nvidia.com/gpu": "0", "nvidia.com/gpu.shared": str(gpus * replicas)}
-    else:
-        resources = {"nvidia.com/gpu": str(gpus * replicas)}
-    return node(name, labels, resources)
-
-
-def hami_node(name: str = "l40s-hami", gpus: int = 2, split: int = 10) -> dict[str, Any]:
-    """A node of ``gpus`` L40S that HAMi's device plugin shares out, each GPU to at most
-    ``split`` pods (its ``deviceSplitCount``, 10 by default)."""
-    labels = {"kubernetes.io/hostname": name, "gpu": "on"}
-    obj = node(name, labels, {"nvidia.com/gpu": str(split * gpus)})
-    devices = [
-        {
-            "id": f"GPU-0000000{i}-1111-2222-3333-444444444444",
-            "count": split,
-            "devmem": 46068,
-            "devcore": 100,
-            "type": "NVIDIA-NVIDIA L40S",
-            "numa": 0,
-            "mode": "hami-core",
-            "health": True,
-        }
-        for i in range(gpus)
-    ]
-    obj["metadata"]["annotations"]["hami.io/node-nvidia-register"] = json.dumps(devices)
-    return obj
 
 
 def ledger(*nodes: dict[str, Any], limit: int = 64000) -> Ledger:

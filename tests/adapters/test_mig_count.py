@@ -33,7 +33,7 @@ from gpupool.pool import Pool
 from gpupool_spawner.local import LocalGPUSpawner
 from tests.accounts import shared_mode
 from tests.factories import gpu
-from tests.adapters.test_mig_on_demand import make_instance, nvml_instances
+from tests.mig_instances import make_instance, nvml_instances
 
 LOG = logging.getLogger("gpupool.tests.mig_count")
 FIXED = "simulated:n: 1x H100-80GB, mig=1:1g.10gb+1g.10gb+1g.10gb"

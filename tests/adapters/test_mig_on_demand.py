@@ -17,16 +17,14 @@ from traitlets.config import Config
 import gpupool.pool as pool_module
 from gpupool.config import GPUPool
 from gpupool.core.errors import NoCapacity
-from gpupool.core.mig import GEOMETRIES
 from gpupool.declarations import ConfigError
 from gpupool.discovery import SimulatedNVML, discover, simulated_inventory
-from gpupool.discovery.machine import compute_profile_index, profile_index
 from gpupool.hub.errors import status_of
 from gpupool.mig.manager import DeviceUnavailable, parse_managed
 from gpupool.monitors.activity import DeviceMonitor
 from gpupool.pool import Pool
+from tests.mig_instances import H100, make_gi, make_instance, nvml_instances, placement
 
-H100 = GEOMETRIES["H100-80GB"]
 # GPU 0 whole; GPU 1: MIG on, no instances (managed); GPU 2 on node "b": MIG on, admin layout
 SPEC = "a: 2x H100-80GB, mig=1; b: 1x H100-80GB, mig=1:3g.40gb"
 OFFERS = {
@@ -36,39 +34,6 @@ OFFERS = {
     "mig-7g.80gb": {"model": "H100-80GB"},
     "mig-1g.10gb": {"model": "H100-80GB"},
 }
-
-
-def placement(start: int, size: int) -> Any:
-    p = pynvml.c_nvmlGpuInstancePlacement_t()
-    p.start, p.size = start, size
-    return p
-
-
-def make_gi(nvml: Any, handle: Any, name: str, start: int) -> Any:
-    p = H100.by_name[name]
-    info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_index(p))
-    return nvml.nvmlDeviceCreateGpuInstanceWithPlacement(
-        handle, info.id, placement(start, p.memory_slots)
-    )
-
-
-def make_instance(nvml: Any, handle: Any, name: str, start: int) -> str:
-    """What ``nvidia-smi mig -cgi <profile>:<start> -C`` does: GPU instance, compute instance."""
-    gi = make_gi(nvml, handle, name, start)
-    p = H100.by_name[name]
-    ci = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-        gi, compute_profile_index(p), pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
-    )
-    nvml.nvmlGpuInstanceCreateComputeInstance(gi, ci.id)
-    gi_id = nvml.nvmlGpuInstanceGetInfo(gi).id
-    for i in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-        try:
-            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
-        except pynvml.NVMLError_NotFound:
-            continue
-        if nvml.nvmlDeviceGetGpuInstanceId(mig) == gi_id:
-            return str(nvml.nvmlDeviceGetUUID(mig))
-    raise AssertionError("no MIG device for the new instance")
 
 
 def destroy_instance(view: Any, gpu: Any, uuid: str) -> None:
@@ -275,12 +240,6 @@ def build(
     c.GPUPool.teams = {"vision": {"guarantee": 3}}
     c.GPUPool.managed_mig = list(managed) if not isinstance(managed, dict | bool) else managed
     return Pool.from_config(GPUPool(config=c), logger or logging.getLogger("test"))
-
-
-def nvml_instances(sim: SimulatedNVML, node: str = "a") -> dict[str, tuple[str, int]]:
-    """The MIG devices NVML shows on ``node`` ("a" holds the managed GPU 1)."""
-    found = discover(sim.for_node(node))
-    return {i.uuid or "": (i.profile, i.start) for g in found.gpus for i in g.instances}
 
 
 def all_instances(sim: SimulatedNVML) -> set[str]:
@@ -599,11 +558,11 @@ def test_a_draining_orphan_at_restart_is_blocked_until_it_can_go(
 def render_admin(pool: Pool) -> str:
     import jinja2
 
+    import gpupool.hub
     from gpupool.hub.pages_view import admin_view
     from gpupool.hub.reclaim import IdleReclaimer
     from gpupool.jobs.manager import JobManager
     from tests.accounts import shared_mode
-    from tests.adapters.test_pages_view import TEMPLATES
 
     c = Config()
     shared_mode(c)
@@ -611,7 +570,7 @@ def render_admin(pool: Pool) -> str:
     env = jinja2.Environment(
         loader=jinja2.ChoiceLoader(
             [
-                jinja2.FileSystemLoader(str(TEMPLATES)),
+                jinja2.FileSystemLoader(str(Path(gpupool.hub.__file__).parent / "templates")),
                 jinja2.DictLoader({"page.html": "{% block main %}{% endblock %}"}),
             ]
         ),

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import copy
 import importlib
 import json
 import re
@@ -40,7 +39,6 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
-from kubernetes_validate.utils import major_minor
 from traitlets.config import Config
 
 from gpupool.config import GPUPool
@@ -49,32 +47,27 @@ from gpupool.core.limits import UserLimits
 from gpupool.core.mig import GEOMETRIES
 from gpupool.discovery.node_pools import parse_node_pools
 from gpupool.hub.fileconfig import load_config_file
-from gpupool.kube.nodes import ClusterAPI
+from gpupool.kube.api import ClusterAPI
 from gpupool.kube.pods import gpu_equivalents, queue_name
 from gpupool.pool import Pool
+from tests.deploy.chart_fixtures import (
+    CHART,
+    NAMESPACE,
+    RELEASE,
+    ROOT,
+    by_kind,
+    merge,
+)
 from tests.deploy.crd_schemas import SCHEMAS, validate_custom
+from tests.deploy.kube_fixtures import K8S_VERSIONS
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "gpupool"
 VALUES_FILES = ("small", "large")
-K8S_VERSIONS = ("1.33", major_minor(kubernetes_validate.latest_version()))
 NO_DEPENDENCY = {"jupyterhub": {"enabled": False}}
-RELEASE, NAMESPACE = "gp", "jhub"
 
 
 def values_of(name: str) -> dict[str, Any]:
     values = yaml.safe_load((CHART / "ci" / f"{name}-values.yaml").read_text())
     return merge(values, NO_DEPENDENCY)
-
-
-def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +84,6 @@ def render(chart: helm.Chart, values: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         objects += [doc for doc in yaml.safe_load_all(text) if doc]
     return objects
-
-
-def by_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
-    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
 
 
 def hub_config(objects: list[dict[str, Any]], tmp_path: Path) -> Config:
@@ -526,7 +515,7 @@ def api_calls(path: Path) -> set[tuple[str, str, str]]:
 
 def watched() -> set[tuple[str, str, str]]:
     """What the Kubernetes reconciler lists and then watches, through its one seam
-    (:class:`gpupool.kube.nodes.ClusterAPI`: nodes cluster-wide, pods in the hub's
+    (:class:`gpupool.kube.api.ClusterAPI`: nodes cluster-wide, pods in the hub's
     namespace): a watch is a list call with ``watch=true``, so the scan above sees only the list."""
     kinds = ClusterAPI().selectors
     assert set(kinds) == {"nodes", "pods"}, kinds
@@ -548,8 +537,8 @@ def granted(
 
 def test_rbac_grants_every_call_the_hub_makes(chart: helm.Chart) -> None:
     objects = render(chart, values_of("small"))
-    hub = ROOT / "hub" / "gpupool"
-    needed = api_calls(hub / "jobs" / "kube.py") | api_calls(hub / "discovery" / "kubernetes.py")
+    kube = sorted((ROOT / "hub" / "gpupool" / "kube").glob("*.py"))  # every API call is there
+    needed = set().union(*(api_calls(path) for path in kube))
     needed |= watched()
     assert ("batch", "jobs", "create") in needed and ("", "nodes", "list") in needed
     assert ("", "nodes", "watch") in needed and ("", "pods", "watch") in needed
@@ -627,8 +616,8 @@ def test_the_hub_makes_per_job_policies_with_the_charts_dns_and_may_do_just_that
     assert backend.network_policy_dns == [dns]  # the release-wide policy's DNS, one definition
     (policy,) = by_kind(objects, "NetworkPolicy").values()
     assert policy["spec"]["egress"][0]["to"] == [dns]
-    hub = ROOT / "hub" / "gpupool" / "jobs" / "kube.py"
-    needed = {c for c in api_calls(hub) if c[1] == "networkpolicies"}
+    source = ROOT / "hub" / "gpupool" / "kube" / "jobs.py"
+    needed = {c for c in api_calls(source) if c[1] == "networkpolicies"}
     assert needed == {("networking.k8s.io", "networkpolicies", v) for v in ("create", "delete")}
     assert {g for g in granted(objects) if g[1] == "networkpolicies"} == needed  # exactly
     # without NetworkPolicies the hub makes none, and its Role may not

@@ -41,42 +41,22 @@ import yaml
 from gpupool.core.jobs import Job, JobSpec
 from gpupool.core.ledger import Allocation
 from gpupool.kube.manifests import job_name, make_job, make_network_policy
-from tests.deploy.crd_schemas import SCHEMAS, validate_custom
-from tests.deploy.test_chart import (
+from tests.deploy.chart_fixtures import (
     CHART,
-    K8S_VERSIONS,
     NAMESPACE,
     RELEASE,
     ROOT,
     by_kind,
+    dependency_version,
     merge,
+    render_all,
+    render_with_origin,
+    z2jh_archive,
 )
+from tests.deploy.crd_schemas import SCHEMAS, validate_custom
+from tests.deploy.kube_fixtures import K8S_VERSIONS
 
 BASELINE = Path(__file__).with_name("checkov-baseline.txt")
-CLUSTER_SCOPED = {
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "PriorityClass",
-    "ResourceFlavor",
-    "ClusterQueue",
-    "WorkloadPriorityClass",
-}
-
-
-def dependency_version() -> str:
-    meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    (dep,) = [d for d in meta["dependencies"] if d["name"] == "jupyterhub"]
-    return str(dep["version"])
-
-
-def z2jh_archive() -> Path | None:
-    """The JupyterHub chart archive to render with: charts/ when filled, else shared/charts/."""
-    version = dependency_version()
-    for folder in (CHART / "charts", ROOT.parent / "shared" / "charts"):
-        archive = folder / f"jupyterhub-{version}.tgz"
-        if archive.is_file():
-            return archive
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -100,27 +80,6 @@ def values_with_hub(name: str) -> dict[str, Any]:
         return {}
     values: dict[str, Any] = yaml.safe_load((CHART / "ci" / f"{name}-values.yaml").read_text())
     return values
-
-
-def render_all(chart: helm.Chart, values: dict[str, Any]) -> list[dict[str, Any]]:
-    return [obj for _, obj in render_with_origin(chart, values)]
-
-
-def render_with_origin(
-    chart: helm.Chart, values: dict[str, Any]
-) -> list[tuple[str, dict[str, Any]]]:
-    """(template path, object) of every rendered object, namespaced as Helm would install it."""
-    rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
-    objects = []
-    for path, text in sorted(rendered.items()):
-        if path.endswith("NOTES.txt"):
-            continue
-        for doc in yaml.safe_load_all(text):
-            if doc:
-                if doc["kind"] not in CLUSTER_SCOPED:
-                    doc["metadata"].setdefault("namespace", NAMESPACE)
-                objects.append((path, doc))
-    return objects
 
 
 def test_the_archive_is_the_release_chart_yaml_names(full_chart: helm.Chart) -> None:

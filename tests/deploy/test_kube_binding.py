@@ -17,23 +17,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 from kubernetes_asyncio.client import (
     ApiClient,
     Configuration,
     V1Affinity,
-    V1Container,
     V1NodeAffinity,
     V1NodeSelector,
     V1NodeSelectorRequirement,
     V1NodeSelectorTerm,
-    V1ObjectMeta,
-    V1Pod,
-    V1PodSpec,
-    V1ResourceRequirements,
 )
-from kubernetes_validate.utils import major_minor
 from traitlets.config import Config
 
 from gpupool.core import Ledger, Offer, Team
@@ -57,11 +50,20 @@ from gpupool.pool import Pool, with_node_pools
 from gpupool.store import Store
 from tests.conftest import a100_mixed_node, h100_node
 from tests.deploy.kube_api import StandIn, served
-from tests.deploy.test_kube_jobs import notebook_pod
+from tests.deploy.kube_fixtures import (
+    IMAGE,
+    NS,
+    hostnames,
+    node_terms,
+    notebook_pod,
+    run_job_pods,
+    spawner_pod,
+    validate,
+)
+from tests.deploy.kube_fixtures import (
+    serialise_now as serialise,
+)
 
-K8S_VERSIONS = ("1.33", major_minor(kubernetes_validate.latest_version()))
-NS = "gpupool"
-IMAGE = "quay.io/jupyter/pytorch-notebook:cuda12-2025-06-02"
 OFFERS = {
     "cpu": Offer("cpu", "cpu"),
     "h100": Offer("h100", "gpu", model="H100-80GB", max_count=8),
@@ -88,60 +90,12 @@ def cluster(*nodes: dict[str, Any]) -> StandIn:
     return api
 
 
-def validate(obj: dict[str, Any]) -> None:
-    for version in K8S_VERSIONS:
-        assert kubernetes_validate.validate(obj, version, strict=True) == version
-
-
-def serialise(pod: V1Pod) -> dict[str, Any]:
-    async def go() -> dict[str, Any]:
-        async with ApiClient() as api:
-            return dict(api.sanitize_for_serialization(pod))
-
-    return asyncio.run(go())
-
-
-def spawner_pod(user: str, affinity: V1Affinity | None = None) -> V1Pod:
-    """A notebook pod as KubeSpawner builds it (the parts that matter here)."""
-    return V1Pod(
-        api_version="v1",
-        kind="Pod",
-        metadata=V1ObjectMeta(name=f"jupyter-{user}", labels={"component": "singleuser-server"}),
-        spec=V1PodSpec(
-            containers=[
-                V1Container(
-                    name="notebook",
-                    image=IMAGE,
-                    resources=V1ResourceRequirements(requests={"cpu": "1", "memory": "8G"}),
-                )
-            ],
-            affinity=affinity,
-        ),
-    )
-
-
 def notebook(allocation: Allocation | None, offer: str, *, bind: bool = True) -> dict[str, Any]:
     user = allocation.user if allocation else "cpu-user"
     pod = apply_allocation(spawner_pod(user), allocation, OFFERS[offer], bind_to_node=bind)
     body = serialise(pod)
     validate(body)
     return body
-
-
-def node_terms(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    node = (spec.get("affinity") or {}).get("nodeAffinity") or {}
-    terms = node.get("requiredDuringSchedulingIgnoredDuringExecution", {})
-    return list(terms.get("nodeSelectorTerms", []))
-
-
-def hostnames(spec: dict[str, Any]) -> list[list[str]]:
-    """The nodes each required term binds to (``metadata.name`` field requirements)."""
-    return [
-        f["values"]
-        for t in node_terms(spec)
-        for f in t.get("matchFields", [])
-        if f["key"] == "metadata.name"
-    ]
 
 
 def a_job(offer: str = "h100", gpus: int = 2, nodes: int = 2) -> Job:
@@ -529,12 +483,6 @@ def test_the_job_manager_puts_a_jobs_nodes_on_different_machines(tmp_path: Path)
         assert all(p["status"]["phase"] == "Running" for p in pods.values())
         with pytest.raises(NoCapacity, match="its 4 nodes must be different machines"):
             m.submit("alice", ["vision"], {**spec, "nodes": 4})
-
-
-def run_job_pods(api: StandIn, name: str) -> dict[int, dict[str, Any]]:
-    api.create_pods(name, NS)
-    api.run_pods(name, NS)
-    return api.pods_of(name, NS)
 
 
 def test_a_job_for_a_node_pool_at_zero_queues_with_the_reason(tmp_path: Path) -> None:

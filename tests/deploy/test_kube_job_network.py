@@ -19,9 +19,7 @@ from gpupool.core.jobs import Job, JobSpec
 from gpupool.kube import manifests as kube_manifests
 from gpupool.kube.job_status import KubeError
 from tests.deploy.kube_api import Served
-from tests.deploy.test_kube_jobs import NS, a_job, allocate, backend, kube, started, validate
-
-__all__ = ["kube"]  # the stand-in API server fixture
+from tests.deploy.kube_fixtures import NS, a_job, allocate, backend, started, validate
 
 JOB_LABEL = "gpupool.io/job"
 DNS_53 = [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]

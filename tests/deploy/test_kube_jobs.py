@@ -18,237 +18,59 @@ import re
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
-from kubernetes_validate.utils import major_minor
 
-from gpupool.core import Ledger, Offer, Request, Team
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.jobs import Job, JobSpec
-from gpupool.core.ledger import Allocation
 from gpupool.kube.jobs import JobRef, KubeError, KubeJobBackend, observe_objects
 from gpupool.kube.manifests import (
     configmap_name,
     job_name,
-    make_job,
     make_script_configmap,
     make_service,
     script_key,
     service_name,
 )
-from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.kube.pods import DEFAULT_PRODUCT_LABELS
-from tests.conftest import a100_mixed_node, h100_node, kubeconfig
-from tests.deploy.kube_api import Served, served
+from tests.conftest import kubeconfig
+from tests.deploy.kube_api import Served
+from tests.deploy.kube_fixtures import (
+    GPU_TOLERATION,
+    IMAGE,
+    NS,
+    TOKEN_VOLUME,
+    a_job,
+    allocate,
+    backend,
+    container,
+    ledger,
+    notebook_pod,
+    pod_of,
+    started,
+    validate,
+)
+from tests.deploy.kube_fixtures import (
+    build_job as build,
+)
+from tests.deploy.kube_fixtures import (
+    job_env as env,
+)
+from tests.deploy.kube_fixtures import (
+    job_nvidia as nvidia,
+)
 
-K8S_VERSIONS = ("1.33", major_minor(kubernetes_validate.latest_version()))
-NS = "gpupool"
-IMAGE = "quay.io/jupyter/pytorch-notebook:cuda12-2025-06-02"
-OFFERS = {
-    "cpu": Offer("cpu", "cpu"),
-    "h100": Offer("h100", "gpu", model="H100-80GB", max_count=4),
-    "mig-3g.40gb": Offer("mig-3g.40gb", "mig", model="A100-80GB", profile="3g.40gb"),
-}
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-TOKEN_VOLUME = "kube-api-access-x7k2p"
+
+
+KUEUE = {"kueue_queue_template": "{team}-gpu", "kueue_priority_class": "gp-job"}
+"""The job backend's Kueue settings (a team's queue, the jobs' priority class)."""
 
 
 # -- builders -------------------------------------------------------------------------------------
-def ledger() -> Ledger:
-    inventory = inventory_from_nodes([h100_node(), a100_mixed_node()])
-    everyone = Team("everyone", offers=frozenset({"cpu"}))
-    return Ledger(inventory, OFFERS, {"vision": Team("vision", 16000)}, everyone)
-
-
-def allocate(offer: str, count: int, nodes: int, pool: Ledger | None = None) -> list[Allocation]:
-    """One allocation per node, as the job manager asks for them."""
-    pool = pool or ledger()
-    n = len(pool.allocations)
-    return [
-        pool.allocate(Request("alice", "vision", offer, count, "job", "j1"), f"alloc-{n + i}")
-        for i in range(nodes)
-    ]
-
-
-def a_job(offer: str = "h100", gpus: int = 2, nodes: int = 1, **spec: Any) -> Job:
-    fields: dict[str, Any] = {"script": "import torch\nprint('hello')\n", "filename": "train.py"}
-    fields |= spec
-    return Job(
-        "0f3a9c2b7d41",
-        "alice",
-        "vision",
-        JobSpec(offer=offer, gpus=gpus, nodes=nodes, **fields),
-        state="starting",
-    )
-
-
-def notebook_pod(user: str = "alice", image: str = IMAGE) -> dict[str, Any]:
-    """alice's MIG notebook pod as ``GET pods/jupyter-alice`` returns it: KubeSpawner's pod with
-    gpupool's allocation, plus what admission (token volume, default tolerations, priority), the
-    scheduler (``nodeName``) and the kubelet (``status``) added."""
-    mount = {"name": TOKEN_VOLUME, "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}
-    mount["readOnly"] = True  # type: ignore[assignment]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": f"jupyter-{user}",
-            "namespace": NS,
-            "uid": "5b1d7f0e-1111-4222-8333-444455556666",
-            "resourceVersion": "88123",
-            "creationTimestamp": "2025-01-01T00:00:00Z",
-            "labels": {
-                "app": "jupyterhub",
-                "app.kubernetes.io/component": "singleuser-server",
-                "component": "singleuser-server",
-                "heritage": "jupyterhub",
-                "hub.jupyter.org/servername": "",
-                "hub.jupyter.org/username": user,
-                "gpupool.io/team": "vision",
-                "gpupool.io/offer": "mig-3g.40gb",
-                "gpupool.io/allocation": "notebook-alloc",
-                "kueue.x-k8s.io/queue-name": "vision-gpu",
-                "kueue.x-k8s.io/priority-class": "gp-notebook",
-            },
-            "annotations": {"hub.jupyter.org/username": user},
-        },
-        "spec": {
-            "automountServiceAccountToken": True,
-            "serviceAccount": "default",
-            "serviceAccountName": "default",
-            "containers": [
-                {
-                    "name": "notebook",
-                    "image": image,
-                    "imagePullPolicy": "IfNotPresent",
-                    "args": ["jupyterhub-singleuser"],
-                    "env": [
-                        {"name": "JUPYTERHUB_API_TOKEN", "value": "secret-token"},
-                        {"name": "JPY_API_TOKEN", "value": "secret-token"},
-                        {"name": "JUPYTERHUB_USER", "value": user},
-                        {"name": "GPUPOOL_ALLOCATION", "value": "notebook-alloc"},
-                        {"name": "MEM_LIMIT", "value": "17179869184"},
-                        {"name": "HF_HOME", "value": "/home/jovyan/.cache/hf"},
-                    ],
-                    "ports": [{"containerPort": 8888, "name": "notebook-port", "protocol": "TCP"}],
-                    "lifecycle": {"postStart": {"exec": {"command": ["sh", "-c", "true"]}}},
-                    "resources": {
-                        "limits": {"cpu": "4", "memory": "16G", "nvidia.com/mig-3g.40gb": "1"},
-                        "requests": {"cpu": "1", "memory": "8G", "nvidia.com/mig-3g.40gb": "1"},
-                    },
-                    "securityContext": {"allowPrivilegeEscalation": False, "runAsUser": 1000},
-                    "terminationMessagePath": "/dev/termination-log",
-                    "terminationMessagePolicy": "File",
-                    "volumeMounts": [{"name": "home", "mountPath": "/home/jovyan"}, mount],
-                    "workingDir": "/home/jovyan",
-                },
-                {"name": "sidecar", "image": "busybox:1.36", "args": ["sleep", "infinity"]},
-            ],
-            "initContainers": [
-                {
-                    "name": "block-cloud-metadata",
-                    "image": "quay.io/jupyterhub/k8s-network-tools:4.1.0",
-                    "command": ["iptables", "-A", "OUTPUT", "-d", "169.254.169.254", "-j", "DROP"],
-                    "securityContext": {
-                        "capabilities": {"add": ["NET_ADMIN"]},
-                        "privileged": True,
-                        "runAsUser": 0,
-                    },
-                    "volumeMounts": [mount],
-                }
-            ],
-            "volumes": [
-                {"name": "home", "persistentVolumeClaim": {"claimName": f"claim-{user}"}},
-                {
-                    "name": TOKEN_VOLUME,
-                    "projected": {
-                        "defaultMode": 420,
-                        "sources": [
-                            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
-                            {
-                                "configMap": {
-                                    "name": "kube-root-ca.crt",
-                                    "items": [{"key": "ca.crt", "path": "ca.crt"}],
-                                }
-                            },
-                        ],
-                    },
-                },
-            ],
-            "affinity": {
-                "nodeAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": {
-                        "nodeSelectorTerms": [
-                            {
-                                "matchExpressions": [
-                                    {
-                                        "key": "nvidia.com/gpu.product",
-                                        "operator": "In",
-                                        "values": ["NVIDIA-A100-SXM4-80GB"],
-                                    }
-                                ]
-                            }
-                        ]
-                    }
-                }
-            },
-            "tolerations": [
-                GPU_TOLERATION,
-                {
-                    "key": "node.kubernetes.io/not-ready",
-                    "operator": "Exists",
-                    "effect": "NoExecute",
-                    "tolerationSeconds": 300,
-                },
-            ],
-            "nodeSelector": {"hub.jupyter.org/node-purpose": "user"},
-            "nodeName": "dgx-a100-1",
-            "priority": 0,
-            "preemptionPolicy": "PreemptLowerPriority",
-            "enableServiceLinks": True,
-            "dnsPolicy": "ClusterFirst",
-            "restartPolicy": "OnFailure",
-            "schedulerName": "default-scheduler",
-            "securityContext": {"fsGroup": 100},
-            "terminationGracePeriodSeconds": 1,
-        },
-        "status": {"phase": "Running", "podIP": "10.244.3.4", "qosClass": "Burstable"},
-    }
-
-
-def validate(obj: dict[str, Any]) -> None:
-    for version in K8S_VERSIONS:
-        assert kubernetes_validate.validate(obj, version, strict=True) == version
-
-
-def pod_of(job_object: dict[str, Any]) -> dict[str, Any]:
-    """A pod as the Job's template makes it (to validate the template as a Pod)."""
-    template = job_object["spec"]["template"]
-    meta = {"name": f"{job_object['metadata']['name']}-0-abcde", **template["metadata"]}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template["spec"]}
-
-
-def container(job_object: dict[str, Any]) -> dict[str, Any]:
-    (c,) = job_object["spec"]["template"]["spec"]["containers"]
-    return c
-
-
-def env(job_object: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e.get("value", "") for e in container(job_object).get("env", [])}
-
-
-def nvidia(job_object: dict[str, Any]) -> dict[str, dict[str, str]]:
-    resources = container(job_object).get("resources", {})
-    return {
-        kind: {k: v for k, v in resources.get(kind, {}).items() if k.startswith("nvidia.com/")}
-        for kind in ("limits", "requests")
-    }
 
 
 def product_values(job_object: dict[str, Any]) -> list[list[str]]:
@@ -261,16 +83,6 @@ def product_values(job_object: dict[str, Any]) -> list[list[str]]:
         for e in t.get("matchExpressions", [])
         if e["key"] == "nvidia.com/gpu.product"
     ]
-
-
-def build(job: Job, allocations: list[Allocation], **kwargs: Any) -> dict[str, Any]:
-    options: dict[str, Any] = {
-        "pod_template": notebook_pod(),
-        "namespace": NS,
-        "script_configmap": configmap_name(job),
-        "offer": OFFERS[job.spec.offer],
-    }
-    return make_job(job, allocations, **(options | kwargs))
 
 
 # -- manifests: names -----------------------------------------------------------------------------
@@ -453,26 +265,6 @@ def test_service_and_configmap() -> None:
 
 
 # -- the backend against the stand-in API server ------------------------------------------------
-@pytest.fixture
-def kube() -> Iterator[Served]:
-    with served() as server:
-        yield server
-
-
-def backend(server: Served, **traits: Any) -> KubeJobBackend:
-    options: dict[str, Any] = {
-        "namespace": NS,
-        "offers": OFFERS,
-        "image": IMAGE,
-        "api_client_factory": lambda: ApiClient(Configuration(host=server.url)),
-    }
-    return KubeJobBackend(**(options | traits))
-
-
-def started(job: Job, handle: str) -> Job:
-    return Job(job.id, job.owner, job.team, job.spec, state=job.state, handle=handle)
-
-
 def test_start_creates_owned_objects_then_runs_to_success(kube: Served) -> None:
     api, b = kube.api, backend(kube)
     job = a_job("h100", gpus=2, nodes=2)
@@ -675,8 +467,7 @@ def test_a_restarted_hub_observes_from_the_handle_or_the_names(kube: Served) -> 
 
 
 def test_kueue_keeps_the_job_suspended_until_admitted(kube: Served) -> None:
-    kueue = {"kueue_queue_template": "{team}-gpu", "kueue_priority_class": "gp-job"}
-    api, b = kube.api, backend(kube, **kueue)
+    api, b = kube.api, backend(kube, **KUEUE)
     job = a_job("mig-3g.40gb", gpus=1, nodes=1)
     name = job_name(job)
 
@@ -701,8 +492,7 @@ def test_kueue_keeps_the_job_suspended_until_admitted(kube: Served) -> None:
 
 
 def test_cpu_jobs_wait_on_no_kueue_queue(kube: Served) -> None:
-    kueue = {"kueue_queue_template": "{team}-gpu", "kueue_priority_class": "gp-job"}
-    api, b = kube.api, backend(kube, **kueue)
+    api, b = kube.api, backend(kube, **KUEUE)
     job = a_job("cpu", gpus=2, nodes=1)
 
     asyncio.run(b.start(job, allocate("cpu", 1, 1)))
@@ -803,34 +593,84 @@ def test_validate_refuses_only_what_the_base_refuses() -> None:
         b.validate(JobSpec("x", "h100", gpus=1, nodes=0))
 
 
+# -- the GPU pod settings: one definition (KubeGPUSettings), per-class overrides ----------------
+SCHEDULER = "gpu_scheduler_name"
+
+
+@pytest.mark.parametrize(
+    ("settings", "job_value", "notebook_value"),
+    [
+        ({}, "", ""),  # the default
+        ({"KubeGPUSettings": "kai"}, "kai", "kai"),  # the shared section sets both
+        ({"KubeGPUSpawner": "kai"}, "kai", "kai"),  # as configs said it before: jobs inherit
+        ({"KubeGPUSettings": "kai", "KubeGPUSpawner": "volcano"}, "kai", "volcano"),
+        ({"KubeGPUSpawner": "kai", "KubeJobBackend": "volcano"}, "volcano", "kai"),
+        ({"KubeGPUSettings": "kai", "KubeJobBackend": "volcano"}, "volcano", "kai"),
+    ],
+)
+def test_a_gpu_pod_setting_applies_where_its_section_says(
+    settings: dict[str, str], job_value: str, notebook_value: str
+) -> None:
+    from traitlets.config import Config
+
+    from gpupool.kube.settings import notebook_settings
+
+    config = Config()
+    for section, value in settings.items():
+        config[section][SCHEDULER] = value
+    assert KubeJobBackend(config=config).gpu_scheduler_name == job_value
+    assert notebook_settings(config).gpu_scheduler_name == notebook_value
+
+
 def test_settings_default_to_the_kube_spawners() -> None:
     from traitlets.config import Config
 
     config = Config()
     config.KubeGPUSpawner.kueue_queue_template = "{team}"
-    config.KubeGPUSpawner.gpu_scheduler_name = "kai-scheduler"
+    config.KubeGPUSpawner.bind_to_node = False
+    config.KubeGPUSpawner.gpu_product_labels = {"H100-80GB": "my-h100"}
     config.KubeSpawner.namespace = "jhub"
     b = KubeJobBackend(config=config)
-    assert (b.namespace, b.kueue_queue_template, b.gpu_scheduler_name) == (
-        "jhub",
-        "{team}",
-        "kai-scheduler",
-    )
+    assert (b.namespace, b.kueue_queue_template, b.bind_to_node) == ("jhub", "{team}", False)
+    assert b.gpu_product_labels == {"H100-80GB": ["my-h100"]}  # validated as the spawner's
     assert b.gpu_tolerations == [GPU_TOLERATION]
 
 
-def test_the_kueue_priority_class_is_not_the_notebooks() -> None:
+@pytest.mark.parametrize(
+    ("section", "expected"),
+    [("KubeGPUSpawner", ""), ("KubeGPUSettings", "gp-all"), ("KubeJobBackend", "gp-job")],
+)
+def test_the_kueue_priority_class_is_not_the_notebooks(section: str, expected: str) -> None:
+    from traitlets.config import Config
+
+    config = Config()
+    config[section].kueue_priority_class = expected or "gp-notebook"
+    assert KubeJobBackend(config=config).kueue_priority_class == expected  # jobs rank below
+
+
+@pytest.mark.parametrize("section", ["KubeGPUSettings", "KubeGPUSpawner", "KubeJobBackend"])
+@pytest.mark.parametrize(
+    ("setting", "bad"),
+    [
+        ("gpu_tolerations", [{"kee": "nvidia.com/gpu"}]),
+        ("gpu_product_labels", {"H100-80GB": [""]}),
+        ("hami_resources", {"count": "nvidia.com/gpu"}),
+        ("kueue_queue_template", "{tema}"),
+        ("kueue_priority_class", "Not_A_Name"),
+    ],
+)
+def test_a_bad_gpu_pod_setting_stops_the_hub_naming_its_key(
+    section: str, setting: str, bad: Any
+) -> None:
     from traitlets.config import Config
 
     from gpupool.declarations import ConfigError
+    from gpupool.kube.jobs import check_kube_settings
 
     config = Config()
-    config.KubeGPUSpawner.kueue_priority_class = "gp-notebook"
-    assert KubeJobBackend(config=config).kueue_priority_class == ""  # a job ranks below notebooks
-    config.KubeJobBackend.kueue_priority_class = "gp-job"
-    assert KubeJobBackend(config=config).kueue_priority_class == "gp-job"
-    with pytest.raises(ConfigError, match=r"KubeJobBackend\.kueue_priority_class"):
-        KubeJobBackend(kueue_priority_class="Batch_Low")
+    config[section][setting] = bad
+    with pytest.raises(ConfigError, match=rf"^{section}\.{setting}\b"):
+        check_kube_settings(config)
 
 
 def test_observation_of_a_job_object_without_pods() -> None:

@@ -12,24 +12,12 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import logging
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import kubernetes_asyncio.config.kube_config as kube_config
-import kubernetes_validate
 import pytest
-from kubernetes_asyncio.client import ApiClient, V1Pod
-from kubernetes_validate.utils import major_minor
+from kubernetes_asyncio.client import V1Pod
 from kubespawner import KubeSpawner
-from kubespawner.clients import load_config
-from traitlets.config import Config
 
-from gpupool.core import Ledger, Offer, Team
-from gpupool.hub.objects import SETTINGS_KEY, build
-from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.kube.pods import (
     DEFAULT_PRODUCT_LABELS,
     allocation_resources,
@@ -39,96 +27,20 @@ from gpupool.kube.pods import (
     product_affinity,
 )
 from gpupool.pool import Pool
-from gpupool.store import Store
-from gpupool_spawner.kube import KubeGPUSpawner
-from tests.accounts import shared_mode
-from tests.conftest import a100_mixed_node, h100_node, kubeconfig
-
-K8S_VERSIONS = ("1.33", major_minor(kubernetes_validate.latest_version()))
-OFFERS = {
-    "cpu": Offer("cpu", "cpu"),
-    "h100": Offer("h100", "gpu", model="H100-80GB", max_count=4),
-    "mig-3g.40gb": Offer("mig-3g.40gb", "mig", model="A100-80GB", profile="3g.40gb"),
-}
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-
-
-@dataclass
-class Group:
-    name: str
-
-
-@dataclass
-class User:
-    """The parts of JupyterHub's ``User`` the spawners read (as KubeSpawner's tests mock it)."""
-
-    name: str
-    groups: list[Group] = field(default_factory=list)
-    id: int = 1
-    url: str = "/user/alice/"
-    settings: dict[str, Any] = field(default_factory=dict)
-
-
-@pytest.fixture
-def pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pool]:
-    """The hub's pool over a Kubernetes inventory; a dummy kubeconfig for KubeSpawner."""
-    path = kubeconfig(tmp_path / "kubeconfig", "https://127.0.0.1:6443")
-    monkeypatch.setenv("KUBECONFIG", str(path))
-    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    load_config.cache_clear()
-    inventory = inventory_from_nodes([h100_node(), a100_mixed_node()])
-    teams = {"vision": Team("vision", 8000)}
-    ledger = Ledger(inventory, OFFERS, teams, Team("everyone", offers=frozenset({"cpu"})))
-    store = Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}")
-    pool = Pool(ledger, store)
-    yield pool
-    store.close()
-    load_config.cache_clear()
-
-
-def spawner(pool: Pool, **traits: Any) -> KubeGPUSpawner:
-    """A real KubeGPUSpawner for alice of team vision, handed the hub objects over ``pool`` as
-    JupyterHub hands them (the user's settings); call inside a running event loop."""
-    config = Config()
-    for key, value in traits.items():
-        config.KubeGPUSpawner[key] = value
-    shared_mode(config)  # the job manager's local backend never runs user code as root
-    settings = {SETTINGS_KEY: build(pool, config, logging.getLogger("test"))}
-    user = User("alice", [Group("vision")], settings=settings)
-    return KubeGPUSpawner(_mock=True, user=user, config=config)
-
-
-async def manifest(s: KubeGPUSpawner, pool: Pool, offer: str, count: int = 1) -> dict[str, Any]:
-    """Allocate as the mixin's ``start`` does, then the pod as the API would receive it."""
-    allocation = pool.allocate("alice", ["vision"], offer, count, ref=s.gpupool_ref)
-    s.gpupool_allocation_id = allocation.id
-    return await serialise(await s.get_pod_manifest())
-
-
-async def serialise(pod: V1Pod) -> dict[str, Any]:
-    """The pod's JSON, as ``kubernetes_asyncio`` sends it to the API server."""
-    async with ApiClient() as api:
-        data: dict[str, Any] = api.sanitize_for_serialization(pod)
-        return data
-
-
-def validate(pod: dict[str, Any]) -> None:
-    for version in K8S_VERSIONS:
-        assert kubernetes_validate.validate(pod, version, strict=True) == version
-
-
-def notebook(pod: dict[str, Any]) -> dict[str, Any]:
-    (container,) = [c for c in pod["spec"]["containers"] if c["name"] == "notebook"]
-    return container
-
-
-def nvidia(pod: dict[str, Any]) -> dict[str, dict[str, str]]:
-    resources = notebook(pod).get("resources", {})
-    return {
-        kind: {k: v for k, v in resources.get(kind, {}).items() if k.startswith("nvidia.com/")}
-        for kind in ("limits", "requests")
-    }
+from tests.deploy.kube_fixtures import (
+    GPU_TOLERATION,
+    OFFERS,
+    manifest,
+    serialise,
+    spawner,
+    validate,
+)
+from tests.deploy.kube_fixtures import (
+    notebook_env as env,
+)
+from tests.deploy.kube_fixtures import (
+    notebook_nvidia as nvidia,
+)
 
 
 def product_terms(pod: dict[str, Any]) -> list[list[str]]:
@@ -142,10 +54,6 @@ def product_terms(pod: dict[str, Any]) -> list[list[str]]:
         for e in t.get("matchExpressions", [])
         if e["key"] == "nvidia.com/gpu.product"
     ]
-
-
-def env(pod: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e.get("value", "") for e in notebook(pod).get("env", [])}
 
 
 # -- whole GPUs, MIG, CPU -------------------------------------------------------------------------

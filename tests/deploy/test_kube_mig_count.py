@@ -5,24 +5,31 @@ instance from the device plugin's ``NVIDIA_VISIBLE_DEVICES`` (gpupool_lab.rank_l
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import kubernetes_asyncio.config.kube_config as kube_config
 import pytest
-from kubespawner.clients import load_config
 
 from gpupool.core import Ledger, Offer, Request, Team
 from gpupool.kube.manifests import configmap_name, make_job
 from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.pool import Pool
-from gpupool.store import Store
 from gpupool_lab.allocation import allocation_info
 from gpupool_lab.rank_log import rank_device
-from tests.conftest import a100_mixed_node, h100_node, kubeconfig
-from tests.deploy import test_kube_jobs as jobs
-from tests.deploy import test_kube_manifests as pods
+from tests.conftest import a100_mixed_node, h100_node
+from tests.deploy.kube_fixtures import (
+    NS,
+    a_job,
+    container,
+    job_env,
+    job_nvidia,
+    manifest,
+    notebook_env,
+    notebook_nvidia,
+    notebook_pod,
+    pod_of,
+    spawner,
+    validate,
+)
 
 OFFERS = {
     "cpu": Offer("cpu", "cpu"),
@@ -39,40 +46,32 @@ def ledger() -> Ledger:
 
 
 @pytest.fixture
-def pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pool]:
-    path = kubeconfig(tmp_path / "kubeconfig", "https://127.0.0.1:6443")
-    monkeypatch.setenv("KUBECONFIG", str(path))
-    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    load_config.cache_clear()
-    store = Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}")
-    yield Pool(ledger(), store)
-    store.close()
-    load_config.cache_clear()
+def pool_offers() -> dict[str, Offer]:
+    return OFFERS
 
 
 def test_a_notebook_pod_requests_both_instances(pool: Pool) -> None:
     async def go() -> dict[str, Any]:
-        return await pods.manifest(pods.spawner(pool), pool, "mig-3g.40gb", 2)
+        return await manifest(spawner(pool), pool, "mig-3g.40gb", 2)
 
     pod = asyncio.run(go())
-    pods.validate(pod)
-    assert pods.nvidia(pod) == {"limits": MIG, "requests": MIG}
+    validate(pod)
+    assert notebook_nvidia(pod) == {"limits": MIG, "requests": MIG}
     (allocation,) = pool.ledger.allocations.values()
     assert len(allocation.devices) == 2 and allocation.cost_milli == 1000
-    assert "NVIDIA_VISIBLE_DEVICES" not in pods.env(pod)  # the device plugin's to set
+    assert "NVIDIA_VISIBLE_DEVICES" not in notebook_env(pod)  # the device plugin's to set
 
 
 def job_object(gpus: int) -> dict[str, Any]:
-    job = jobs.a_job("mig-3g.40gb", gpus=gpus)
+    job = a_job("mig-3g.40gb", gpus=gpus)
     allocations = [
         ledger().allocate(Request("alice", "vision", "mig-3g.40gb", gpus, "job", job.id), "a0")
     ]
     return make_job(
         job,
         allocations,
-        pod_template=jobs.notebook_pod(),
-        namespace=jobs.NS,
+        pod_template=notebook_pod(),
+        namespace=NS,
         script_configmap=configmap_name(job),
         offer=OFFERS["mig-3g.40gb"],
     )
@@ -80,17 +79,17 @@ def job_object(gpus: int) -> dict[str, Any]:
 
 def test_a_job_pod_runs_a_rank_per_instance_with_gloo() -> None:
     obj = job_object(2)
-    jobs.validate(obj)
-    jobs.validate(jobs.pod_of(obj))
-    assert jobs.nvidia(obj) == {"limits": MIG, "requests": MIG}
-    args = jobs.container(obj)["args"]
+    validate(obj)
+    validate(pod_of(obj))
+    assert job_nvidia(obj) == {"limits": MIG, "requests": MIG}
+    args = container(obj)["args"]
     assert args[args.index("--nproc-per-node") + 1] == "2"
-    env = jobs.env(obj)
+    env = job_env(obj)
     assert env["GPUPOOL_RANK_DEVICES"] == "NVIDIA_VISIBLE_DEVICES"
     assert env["GPUPOOL_DDP_BACKEND"] == "gloo"
-    names = [e["name"] for e in jobs.container(obj)["env"]]
+    names = [e["name"] for e in container(obj)["env"]]
     assert len(names) == len(set(names))
-    one = jobs.env(job_object(1))
+    one = job_env(job_object(1))
     assert "GPUPOOL_RANK_DEVICES" not in one and "GPUPOOL_DDP_BACKEND" not in one
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
-import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,19 +42,23 @@ from gpupool.core import Ledger, Offer, Team
 from gpupool.declarations import ConfigError
 from gpupool.hub import setup
 from gpupool.hub.form import check_profile_offers
-from gpupool.hub.objects import SETTINGS_KEY, build
 from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.pool import Pool
 from gpupool.store import Store
 from gpupool_spawner.kube import KubeGPUSpawner
-from tests.accounts import shared_mode
 from tests.conftest import a100_mixed_node, h100_node, kubeconfig, node
+from tests.deploy.chart_fixtures import CHART, render_all, z2jh_archive
 from tests.deploy.kube_api import Served, served
-from tests.deploy.test_chart import CHART
-from tests.deploy.test_chart_full import render_all, z2jh_archive
-from tests.deploy.test_kube_manifests import Group, User
+from tests.deploy.kube_fixtures import (
+    bound_to,
+    profile_spawner,
+    start,
+    stop,
+)
+from tests.deploy.kube_fixtures import (
+    gpu_quantities as nvidia,
+)
 
-NS = "jhub"
 CPU_IMAGE = "quay.io/jupyter/datascience-notebook:2025-06-02"
 TORCH_IMAGE = "quay.io/jupyter/pytorch-notebook:cuda12-2025-06-02"
 JAX_IMAGE = "registry.example.org/jax-notebook:2025.06"
@@ -137,43 +140,8 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[S
 
 
 def spawner(pool: Pool, profiles: Any = PROFILES, **traits: Any) -> KubeGPUSpawner:
-    """alice (team vision) with the admin's profile list on ``c.KubeSpawner`` as z2jh sets it;
-    call inside a running event loop."""
-    config = Config()
-    config.KubeSpawner.profile_list = copy.deepcopy(profiles) if profiles is not None else []
-    config.KubeSpawner.namespace = NS
-    config.KubeSpawner.events_enabled = False
-    config.KubeSpawner.start_timeout = 30
-    for key, value in traits.items():
-        config.KubeGPUSpawner[key] = value
-    shared_mode(config)
-    settings = {SETTINGS_KEY: build(pool, config, logging.getLogger("test"))}
-    user = User("alice", [Group("vision")], settings=settings)
-    return KubeGPUSpawner(_mock=True, user=user, config=config)
-
-
-async def start(server: Served, s: KubeGPUSpawner) -> dict[str, Any]:
-    """KubeSpawner's real start against the stand-in; the stand-in's scheduler places the pod.
-    Returns the pod as the API server stored it (a refusal is raised as the start raised it)."""
-    task = asyncio.ensure_future(s.start())
-    key = (NS, s.pod_name)
-    try:
-        while key not in server.api.objects["pods"]:
-            if task.done():
-                await task  # the start was refused before any pod was made
-                raise AssertionError("the start ended without making a pod")
-            await asyncio.sleep(0.02)
-        assert server.api.schedule(*key) == "Running", server.api.objects["pods"][key]["status"]
-        await asyncio.wait_for(task, 30)
-        return copy.deepcopy(server.api.objects["pods"][key])
-    finally:
-        if not task.done():
-            task.cancel()
-
-
-async def stop(s: KubeGPUSpawner) -> None:
-    await s.stop(now=True)
-    await KubeSpawner._stop_all_reflectors()
+    """alice (team vision) with the admin's profile list; call inside a running event loop."""
+    return profile_spawner(pool, profiles, **traits)
 
 
 def run_start(server: Served, pool: Pool, user_options: dict[str, Any]) -> dict[str, Any]:
@@ -213,23 +181,6 @@ def refused(
 def notebook(pod: dict[str, Any]) -> dict[str, Any]:
     (container,) = [c for c in pod["spec"]["containers"] if c["name"] == "notebook"]
     return container
-
-
-def nvidia(pod: dict[str, Any], kind: str = "limits") -> dict[str, str]:
-    quantities = notebook(pod).get("resources", {}).get(kind, {})
-    return {k: v for k, v in quantities.items() if k.startswith("nvidia.com/")}
-
-
-def bound_to(pod: dict[str, Any]) -> set[str]:
-    node = pod["spec"].get("affinity", {}).get("nodeAffinity", {})
-    terms = node.get("requiredDuringSchedulingIgnoredDuringExecution", {})
-    return {
-        v
-        for t in terms.get("nodeSelectorTerms", [])
-        for f in t.get("matchFields", [])
-        if f["key"] == "metadata.name"
-        for v in f["values"]
-    }
 
 
 # -- profile and offer together -------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The pool follows the cluster live, and its ledger is compared with the pods (issue 15):
-:mod:`gpupool.kube.reconcile` through :class:`gpupool.kube.nodes.ClusterAPI` and
+:mod:`gpupool.kube.reconcile` through :class:`gpupool.kube.api.ClusterAPI` and
 ``kubernetes_asyncio`` to the stand-in API server of :mod:`tests.deploy.kube_api`, whose list and
 watch answer as the real one does (``ADDED``/``MODIFIED``/``DELETED`` events from a
 ``resourceVersion``, ``410 Expired`` from a compacted one).
@@ -30,7 +30,8 @@ from gpupool.core.ledger import Allocation
 from gpupool.discovery.node_pools import parse_node_pools
 from gpupool.hub import setup, shutdown
 from gpupool.hub.objects import SETTINGS_KEY
-from gpupool.kube.nodes import ClusterAPI, inventory_from_nodes
+from gpupool.kube.api import ClusterAPI
+from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.kube.reconcile import KubeReconciler
 from gpupool.pool import Pool
 from gpupool.store import Store
@@ -448,7 +449,6 @@ def hub_config(tmp_path: Path) -> Config:
     return c
 
 
-def kube_tasks() -> set[asyncio.Task[Any]]:
 KUBE_TASKS = {
     "gpupool: watching nodes",
     "gpupool: watching pods",
@@ -456,6 +456,7 @@ KUBE_TASKS = {
 }
 
 
+def kube_tasks() -> set[asyncio.Task[Any]]:
     return {t for t in asyncio.all_tasks() if t.get_name() in KUBE_TASKS}
 
 

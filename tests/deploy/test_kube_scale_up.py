@@ -22,7 +22,8 @@ from gpupool.core.inventory import Inventory
 from gpupool.core.queue import ScaleUp
 from gpupool.discovery.node_pools import parse_node_pools
 from gpupool.jobs.manager import JobManager
-from gpupool.kube.nodes import ClusterAPI, inventory_from_nodes
+from gpupool.kube.api import ClusterAPI
+from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.kube.reconcile import KubeReconciler
 from gpupool.kube.scale_up import make_scale_up_pod, plan_scale_up_pods
 from gpupool.pool import Pool

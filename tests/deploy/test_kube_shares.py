@@ -37,19 +37,23 @@ from gpupool.kube.pods import (
 )
 from gpupool.pool import Pool
 from gpupool.store import Store
-from tests.adapters.test_kube_shares import hami_node, shared_node
-from tests.conftest import h100_node, kubeconfig
+from tests.conftest import h100_node, hami_node, kubeconfig, shared_node
 from tests.deploy.kube_api import Served, served
-from tests.deploy.test_kube_binding import (
+from tests.deploy.kube_fixtures import (
     IMAGE,
+    bound_to,
     hostnames,
     run_job_pods,
-    serialise,
     spawner_pod,
+    start,
+    stop,
     validate,
 )
-from tests.deploy.test_kube_binding import NS as JOB_NS
-from tests.deploy.test_kube_profiles import NS, bound_to, nvidia, spawner, start, stop
+from tests.deploy.kube_fixtures import NS as JOB_NS
+from tests.deploy.kube_fixtures import PROFILE_NS as NS
+from tests.deploy.kube_fixtures import gpu_quantities as nvidia
+from tests.deploy.kube_fixtures import profile_spawner as spawner
+from tests.deploy.kube_fixtures import serialise_now as serialise
 
 OFFERS = {
     "cpu": Offer("cpu", "cpu"),

@@ -33,12 +33,21 @@ from gpupool.hub import objects as hub_objects
 from gpupool.pool import Pool
 from gpupool_spawner.kube import KubeGPUSpawner
 from tests.accounts import shared_mode
-from tests.deploy import test_kube_jobs as jobs
 from tests.deploy.kube_api import Served
-from tests.deploy.test_kube_jobs import IMAGE, a_job, allocate, backend, kube, validate
-from tests.deploy.test_kube_manifests import Group, User, manifest, pool
-
-__all__ = ["kube", "pool"]  # the fixtures: the stand-in API server, the hub's pool
+from tests.deploy.kube_fixtures import (
+    IMAGE,
+    NS,
+    Group,
+    User,
+    a_job,
+    allocate,
+    backend,
+    build_job,
+    manifest,
+    pod_of,
+    validate,
+)
+from tests.deploy.kube_fixtures import notebook_pod as running_notebook_pod
 
 RUNTIME_DEFAULT = {"type": "RuntimeDefault"}
 HARDENED = {
@@ -62,8 +71,8 @@ def hardened(context: dict[str, Any]) -> bool:
 # -- job pods -------------------------------------------------------------------------------------
 def test_a_job_whose_owner_has_no_notebook_runs_hardened() -> None:
     job = a_job("h100", gpus=1)
-    obj = jobs.build(job, allocate("h100", 1, 1), pod_template={}, image=IMAGE)
-    validate(jobs.pod_of(obj))
+    obj = build_job(job, allocate("h100", 1, 1), pod_template={}, image=IMAGE)
+    validate(pod_of(obj))
     pod = job_pod(obj)
     assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": RUNTIME_DEFAULT}
     (container,) = pod["containers"]
@@ -73,19 +82,19 @@ def test_a_job_whose_owner_has_no_notebook_runs_hardened() -> None:
 def test_the_backend_hardens_a_job_of_an_owner_without_a_notebook(kube: Served) -> None:
     job = a_job("h100", gpus=1, nodes=2)
     asyncio.run(backend(kube).start(job, allocate("h100", 1, 2)))  # no notebook pod stored
-    stored = kube.api.job(f"gpupool-{job.id}", jobs.NS)
+    stored = kube.api.job(f"gpupool-{job.id}", NS)
     (container,) = job_pod(stored)["containers"]
     assert hardened(container["securityContext"]) and job_pod(stored)["securityContext"] == {
         "runAsNonRoot": True,
         "seccompProfile": RUNTIME_DEFAULT,
     }
-    kube.api.create_pods(f"gpupool-{job.id}", jobs.NS)  # the pods the Job controller makes
-    for made in kube.api.pods_of(f"gpupool-{job.id}", jobs.NS).values():
+    kube.api.create_pods(f"gpupool-{job.id}", NS)  # the pods the Job controller makes
+    for made in kube.api.pods_of(f"gpupool-{job.id}", NS).values():
         assert hardened(made["spec"]["containers"][0]["securityContext"])
 
 
 def test_a_job_keeps_the_notebooks_user_but_the_hardening_always_wins() -> None:
-    template = jobs.notebook_pod()
+    template = running_notebook_pod()
     notebook = template["spec"]["containers"][0]
     notebook["securityContext"] = {
         "runAsUser": 1000,
@@ -103,8 +112,8 @@ def test_a_job_keeps_the_notebooks_user_but_the_hardening_always_wins() -> None:
         "seccompProfile": {"type": "Unconfined"},
     }
     template["spec"] |= {"hostNetwork": True, "hostPID": True, "hostIPC": True}
-    obj = jobs.build(a_job("h100", gpus=1), allocate("h100", 1, 1), pod_template=template)
-    validate(jobs.pod_of(obj))
+    obj = build_job(a_job("h100", gpus=1), allocate("h100", 1, 1), pod_template=template)
+    validate(pod_of(obj))
     pod = job_pod(obj)
     (container,) = pod["containers"]
     assert container["securityContext"] == {
@@ -125,14 +134,14 @@ def test_a_job_keeps_the_notebooks_user_but_the_hardening_always_wins() -> None:
 
 @pytest.mark.parametrize("level", ["container", "pod"])
 def test_a_job_from_a_notebook_running_as_root_is_refused_with_the_reason(level: str) -> None:
-    template = jobs.notebook_pod()
+    template = running_notebook_pod()
     if level == "pod":
         template["spec"]["securityContext"]["runAsUser"] = 0
         del template["spec"]["containers"][0]["securityContext"]["runAsUser"]
     else:
         template["spec"]["containers"][0]["securityContext"]["runAsUser"] = 0
     with pytest.raises(ValueError, match=r"runs as root \(runAsUser 0\).*job pods never do"):
-        jobs.build(a_job("h100", gpus=1), allocate("h100", 1, 1), pod_template=template)
+        build_job(a_job("h100", gpus=1), allocate("h100", 1, 1), pod_template=template)
 
 
 # -- notebook pods --------------------------------------------------------------------------------
@@ -186,7 +195,7 @@ def notebook_pod(pool: Pool, config: Config, offer: str = "h100", **traits: Any)
         return pod
 
     pod = asyncio.run(go())
-    jobs.validate(pod)
+    validate(pod)
     return pod
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import html
-import os
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -20,6 +19,7 @@ import requests
 from bs4 import BeautifulSoup, Tag
 
 from gpupool.pool import load_inventory
+from tests.hub.admin_pages import admin, page, soup_of
 from tests.hub.conftest import ROOT, Hub, spawn, stop_all, wait_for
 
 USERS = ("ada", "ben", "cal")
@@ -30,24 +30,6 @@ SLEEPER = "import time\nwhile True:\n    time.sleep(0.5)\n"
 def stop_servers_afterwards(hub: Hub) -> Iterator[None]:
     yield
     stop_all(hub, *USERS)
-
-
-def admin(hub: Hub) -> requests.Session:
-    password = os.environ.get("GPUPOOL_ADMIN_PASSWORD") or (
-        (hub.state / "admin-password").read_text().strip()
-    )
-    return hub.login("admin", password)
-
-
-def page(s: requests.Session, hub: Hub, path: str = "/hub/gpupool") -> BeautifulSoup:
-    r = s.get(f"{hub.url}{path}", timeout=30)
-    assert r.status_code == 200, f"{path}: {r.status_code} {r.text[-500:]}"
-    return soup_of(r)
-
-
-def soup_of(r: requests.Response) -> BeautifulSoup:
-    """The page, decoded as UTF-8 (JupyterHub sends ``text/html`` without a charset)."""
-    return BeautifulSoup(r.content.decode("utf-8"), "html.parser")
 
 
 def xsrf_of(soup: BeautifulSoup) -> str:

@@ -11,35 +11,12 @@ simulated NVML keeps its MIG instances there, as a real driver keeps them across
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from gpupool.store import Store
+from tests.hub.admin_pages import admin, page
 from tests.hub.conftest import Hub, environ, spawn, stop_all
-from tests.hub.test_admin_page import admin, page
+from tests.hub.mig_records import A100, driver_instances, records
 
 OFFER = "nlp|a100-mig-3g.40gb|1"
-A100 = "GPU-43a3e6ab-e43a-5ca0-8511-1ed279d24e69"  # the demo's managed GPU (managed_mig)
-
-
-def records(hub: Hub) -> list[tuple[str | None, str, str | None]]:
-    """The MIG instances the pool has recorded as its own: (UUID, state, holder)."""
-    store = Store(f"sqlite:///{hub.state / 'gpupool.sqlite'}", upgrade=False)
-    try:
-        return [(r.uuid, r.state, r.allocation_id) for r in store.mig_records()]
-    finally:
-        store.close()
-
-
-def driver_instances(hub: Hub) -> dict[str, Any]:
-    """The MIG devices the simulated driver holds on the managed A100 now: (profile, start)."""
-    path = hub.state / "activity.mig-state.json"
-    state = json.loads(path.read_text()) if path.exists() else {}
-    return {
-        uuid: (profile, start)
-        for node in state.values()
-        for _gi, profile, start, _ci, uuid in node["gpus"].get(A100, [])
-        if uuid
-    }
 
 
 def test_a_server_on_a_managed_gpu_sees_its_new_instance_which_its_stop_destroys(
@@ -104,7 +81,7 @@ def admin_instance(hub: Hub, start: int) -> str:
     """What an admin's ``nvidia-smi mig -i <A100> -cgi 3g.40gb:<start> -C`` does while the hub is
     down: a 3g.40gb instance on the managed A100, in the simulated driver's state file."""
     from gpupool.discovery import SimulatedNVML
-    from tests.adapters.test_mig_on_demand import make_instance
+    from tests.mig_instances import make_instance
 
     spec = (  # the demo's simulated_fallback (jupyterhub_config.py)
         "local: 4x H100-80GB, mig=2:3g.40gb+2g.20gb+1g.10gb, nvlink=2; "

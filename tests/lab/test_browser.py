@@ -17,7 +17,6 @@ import contextlib
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import nbformat
 import pytest
@@ -26,25 +25,11 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.accounts import give_to_shared_account, homes
 from tests.conftest import TRAIN, TRAIN_CELL
-from tests.hub.conftest import PASSWORD, ROOT, Hub, running
+from tests.hub.conftest import ROOT, Hub, running
+from tests.lab.browser_fixtures import ARGS, CHROMIUM, NEEDS_CHROMIUM, SLOW, log_in, offer_line
 
-CHROMIUM = "/usr/bin/chromium"
-NEEDS_CHROMIUM = pytest.mark.skipif(
-    not Path(CHROMIUM).exists(),
-    reason="needs Debian's chromium, which only root can install (make test does as root; or: "
-    "apt-get install chromium)",
-)
 pytestmark = NEEDS_CHROMIUM
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 IMG = ROOT / "docs" / "img"
-SLOW = 180_000  # ms: a server start or a DDP job on two CPU cores
 
 
 @pytest.fixture(scope="module")
@@ -72,13 +57,6 @@ def browser() -> Iterator[Browser]:
         b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         yield b
         b.close()
-
-
-def log_in(page: Page, hub: Hub, user: str) -> None:
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", user)
-    page.fill("#password_input", PASSWORD)
-    page.click("#login_submit")
 
 
 def spawn(hub: Hub, user: str, choice: str) -> None:
@@ -179,19 +157,6 @@ def vision_busy(hub: Hub) -> Iterator[None]:
     finally:
         if hub.server("cal") is not None:
             hub.stop_server("cal")
-
-
-def offer_line(offers: dict[str, Any], team: str, offer: str, count: int) -> dict[str, Any]:
-    lines = [
-        line
-        for t in offers["teams"]
-        if t["team"] == team
-        for line in t["offers"]
-        if line["name"] == offer and line["count"] == count
-    ]
-    assert len(lines) == 1, offers
-    line: dict[str, Any] = lines[0]
-    return line
 
 
 def test_a_job_that_would_wait_is_submitted_and_shows_queued(

@@ -21,8 +21,8 @@ from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
 from tests.accounts import homes
 from tests.hub.conftest import Hub, environ, running
-from tests.hub.test_mig_on_demand import A100, driver_instances, records
-from tests.lab.test_browser import ARGS, CHROMIUM, NEEDS_CHROMIUM, SLOW, log_in, offer_line
+from tests.hub.mig_records import A100, driver_instances, records
+from tests.lab.browser_fixtures import ARGS, CHROMIUM, NEEDS_CHROMIUM, SLOW, log_in, offer_line
 
 MIG = ("nlp", "a100-mig-3g.40gb")
 SHARE = ("vision", "share-12gb")

@@ -41,20 +41,21 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from aiohttp import ClientError
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
+from traitlets.config import Config
 
 from gpupool.core.inventory import NodePool
 from gpupool.core.jobs import Job
 from gpupool.core.ledger import Allocation
 from gpupool.core.queue import ScaleUp
 from gpupool.jobs.backend import Observation
+from gpupool.kube.api import api_configuration
 from gpupool.kube.job_status import (
     TERMINAL_PHASES,
     JobRef,
@@ -78,7 +79,12 @@ from gpupool.kube.pods import (
     queue_name,
 )
 from gpupool.kube.scale_up import SCALE_UP_LABEL, make_scale_up_pod, plan_scale_up_pods
-from gpupool.kube.settings import NOTEBOOK_SELECTOR, KubeJobSettings, notebook_pod
+from gpupool.kube.settings import (
+    NOTEBOOK_SELECTOR,
+    KubeJobSettings,
+    notebook_pod,
+    notebook_settings,
+)
 
 
 class KubeJobBackend(KubeJobSettings):
@@ -108,16 +114,7 @@ class KubeJobBackend(KubeJobSettings):
             made = self.api_client_factory()
             return await made if inspect.isawaitable(made) else made
         if self._configuration is None:
-            configuration = client.Configuration()
-            try:
-                config.load_incluster_config(client_configuration=configuration)
-            except config.ConfigException:
-                await config.load_kube_config(
-                    config_file=os.environ.get("KUBECONFIG") or None,
-                    client_configuration=configuration,
-                    persist_config=False,
-                )
-            self._configuration = configuration
+            self._configuration = await api_configuration()
         return client.ApiClient(self._configuration)
 
     @staticmethod
@@ -420,6 +417,15 @@ class KubeJobBackend(KubeJobSettings):
         if status >= 300:
             raise KubeError(f"Kubernetes refused the log of pod {pod['metadata']['name']}")
         return data[offset:], len(data)
+
+
+def check_kube_settings(config: Config) -> None:
+    """Validate the GPU pod settings wherever they are set (``KubeGPUSettings``,
+    ``KubeGPUSpawner``, ``KubeJobBackend``; the job backend's own where its section is
+    configured), so that a bad value stops the hub at start, naming its setting key."""
+    notebook_settings(config)
+    if "KubeJobBackend" in config:
+        KubeJobBackend(config=config)
 
 
 _HINTS = {

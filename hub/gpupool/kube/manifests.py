@@ -108,7 +108,6 @@ from kubernetes_asyncio.client import (
     V1ResourceRequirements,
     V1Toleration,
 )
-from kubernetes_asyncio.client import models as k8s_models
 
 from gpupool.core.jobs import Job
 from gpupool.core.ledger import Allocation
@@ -132,6 +131,7 @@ from gpupool.kube.pods import (
     label_value,
     run_as_user,
     to_json,
+    to_model,
 )
 
 JOB_LABEL = "gpupool.io/job"
@@ -741,33 +741,3 @@ def _put(target: dict[str, Any], key: str, value: Any) -> None:
         target[key] = value
     else:
         target.pop(key, None)
-
-
-# -- API JSON and the client's models ------------------------------------------------------------
-_PRIMITIVE = {"str", "int", "float", "bool", "object", "date", "datetime"}
-
-
-def to_model(klass: type | str, data: Any) -> Any:
-    """API JSON as ``kubernetes_asyncio`` models (``klass`` a model class or the client's type
-    string, such as ``"list[V1Toleration]"``); keys the model does not know are left out."""
-    if data is None:
-        return None
-    if isinstance(klass, str):
-        if klass.startswith("list["):
-            return [to_model(klass[5:-1], item) for item in data]
-        if klass.startswith("dict("):
-            value_type = klass[5:-1].split(", ", 1)[1]
-            return {k: to_model(value_type, v) for k, v in data.items()}
-        if klass in _PRIMITIVE:
-            return data
-    model: Any = getattr(k8s_models, klass) if isinstance(klass, str) else klass
-    if not hasattr(model, "openapi_types"):
-        return data
-    attrs = {key: attr for attr, key in model.attribute_map.items()}
-    return model(
-        **{
-            attrs[k]: to_model(model.openapi_types[attrs[k]], v)
-            for k, v in data.items()
-            if k in attrs
-        }
-    )

@@ -43,6 +43,13 @@ Vocabulary
   (:data:`POD_LEVEL_FIELDS`) the pod's, is the admin's, and so is ``runAsNonRoot`` where the
   container is set to run as user 0 (the kubelet would refuse to start it).
 
+- *one representation*: the GPU parts of a pod (its ``nvidia.com/*`` resources, node affinity,
+  tolerations, gpupool and Kueue labels) are built here, once, as ``kubernetes_asyncio`` models,
+  the representation KubeSpawner's ``V1Pod`` has. The objects gpupool writes itself (a job's
+  Indexed Job, :mod:`gpupool.kube.manifests`; a scale-up request pod, :mod:`gpupool.kube.scale_up`)
+  are API JSON and take those parts from here through :func:`to_model` and :func:`to_json`; no
+  other module spells a GPU resource, affinity or toleration.
+
 Contract: no I/O and no spawner: :func:`apply_allocation` returns a deep copy of the pod
 KubeSpawner built, never touching its input, and gpupool owns everything GPU-specific in it.
 Whatever the spawner's traits hold (a ``kubespawner_override`` left behind by an earlier, failed
@@ -81,6 +88,7 @@ from kubernetes_asyncio.client import (
     V1SecurityContext,
     V1Toleration,
 )
+from kubernetes_asyncio.client import models as k8s_models
 from kubespawner.slugs import is_valid_label, safe_slug
 from kubespawner.utils import get_k8s_model
 
@@ -262,14 +270,6 @@ def gpu_resources(offer: Offer | None, count: int = 1) -> dict[str, str]:
     return {mig_resource(offer.profile): str(count)}
 
 
-def check_share_settings(config: Any) -> None:
-    """Check ``hami_resources`` wherever it is set (``KubeGPUSpawner``, ``KubeJobBackend``), so
-    that a bad value stops the hub at start, naming the key (:func:`check_hami_resources`)."""
-    for section in ("KubeGPUSpawner", "KubeJobBackend"):
-        if section in config and "hami_resources" in config[section]:
-            check_hami_resources(config[section]["hami_resources"], f"{section}.hami_resources")
-
-
 def allocation_resources(
     allocation: Allocation | None, shares: ShareRequests = NO_SHARES
 ) -> dict[str, str]:
@@ -312,10 +312,46 @@ def product_values(model: str, product_labels: Mapping[str, Sequence[str]]) -> l
     if not values:
         raise ValueError(
             f"no {PRODUCT_LABEL} values known for GPU model {model!r}; set "
-            f"c.KubeGPUSpawner.gpu_product_labels = {{{model!r}: ['NVIDIA-…']}} "
+            f"c.KubeGPUSettings.gpu_product_labels = {{{model!r}: ['NVIDIA-…']}} "
             "(see `kubectl get nodes -L nvidia.com/gpu.product`)"
         )
     return values
+
+
+def product_labels_in_force(
+    inventory: Inventory | None, overrides: Mapping[str, Sequence[str]]
+) -> dict[str, tuple[str, ...]]:
+    """Model key → ``nvidia.com/gpu.product`` values: :data:`DEFAULT_PRODUCT_LABELS`, plus the
+    products a Kubernetes ``inventory`` saw on the nodes, with ``overrides`` (the
+    ``gpu_product_labels`` setting) replacing both per model."""
+    labels = {model: list(values) for model, values in DEFAULT_PRODUCT_LABELS.items()}
+    if inventory is not None and inventory.source == "kubernetes":
+        for gpu in inventory.gpus:
+            if gpu.product_name and gpu.product_name not in labels.get(gpu.model, []):
+                labels.setdefault(gpu.model, []).append(gpu.product_name)
+    for model, values in overrides.items():
+        labels[model] = [values] if isinstance(values, str) else list(values)
+    return {model: tuple(values) for model, values in labels.items()}
+
+
+def check_product_labels(value: Any, key: str) -> dict[str, list[str]]:
+    """``value`` as model key → label values (a single string becomes a list of one) if each
+    entry is one or more non-empty strings, else a :class:`gpupool.declarations.ConfigError`
+    naming ``key`` and the model."""
+    from gpupool.declarations import ConfigError
+
+    out: dict[str, list[str]] = {}
+    for model, labels in value.items():
+        values = [labels] if isinstance(labels, str) else labels
+        if not isinstance(values, list | tuple) or not all(
+            isinstance(v, str) and v for v in values
+        ):
+            raise ConfigError(
+                f"{key}[{model!r}]",
+                f"must be a list of label values like ['NVIDIA-H100-80GB-HBM3'], got {labels!r}",
+            )
+        out[str(model)] = list(values)
+    return out
 
 
 def product_requirement(
@@ -450,6 +486,23 @@ def tolerations_for(
     kept = [copy.deepcopy(t) for t in base_models if t.key not in keys]
     result = kept + (wanted if gpu else [])
     return result or None
+
+
+def check_tolerations(value: Any, key: str) -> list[dict[str, Any]]:
+    """``value`` if it is a list of tolerations (API JSON maps of Toleration fields, camelCase),
+    else a :class:`gpupool.declarations.ConfigError` naming ``key``."""
+    from gpupool.declarations import ConfigError
+
+    mapping = V1Toleration.attribute_map  # type: ignore[attr-defined]
+    known = {*mapping, *mapping.values()}  # camelCase, as the API; snake_case, as the client
+    for i, toleration in enumerate(value):
+        if not isinstance(toleration, Mapping) or not set(map(str, toleration)) <= known:
+            raise ConfigError(
+                f"{key}[{i}]",
+                f"{toleration!r} is not a toleration like {dict(DEFAULT_GPU_TOLERATIONS[0])} "
+                f"(fields: {', '.join(sorted(mapping.values()))})",
+            )
+    return [dict(t) for t in value]
 
 
 # -- the pod ------------------------------------------------------------------------------------
@@ -602,6 +655,35 @@ def to_json(obj: Any) -> Any:
         for attr in obj.openapi_types
         if getattr(obj, attr) is not None
     }
+
+
+_PRIMITIVE = {"str", "int", "float", "bool", "object", "date", "datetime"}
+
+
+def to_model(klass: type | str, data: Any) -> Any:
+    """API JSON as ``kubernetes_asyncio`` models (``klass`` a model class or the client's type
+    string, such as ``"list[V1Toleration]"``); keys the model does not know are left out."""
+    if data is None:
+        return None
+    if isinstance(klass, str):
+        if klass.startswith("list["):
+            return [to_model(klass[5:-1], item) for item in data]
+        if klass.startswith("dict("):
+            value_type = klass[5:-1].split(", ", 1)[1]
+            return {k: to_model(value_type, v) for k, v in data.items()}
+        if klass in _PRIMITIVE:
+            return data
+    model: Any = getattr(k8s_models, klass) if isinstance(klass, str) else klass
+    if not hasattr(model, "openapi_types"):
+        return data
+    attrs = {key: attr for attr, key in model.attribute_map.items()}
+    return model(
+        **{
+            attrs[k]: to_model(model.openapi_types[attrs[k]], v)
+            for k, v in data.items()
+            if k in attrs
+        }
+    )
 
 
 def _visibility_env(env: Sequence[V1EnvVar] | None, gpu: bool) -> list[V1EnvVar] | None:

@@ -65,7 +65,8 @@ from gpupool.background import Periodic, stop_tasks
 from gpupool.core.errors import UnknownAllocation
 from gpupool.core.inventory import GPU, Inventory, Node
 from gpupool.core.ledger import Allocation, Device, Ledger
-from gpupool.kube.nodes import ClusterAPI, Gone, inventory_from_nodes
+from gpupool.kube.api import ClusterAPI, Gone
+from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.kube.settings import SA_NAMESPACE_FILE
 from gpupool.pool import Pool
 
@@ -456,13 +457,13 @@ class KubeReconciler(LoggingConfigurable):
         if self._released not in self.pool.on_release:
             self.pool.on_release.append(self._released)
         if not self._tasks:
-            self._tasks = [
             loop = asyncio.get_running_loop()
+            self._tasks = [
                 loop.create_task(self.reflect(kind), name=f"gpupool: watching {kind}")
                 for kind in ("nodes", "pods")
             ]
-
             self.checker.start()
+
     async def stop(self) -> None:
         """Cancel every task and await each to its end (no timeout: none of them holds a
         cancellation back, so this returns once they have unwound), then close the API."""

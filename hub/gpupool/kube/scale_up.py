@@ -15,7 +15,9 @@ Vocabulary
   GPUs only until then (the job's bound pod waits on ``Insufficient nvidia.com/gpu`` meanwhile).
 
 Contract: :func:`make_scale_up_pod` and :func:`plan_scale_up_pods` are pure; the backend lists,
-creates and deletes (:meth:`gpupool.kube.jobs.KubeJobBackend.request_nodes`).
+creates and deletes (:meth:`gpupool.kube.jobs.KubeJobBackend.request_nodes`). The request pod is
+API JSON; its GPU parts (resources, product affinity, tolerations, hardening) are the ones
+:mod:`gpupool.kube.pods` builds for every gpupool pod, so it asks for what a job pod would.
 """
 
 from __future__ import annotations
@@ -26,11 +28,19 @@ from typing import Any
 from gpupool.core.inventory import NodePool
 from gpupool.core.offers import Offer
 from gpupool.core.queue import ScaleUp
-from gpupool.kube.pods import gpu_resources, product_values
+from gpupool.kube.pods import (
+    gpu_resources,
+    hardened_context,
+    hardened_pod_context,
+    product_affinity,
+    to_json,
+    tolerations_for,
+)
 
 SCALE_UP_LABEL = "gpupool.io/scale-up"
 FOR_ANNOTATION = "gpupool.io/scale-up-for"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+PAUSE_USER = 65535
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gpupool", "app.kubernetes.io/component": "scale-up"}
 
 
@@ -57,45 +67,20 @@ def make_scale_up_pod(
                 "name": "pause",
                 "image": image,
                 "resources": {"requests": resources, "limits": resources},
-                "securityContext": {
-                    "allowPrivilegeEscalation": False,
-                    "readOnlyRootFilesystem": True,
-                    "capabilities": {"drop": ["ALL"]},
-                },
+                "securityContext": hardened_context({"readOnlyRootFilesystem": True}),
             }
         ],
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 0,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 65535,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "tolerations": [dict(t) for t in tolerations],
+        "securityContext": hardened_pod_context({"runAsUser": PAUSE_USER}),
+        "tolerations": to_json(tolerations_for(None, tolerations, gpu=True)) or [],
     }
     if node_pool.node_selector:
         spec["nodeSelector"] = dict(node_pool.node_selector)
     if offer.model is not None and product_labels is not None:
-        values = product_values(offer.model, product_labels)
-        spec["affinity"] = {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [
-                        {
-                            "matchExpressions": [
-                                {
-                                    "key": "nvidia.com/gpu.product",
-                                    "operator": "In",
-                                    "values": values,
-                                }
-                            ]
-                        }
-                    ]
-                }
-            }
-        }
+        spec["affinity"] = to_json(product_affinity(offer.model, product_labels))
     return {
         "apiVersion": "v1",
         "kind": "Pod",

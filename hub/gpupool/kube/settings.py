@@ -1,12 +1,20 @@
-"""The settings of the Kubernetes job backend: its traits, their defaults, and what it reads of
-the pool (offers, GPU product labels).
+"""The settings of Kubernetes GPU pods: those notebooks and jobs share (:class:`KubeGPUSettings`)
+and the job backend's own (:class:`KubeJobSettings`), with their defaults and validation.
 
 Vocabulary
-- *shared settings*: the namespace, Kueue queue template, GPU tolerations, priority class,
-  scheduler and product labels default to the ``KubeGPUSpawner`` (or ``KubeSpawner``) settings
-  of the same name, so notebooks and jobs land alike; set ``c.KubeJobBackend.<name>`` to differ.
-  ``kueue_priority_class`` is not shared: a job must rank below notebooks.
-- *product labels*: GPU model → ``nvidia.com/gpu.product`` values, for the pods' node affinity.
+- *GPU pod settings*: :class:`KubeGPUSettings`, a traitlets ``Configurable`` holding each setting
+  that both notebook pods (``KubeGPUSpawner``) and job pods (``KubeJobBackend``) use, once, with
+  its validator. Both classes inherit it, so ``c.KubeGPUSettings.<name>`` applies to both and
+  ``c.KubeGPUSpawner.<name>`` or ``c.KubeJobBackend.<name>`` overrides it for one class.
+- *inherited setting*: where neither ``c.KubeJobBackend`` nor ``c.KubeGPUSettings`` names a GPU
+  pod setting, the job backend takes the value notebooks get (``c.KubeGPUSpawner.<name>``, as
+  configurations written before :class:`KubeGPUSettings` existed say it), read through
+  :func:`notebook_settings`, validated as the spawner validates it, so jobs and notebooks land
+  alike. ``kueue_priority_class`` is not inherited: a job must rank below notebooks.
+- *setting key*: where a value came from, as an error names it: ``KubeGPUSpawner.hami_resources``
+  (the most specific config section of the object that sets it, else its class's name).
+- *product labels*: GPU model → ``nvidia.com/gpu.product`` values, for the pods' node affinity
+  (:func:`gpupool.kube.pods.product_labels_in_force`).
 - *claims*: the notebook pod's ``persistentVolumeClaim`` volumes (the user's home, with z2jh's
   default storage a ReadWriteOnce claim that one node at a time can attach). A job pod keeps
   them only where no second node would attach them (see
@@ -16,7 +24,9 @@ Vocabulary
   a job pod copies: the default server before named ones, a running pod before a pending one.
 
 Contract: no I/O but reading the service account's namespace file once, for the default
-namespace; the runtime (API calls) is :mod:`gpupool.kube.jobs`.
+namespace; the runtime (API calls) is :mod:`gpupool.kube.jobs`. A bad value stops the hub at
+start naming its setting key (:func:`gpupool.kube.jobs.check_kube_settings`, called by
+``gpupool.hub.setup``).
 """
 
 from __future__ import annotations
@@ -25,9 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from traitlets import Bool, Callable, Dict, Float, Int, List, Unicode, default, validate
+from traitlets.config import Config, Configurable
 
+from gpupool.core.inventory import Inventory
 from gpupool.core.ledger import Allocation
 from gpupool.core.offers import Offer
+from gpupool.declarations import ConfigError
 from gpupool.jobs.backend import JobBackend
 from gpupool.kube.job_status import TERMINAL_PHASES, phase
 from gpupool.kube.manifests import (
@@ -39,20 +52,179 @@ from gpupool.kube.manifests import (
 from gpupool.kube.pods import (
     DEFAULT_GPU_TOLERATIONS,
     DEFAULT_HAMI_RESOURCES,
-    DEFAULT_PRODUCT_LABELS,
     ShareRequests,
     check_hami_resources,
     check_priority_class,
+    check_product_labels,
     check_queue_template,
+    check_tolerations,
+    product_labels_in_force,
 )
 
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 NOTEBOOK_SELECTOR = "component=singleuser-server,hub.jupyter.org/username={user}"
 USERNAME_ANNOTATION = "hub.jupyter.org/username"
 SERVERNAME_LABEL = "hub.jupyter.org/servername"
+NOTEBOOK_SECTIONS = ("KubeGPUSettings", "KubeGPUSpawner")
+"""The config sections ``KubeGPUSpawner`` reads the GPU pod settings from, most general first."""
+NAMESPACE_SECTIONS = ("KubeGPUSpawner", "KubeSpawner")
+"""Where KubeSpawner's ``namespace`` may be set, most specific first."""
 
 
-class KubeJobSettings(JobBackend):
+class KubeGPUSettings(Configurable):
+    """The GPU pod settings of notebooks and jobs (see *GPU pod settings*)."""
+
+    gpu_tolerations = List(
+        [dict(t) for t in DEFAULT_GPU_TOLERATIONS],
+        config=True,
+        help="""Tolerations added to GPU and MIG pods only (notebooks and jobs; Kubernetes JSON,
+        as ``KubeSpawner.tolerations``); CPU-only pods lose any toleration with these keys.
+        Example::
+
+            c.KubeGPUSettings.gpu_tolerations = [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"},
+            ]
+        """,
+    )
+    gpu_priority_class_name = Unicode(
+        "",
+        config=True,
+        help="""PriorityClass of GPU and MIG pods (empty: KubeSpawner's ``priority_class_name``
+        for notebooks, the notebook pod's for jobs). Example:
+        ``c.KubeGPUSpawner.gpu_priority_class_name = "gpu-interactive"``""",
+    )
+    gpu_scheduler_name = Unicode(
+        "",
+        config=True,
+        help="""Scheduler of GPU and MIG pods (empty: KubeSpawner's ``scheduler_name``).
+        Example: ``c.KubeGPUSettings.gpu_scheduler_name = "kai-scheduler"``""",
+    )
+    gpu_product_labels = Dict(
+        {},
+        config=True,
+        help="""``nvidia.com/gpu.product`` values by gpupool model key, for offers with a
+        ``model``; overrides the built-in table (and what the node inventory saw) per model.
+        Example::
+
+            c.KubeGPUSettings.gpu_product_labels = {
+                "H100-80GB": ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe"],
+            }
+        """,
+    )
+    bind_to_node = Bool(
+        True,
+        config=True,
+        help="""Bind GPU and MIG pods to the nodes the pool's ledger chose for them (a required
+        node affinity on the nodes' names; a job on several nodes also spreads its pods over
+        them), so that kube-scheduler cannot put them on another node than the one the pool
+        counted. Turn off only when the pool's inventory is not the cluster's nodes (a simulated
+        inventory in a test cluster). Example: ``c.KubeGPUSettings.bind_to_node = False``""",
+    )
+    hami_resources = Dict(
+        dict(DEFAULT_HAMI_RESOURCES),
+        config=True,
+        help="""HAMi's resource names (its ``resourceCountName``, ``resourceMemoryName`` and,
+        optionally, ``resourceCoreName``), for shares of GPUs on nodes HAMi shares out (the
+        annotation ``hami.io/node-nvidia-register``): a share there asks for one ``count`` and
+        its memory in MiB as ``memory``, and with ``cores`` its percentage of the GPU's compute.
+        Example::
+
+            c.KubeGPUSettings.hami_resources = {
+                "count": "nvidia.com/gpu",
+                "memory": "nvidia.com/gpumem",
+                "cores": "nvidia.com/gpucores",
+            }
+        """,
+    )
+    kueue_queue_template = Unicode(
+        "",
+        config=True,
+        help="""When set, GPU and MIG pods (and jobs) get the label ``kueue.x-k8s.io/queue-name``
+        with this template filled in (``{team}``, ``{offer}``, ``{user}``), so a Kueue
+        ``LocalQueue`` per team admits them (a job waits for Kueue's admission). Empty (the
+        default): no Kueue label. Example:
+        ``c.KubeGPUSettings.kueue_queue_template = "{team}-gpu"``""",
+    )
+    kueue_priority_class = Unicode(
+        "",
+        config=True,
+        help="""Kueue ``WorkloadPriorityClass`` of GPU and MIG pods and jobs: the label
+        ``kueue.x-k8s.io/priority-class``, set only with ``kueue_queue_template`` (Kueue reads it
+        on queued workloads only). Set it per class: a notebook should rank above every job, so
+        that a queue reclaiming lent quota preempts jobs, never notebooks (the job backend does
+        not inherit the spawner's). Empty (the default): no label, Kueue's default priority. The
+        Helm chart sets ``<release>-notebook`` and ``<release>-job``. Example:
+        ``c.KubeGPUSpawner.kueue_priority_class = "gpupool-notebook"``""",
+    )
+
+    def setting_key(self, name: str) -> str:
+        """The *setting key* of ``name`` on this object."""
+        for section in reversed(self.section_names()):
+            if section in self.config and name in self.config[section]:
+                return f"{section}.{name}"
+        return f"{type(self).__name__}.{name}"
+
+    @validate("gpu_tolerations")
+    def _valid_tolerations(self, proposal: dict[str, Any]) -> list[dict[str, Any]]:
+        return check_tolerations(proposal["value"], self.setting_key("gpu_tolerations"))
+
+    @validate("gpu_product_labels")
+    def _valid_product_labels(self, proposal: dict[str, Any]) -> dict[str, list[str]]:
+        return check_product_labels(proposal["value"], self.setting_key("gpu_product_labels"))
+
+    @validate("hami_resources")
+    def _valid_hami(self, proposal: dict[str, Any]) -> dict[str, str]:
+        return check_hami_resources(proposal["value"], self.setting_key("hami_resources"))
+
+    @validate("kueue_queue_template")
+    def _valid_queue_template(self, proposal: dict[str, Any]) -> str:
+        key = self.setting_key("kueue_queue_template")
+        return check_queue_template(str(proposal["value"]), key)
+
+    @validate("kueue_priority_class")
+    def _valid_priority_class(self, proposal: dict[str, Any]) -> str:
+        key = self.setting_key("kueue_priority_class")
+        return check_priority_class(str(proposal["value"]), key)
+
+    def product_labels_for(self, inventory: Inventory | None) -> dict[str, tuple[str, ...]]:
+        """The *product labels* in force over ``inventory`` (the pool's)."""
+        return product_labels_in_force(inventory, self.gpu_product_labels)
+
+    def share_requests_for(self, inventory: Inventory | None) -> ShareRequests:
+        """What a pod asks for a share of each GPU ``inventory`` says is shared."""
+        return ShareRequests.of(inventory, self.hami_resources)
+
+
+SHARED_SETTINGS = tuple(KubeGPUSettings.class_own_traits(config=True))
+"""The GPU pod settings, by name."""
+INHERITED_SETTINGS = tuple(n for n in SHARED_SETTINGS if n != "kueue_priority_class")
+"""The GPU pod settings the job backend takes from notebooks (see *inherited setting*)."""
+
+
+class NotebookGPUSettings(KubeGPUSettings):
+    """The GPU pod settings as ``KubeGPUSpawner`` resolves them (:data:`NOTEBOOK_SECTIONS`),
+    without a spawner."""
+
+    @classmethod
+    def section_names(cls) -> list[str]:
+        return list(NOTEBOOK_SECTIONS)
+
+
+def notebook_settings(config: Config) -> KubeGPUSettings:
+    """The GPU pod settings notebooks get under ``config``, validated (a bad value raises
+    :class:`gpupool.declarations.ConfigError` naming its setting key). Only the settings' own
+    keys are read (the spawner's other settings are not this object's)."""
+    picked = Config()
+    for section in NOTEBOOK_SECTIONS:
+        if section in config:
+            picked[section] = Config(
+                {k: v for k, v in config[section].items() if k in SHARED_SETTINGS}
+            )
+    return NotebookGPUSettings(config=picked)
+
+
+class KubeJobSettings(JobBackend, KubeGPUSettings):
     """The settings of :class:`gpupool.kube.jobs.KubeJobBackend` (its base class)."""
 
     name = "kubernetes"
@@ -111,15 +283,6 @@ class KubeJobSettings(JobBackend):
         help="""Where job pods mount ``shared_volume_claim``. Example:
         ``c.KubeJobBackend.shared_volume_mount_path = "/mnt/shared"``""",
     )
-    bind_to_node = Bool(
-        True,
-        config=True,
-        help="""Bind GPU and MIG job pods to the nodes the pool's ledger chose (a required node
-        affinity on the nodes' names, plus a topology spread over those nodes for a
-        job on several; default: ``KubeGPUSpawner.bind_to_node``). Turn off only when the
-        pool's inventory is not the cluster's nodes. Example:
-        ``c.KubeJobBackend.bind_to_node = False``""",
-    )
     network_policy = Bool(
         True,
         config=True,
@@ -166,24 +329,6 @@ class KubeJobSettings(JobBackend):
             c.KubeJobBackend.pod_template_hook = hook
         """,
     )
-    kueue_queue_template = Unicode(
-        config=True,
-        help="""When set, GPU and MIG jobs get the label ``kueue.x-k8s.io/queue-name`` with
-        this template filled in (``{team}``, ``{offer}``, ``{user}``) and wait for Kueue's
-        admission (default: ``KubeGPUSpawner.kueue_queue_template``). Example:
-        ``c.KubeJobBackend.kueue_queue_template = "{team}-batch"``""",
-    )
-    kueue_priority_class = Unicode(
-        "",
-        config=True,
-        help="""Kueue ``WorkloadPriorityClass`` of GPU and MIG jobs: the label
-        ``kueue.x-k8s.io/priority-class`` on the Job, set only when it has a Kueue queue
-        (``kueue_queue_template``). Not shared with ``KubeGPUSpawner.kueue_priority_class``: a
-        job should rank below every notebook, so that a queue reclaiming lent quota preempts
-        jobs, never notebooks. Empty (the default): no label, Kueue's default priority. The Helm
-        chart sets ``<release>-job``. Example:
-        ``c.KubeJobBackend.kueue_priority_class = "gpupool-job"``""",
-    )
     ttl_seconds_after_finished = Int(
         7 * 24 * 3600,
         allow_none=True,
@@ -226,42 +371,6 @@ class KubeJobSettings(JobBackend):
         config=True,
         help="The most log bytes one read returns. Example: ``4 * 1024 * 1024``",
     )
-    gpu_tolerations = List(
-        [dict(t) for t in DEFAULT_GPU_TOLERATIONS],
-        config=True,
-        help="""Tolerations of GPU and MIG job pods (default:
-        ``KubeGPUSpawner.gpu_tolerations``). Example::
-
-            c.KubeJobBackend.gpu_tolerations = [
-                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-            ]
-        """,
-    )
-    gpu_priority_class_name = Unicode(
-        config=True,
-        help="""PriorityClass of GPU and MIG job pods (default:
-        ``KubeGPUSpawner.gpu_priority_class_name``; empty keeps the notebook pod's). Example:
-        ``c.KubeJobBackend.gpu_priority_class_name = "gpu-batch"``""",
-    )
-    gpu_scheduler_name = Unicode(
-        config=True,
-        help="""Scheduler of GPU and MIG job pods (default:
-        ``KubeGPUSpawner.gpu_scheduler_name``). Example:
-        ``c.KubeJobBackend.gpu_scheduler_name = "kai-scheduler"``""",
-    )
-    gpu_product_labels = Dict(
-        config=True,
-        help="""``nvidia.com/gpu.product`` values by model key, over the built-in table
-        (default: ``KubeGPUSpawner.gpu_product_labels``). Example:
-        ``c.KubeJobBackend.gpu_product_labels = {"H100-80GB": ["NVIDIA-H100-80GB-HBM3"]}``""",
-    )
-    hami_resources = Dict(
-        config=True,
-        help="""HAMi's resource names, for shares of GPUs on nodes HAMi shares out (default:
-        ``KubeGPUSpawner.hami_resources``, else HAMi's defaults). Example:
-        ``c.KubeJobBackend.hami_resources = {"count": "nvidia.com/gpu",
-        "memory": "nvidia.com/gpumem", "cores": "nvidia.com/gpucores"}``""",
-    )
     api_client_factory = Callable(
         None,
         allow_none=True,
@@ -279,74 +388,33 @@ class KubeJobSettings(JobBackend):
         manager's pool's offers)."""
     )
 
-    # -- settings shared with KubeGPUSpawner ---------------------------------------------------
-    def _spawner_setting(self, name: str, fallback: Any) -> Any:
-        for section in ("KubeGPUSpawner", "KubeSpawner"):
-            if section in self.config and name in self.config[section]:
-                return self.config[section][name]
-        return fallback
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        mine = self._find_my_config(self.config)  # this object's sections, as traitlets reads them
+        inherited = [n for n in INHERITED_SETTINGS if n not in mine and n not in kwargs]
+        if inherited:  # see *inherited setting*
+            notebooks = notebook_settings(self.config)
+            for name in inherited:
+                setattr(self, name, getattr(notebooks, name))
 
     @default("namespace")
     def _default_namespace(self) -> str:
-        configured = self._spawner_setting("namespace", "")
-        if configured:
-            return str(configured)
+        for section in NAMESPACE_SECTIONS:  # KubeSpawner's setting, a plain string
+            if section in self.config and self.config[section].get("namespace"):
+                return str(self.config[section]["namespace"])
         try:
             return Path(SA_NAMESPACE_FILE).read_text().strip() or "default"
         except OSError:
             return "default"
 
-    @default("kueue_queue_template")
-    def _default_queue(self) -> str:
-        return str(self._spawner_setting("kueue_queue_template", ""))
-
-    @default("gpu_tolerations")
-    def _default_tolerations(self) -> list[Any]:
-        return list(self._spawner_setting("gpu_tolerations", DEFAULT_GPU_TOLERATIONS))
-
-    @default("gpu_priority_class_name")
-    def _default_priority(self) -> str:
-        return str(self._spawner_setting("gpu_priority_class_name", ""))
-
-    @default("gpu_scheduler_name")
-    def _default_scheduler(self) -> str:
-        return str(self._spawner_setting("gpu_scheduler_name", ""))
-
-    @default("bind_to_node")
-    def _default_bind(self) -> bool:
-        return bool(self._spawner_setting("bind_to_node", True))
-
     @validate("shared_volume_mount_path")
     def _valid_shared_path(self, proposal: dict[str, Any]) -> str:
         value = str(proposal["value"])
         if not value.startswith("/"):
-            from gpupool.declarations import ConfigError
-
             raise ConfigError(
                 "KubeJobBackend.shared_volume_mount_path", f"{value!r} is not an absolute path"
             )
         return value
-
-    @default("gpu_product_labels")
-    def _default_products(self) -> dict[str, Any]:
-        return dict(self._spawner_setting("gpu_product_labels", {}))
-
-    @default("hami_resources")
-    def _default_hami(self) -> dict[str, str]:
-        found = self._spawner_setting("hami_resources", DEFAULT_HAMI_RESOURCES)
-        return check_hami_resources(found, "KubeGPUSpawner.hami_resources")
-
-    @validate("hami_resources")
-    def _valid_hami(self, proposal: dict[str, Any]) -> dict[str, str]:
-        return check_hami_resources(proposal["value"], "KubeJobBackend.hami_resources")
-
-    @validate("kueue_queue_template")
-    def _valid_queue_template(self, proposal: dict[str, Any]) -> str:
-        return check_queue_template(str(proposal["value"]), "KubeJobBackend.kueue_queue_template")
-
-    @validate("kueue_priority_class")
-    def _valid_priority_class(self, proposal: dict[str, Any]) -> str:
-        return check_priority_class(str(proposal["value"]), "KubeJobBackend.kueue_priority_class")
 
     def _pool(self) -> Any:
         return getattr(self.parent, "pool", None)
@@ -361,20 +429,11 @@ class KubeJobSettings(JobBackend):
 
     def share_requests(self) -> ShareRequests:
         """What a job pod asks for a share of each GPU the pool's inventory says is shared."""
-        return ShareRequests.of(getattr(self._pool(), "inventory", None), self.hami_resources)
+        return self.share_requests_for(getattr(self._pool(), "inventory", None))
 
     def product_labels(self) -> dict[str, tuple[str, ...]]:
-        """Model → ``nvidia.com/gpu.product`` values: built-in, plus what a Kubernetes
-        inventory saw on the nodes, with ``gpu_product_labels`` overriding both."""
-        labels = {model: list(values) for model, values in DEFAULT_PRODUCT_LABELS.items()}
-        inventory = getattr(self._pool(), "inventory", None)
-        if inventory is not None and getattr(inventory, "source", "") == "kubernetes":
-            for gpu in inventory.gpus:
-                if gpu.product_name and gpu.product_name not in labels.get(gpu.model, []):
-                    labels.setdefault(gpu.model, []).append(gpu.product_name)
-        for model, values in self.gpu_product_labels.items():
-            labels[model] = [values] if isinstance(values, str) else list(values)
-        return {model: tuple(values) for model, values in labels.items()}
+        """The *product labels* in force over the pool's inventory."""
+        return self.product_labels_for(getattr(self._pool(), "inventory", None))
 
 
 def notebook_pod(pods: list[dict[str, Any]], owner: str) -> dict[str, Any] | None:
