@@ -24,6 +24,7 @@ from traitlets.config import Config
 
 from gpupool.config import GPUPool
 from gpupool.declarations import ConfigError
+from gpupool.hub import setup
 from gpupool.hub.form import (
     FIELD,
     SAMPLES,
@@ -194,3 +195,11 @@ def test_the_samples_a_template_is_tried_on_reach_every_branch_of_the_default() 
     for piece in ("gpupool-simulated", " checked>", " disabled>", "gpupool-why",
                   "gpupool-enforcement", "text-muted", "gpupool-nothing"):  # fmt: skip
         assert any(piece in html for html in printed), piece
+
+
+def test_setup_stops_on_a_bad_template_before_building_anything() -> None:
+    """``setup(c)`` runs the check first: the hub stops at start, the key named."""
+    c = Config()
+    c.LocalGPUSpawner.spawn_form_template = "{% if form.nothing_now %}"
+    with pytest.raises(ConfigError, match=r"^LocalGPUSpawner\.spawn_form_template: .*line 1"):
+        setup(c)
