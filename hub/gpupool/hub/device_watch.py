@@ -37,7 +37,6 @@ An account the hub cannot ask about is not stopped, and that is said once while 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import pwd
@@ -47,13 +46,13 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.httpclient import HTTPClientError
 from traitlets import Float, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
 from gpupool import metrics
+from gpupool.background import Periodic
 from gpupool.clock import iso
 from gpupool.core.holders import Holding, Kind, OnDevice, classify, holder_of, outside_reasons
 from gpupool.core.ledger import Allocation
@@ -180,7 +179,7 @@ class DeviceWatch(LoggingConfigurable):
         """Processes on devices they do not hold, by pid and start, as of the last look."""
         self.events: deque[Event] = deque(maxlen=EVENTS_KEPT)
         self._said: set[str] = set()
-        self._task: asyncio.Task[None] | None = None
+        self.background = Periodic("device watch pass", self.look, lambda: self.period, self.log)
 
     @property
     def in_force(self) -> str:
@@ -238,21 +237,10 @@ class DeviceWatch(LoggingConfigurable):
 
     # -- the loop ------------------------------------------------------------------------------
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+        self.background.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.look()
-            except Exception:
-                self.log.exception("gpupool: a device watch pass failed")
-            await asyncio.sleep(self.period)
+        await self.background.stop()
 
     def watched(self) -> dict[str, list[str]]:
         """Node -> the watched devices on it (see the vocabulary)."""
@@ -528,21 +516,12 @@ def hub_users(
     may read a user); ``None`` when it does not answer so."""
 
     async def ask(name: str) -> bool | None:
-        if not reclaimer.api_url:
+        if not reclaimer.hub.api_url:
             return None
-        request = HTTPRequest(
-            f"{reclaimer.api_url}/users/{quote(name, safe='')}",
-            headers={"Authorization": f"token {reclaimer.token}"},
-            request_timeout=reclaimer.request_timeout,
-            follow_redirects=False,
-        )
         try:
-            await AsyncHTTPClient().fetch(request)
-        except HTTPClientError as e:
-            return False if e.code == 404 else None
-        except OSError:
+            return await reclaimer.hub.user(name) is not None
+        except (HTTPClientError, OSError, ValueError):
             return None
-        return True
 
     return ask
 
