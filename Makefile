@@ -182,7 +182,7 @@ test:
 	mkdir -p .pytest_cache && rm -f $(SKIPS)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	$(BIN)/mypy && $(BIN)/mypy --strict -p gpupool.core
 	cd labextension && $(JLPM) lint:check && $(JLPM) test
 	GPUPOOL_SKIPS=$(SKIPS) $(BIN)/python -m pytest -q --durations=25 $(PARALLEL)
 	GPUPOOL_SKIPS=$(SKIPS) $(MAKE) --no-print-directory -j2 --output-sync=target conformance test-jh5
@@ -227,14 +227,14 @@ test-fast: install
 	$(BIN)/python -m tests.preflight
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	$(BIN)/mypy && $(BIN)/mypy --strict -p gpupool.core
 	cd labextension && $(JLPM) lint:check && $(JLPM) test
 	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	$(BIN)/mypy && $(BIN)/mypy --strict -p gpupool.core
 	cd labextension && $(JLPM) lint:check
 
 format: install

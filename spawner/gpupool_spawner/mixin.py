@@ -255,7 +255,7 @@ class GPUSpawnerMixin(Spawner):
         """Clear the options of a refused start: JupyterHub's ``User.spawn`` stores them in its
         database (``orm_spawner.user_options``, committed) before it calls :meth:`start`, where
         a refusal would leave them, however big, and offer them as the next start's defaults."""
-        self.user_options = {}
+        self.user_options: dict[str, Any] = {}
         orm_spawner = self.orm_spawner
         if orm_spawner is not None and orm_spawner.user_options:
             orm_spawner.user_options = {}

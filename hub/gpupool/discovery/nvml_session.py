@@ -52,7 +52,7 @@ def text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-class NVMLUnavailable(pynvml.NVMLError):  # type: ignore[misc]
+class NVMLUnavailable(pynvml.NVMLError):
     """NVML could not be started: ``str()`` says why in gpupool's words ("no NVIDIA driver
     found (Driver Not Loaded)"), ``value`` is NVML's error code."""
 

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import secrets
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,19 +91,30 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
         hub.devices.start()
     reconciler.start()
     stops = [hub.jobs.shutting_down, reconciler.shutting_down]
-    owed = PeriodicCallback(pool.writes.retry_due, 1000)  # the outbox's backoff decides when
+    # the outbox's backoff decides when it writes
+    owed = PeriodicCallback(_discard(pool.writes.retry_due), 1000)
     owed.start()
     stops.append(owed.stop)
     if pool.mig is not None:  # draining MIG instances: destroyed once their processes end
-        drain = PeriodicCallback(pool.retry_draining, 10_000)
+        drain = PeriodicCallback(_discard(pool.retry_draining), 10_000)
         drain.start()
         stops.append(drain.stop)  # no retry (no NVML call) once the hub shuts down
     if kube is not None:
         kube.start()
         stops.append(kube.shutting_down)
+    stops.append(pool.monitor.close)  # the NVML sessions the device readings hold
     for stop in stops:
         shutdown.watch(logging.getLogger("JupyterHub"), stop)
     return hub
+
+
+def _discard(call: Callable[[], object]) -> Callable[[], None]:
+    """``call`` for tornado's ``PeriodicCallback``, which wants nothing back."""
+
+    def run() -> None:
+        call()
+
+    return run
 
 
 def _kube_reconciler(
@@ -180,7 +191,9 @@ def _add_to_role(
     one. A server's token gets the ``server`` role's scopes, unless
     ``Spawner.server_token_scopes`` is set (then JupyterHub ignores the role, and gpupool's scopes
     must be listed there)."""
-    default = next((r for r in get_default_roles() if r["name"] == name), {"scopes": []})
+    default: dict[str, Any] = next(
+        (r for r in get_default_roles() if r["name"] == name), {"scopes": []}
+    )
     role = next((r for r in roles if r.get("name") == name), None)
     if role is None:
         role = {"name": name}

@@ -30,7 +30,7 @@ STATUS: dict[type[errors.PoolError], int] = {
 def status_of(error: errors.PoolError) -> int:
     for cls in type(error).__mro__:
         if cls in STATUS:
-            return STATUS[cls]  # type: ignore[index]
+            return STATUS[cls]
     return 400
 
 

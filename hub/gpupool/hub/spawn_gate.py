@@ -100,7 +100,7 @@ class StartRequest(PathMatches):
         return super().match(request) if request.method == "POST" else None
 
 
-class GatedStartHandler(UserServerAPIHandler):  # type: ignore[misc]
+class GatedStartHandler(UserServerAPIHandler):
     """JupyterHub's start of a server, with the gate's check where JupyterHub's ``post`` first
     looks up the user: after its own authentication and scope check (``servers`` in JupyterHub
     5, ``start:servers`` in 6), before anything else."""

@@ -411,7 +411,8 @@ class LocalJobBackend(JobBackend):
             )
             return Observation("running" if up else "starting", "", codes)
         uid = account.uid if account else None
-        if (pid is not None and group_alive(pid)) or await asyncio.to_thread(job_pids, job.id, uid):
+        alive = pid is not None and group_alive(pid)
+        if alive or bool(await asyncio.to_thread(job_pids, job.id, uid)):
             return Observation("running", "", codes)  # the launcher ended; ranks still exiting
         self._procs.pop(job.id, None)
         rc = _whole(self._read_small(jdir / "exit-code", account))

@@ -396,13 +396,14 @@ def product_affinity(
             for t in terms or [V1NodeSelectorTerm()]
             for fields in ([[node_name_requirement(n)] for n in dict.fromkeys(nodes)] or [[]])
         ]
-    node.required_during_scheduling_ignored_during_execution = (
-        V1NodeSelector(node_selector_terms=terms) if terms else None
-    )
+    selector = V1NodeSelector(node_selector_terms=terms) if terms else None
+    # (the client's models type their fields without None, which is how a field is unset: the
+    # ignores below say so to mypy)
+    node.required_during_scheduling_ignored_during_execution = selector  # type: ignore[assignment]
     has_node = node.required_during_scheduling_ignored_during_execution or (
         node.preferred_during_scheduling_ignored_during_execution
     )
-    affinity.node_affinity = node if has_node else None
+    affinity.node_affinity = node if has_node else None  # type: ignore[assignment]
     if not (affinity.node_affinity or affinity.pod_affinity or affinity.pod_anti_affinity):
         return None
     return affinity
@@ -542,17 +543,17 @@ def apply_allocation(
     gpu = bool(resources)
     container = notebook_container(out)
     container.resources = with_resources(container.resources, resources)
-    container.env = _visibility_env(container.env, gpu)
+    container.env = _visibility_env(container.env, gpu)  # type: ignore[assignment]
     spec, meta = out.spec, out.metadata
     model = offer.model if gpu and offer is not None else None
     bound: list[str] = []
     if gpu and bind_to_node:
         bound = list(nodes) if nodes is not None else bound_nodes([allocation])
-    spec.affinity = product_affinity(model, product_labels, spec.affinity, bound)
+    spec.affinity = product_affinity(model, product_labels, spec.affinity, bound)  # type: ignore[assignment]
     if spec.node_selector:
         selector = {k: v for k, v in spec.node_selector.items() if k != PRODUCT_LABEL}
-        spec.node_selector = selector or None
-    spec.tolerations = tolerations_for(spec.tolerations, tolerations, gpu)
+        spec.node_selector = selector or None  # type: ignore[assignment]
+    spec.tolerations = tolerations_for(spec.tolerations, tolerations, gpu)  # type: ignore[assignment]
     if gpu and priority_class_name:
         spec.priority_class_name = priority_class_name
     if gpu and scheduler_name:
