@@ -54,7 +54,6 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Protocol
 
 from prometheus_client import Counter as PromCounter
@@ -67,7 +66,7 @@ from gpupool.core.inventory import GPU, Inventory, Node
 from gpupool.core.ledger import Allocation, Device, Ledger
 from gpupool.kube.api import ClusterAPI, Gone
 from gpupool.kube.nodes import inventory_from_nodes
-from gpupool.kube.settings import SA_NAMESPACE_FILE
+from gpupool.kube.settings import default_namespace
 from gpupool.pool import Pool
 
 log = logging.getLogger("gpupool")
@@ -405,13 +404,7 @@ class KubeReconciler(LoggingConfigurable):
 
     @default("namespace")
     def _default_namespace(self) -> str:
-        for section in ("KubeGPUSpawner", "KubeSpawner"):
-            if section in self.config and self.config[section].get("namespace"):
-                return str(self.config[section]["namespace"])
-        try:
-            return Path(SA_NAMESPACE_FILE).read_text().strip() or "default"
-        except OSError:
-            return "default"
+        return default_namespace(self.config)
 
     def __init__(
         self,

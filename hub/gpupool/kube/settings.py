@@ -71,6 +71,18 @@ NAMESPACE_SECTIONS = ("KubeGPUSpawner", "KubeSpawner")
 """Where KubeSpawner's ``namespace`` may be set, most specific first."""
 
 
+def default_namespace(config: Any) -> str:
+    """The namespace the hub's objects go to when no ``namespace`` is set for them: KubeSpawner's
+    (a plain string), else the hub's own pod's (its service account's), else ``default``."""
+    for section in NAMESPACE_SECTIONS:
+        if section in config and config[section].get("namespace"):
+            return str(config[section]["namespace"])
+    try:
+        return Path(SA_NAMESPACE_FILE).read_text().strip() or "default"
+    except OSError:
+        return "default"
+
+
 class KubeGPUSettings(Configurable):
     """The GPU pod settings of notebooks and jobs (see *GPU pod settings*)."""
 
@@ -399,13 +411,7 @@ class KubeJobSettings(JobBackend, KubeGPUSettings):
 
     @default("namespace")
     def _default_namespace(self) -> str:
-        for section in NAMESPACE_SECTIONS:  # KubeSpawner's setting, a plain string
-            if section in self.config and self.config[section].get("namespace"):
-                return str(self.config[section]["namespace"])
-        try:
-            return Path(SA_NAMESPACE_FILE).read_text().strip() or "default"
-        except OSError:
-            return "default"
+        return default_namespace(self.config)
 
     @validate("shared_volume_mount_path")
     def _valid_shared_path(self, proposal: dict[str, Any]) -> str:
