@@ -649,7 +649,7 @@ def test_setup_stops_retrying_draining_instances_when_the_hub_shuts_down(
                 for cb in watch.callbacks
                 if isinstance(getattr(cb, "__self__", None), PeriodicCallback)
             ]
-            assert [d.callback for d in drains] == [
+            assert [getattr(d.callback, "__wrapped__", d.callback) for d in drains] == [
                 hub.pool.writes.retry_due,  # owed database writes, whatever the inventory
                 hub.pool.retry_draining,
             ]

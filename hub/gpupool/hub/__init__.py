@@ -20,6 +20,7 @@ Nothing is kept in module globals: a second ``setup`` (another config, a test) b
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 import sys
@@ -109,8 +110,10 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
 
 
 def _discard(call: Callable[[], object]) -> Callable[[], None]:
-    """``call`` for tornado's ``PeriodicCallback``, which wants nothing back."""
+    """``call`` for tornado's ``PeriodicCallback``, which wants nothing back (``__wrapped__``
+    names ``call``)."""
 
+    @functools.wraps(call)
     def run() -> None:
         call()
 
