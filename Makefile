@@ -252,9 +252,11 @@ bench: install
 	$(BIN)/python -m benchmarks.jobs
 	$(BIN)/python -m benchmarks.operations
 
-# Regenerate the Helm chart's GPU-equivalents table after changing gpupool.core.mig.
+# Regenerate the Helm chart's GPU-equivalents table and the offer and team parts of its
+# values.schema.json after changing gpupool.core.mig or gpupool.declarations.
 helm-table: install
 	$(BIN)/python scripts/helm-gpu-equivalents
+	$(BIN)/python scripts/helm-values-schema
 
 clean:
 	rm -rf $(RUNTIMES) $(VENV) $(JH5) .venv-tools node_modules .run .pytest_cache .mypy_cache \

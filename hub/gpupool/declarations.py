@@ -12,6 +12,8 @@ Vocabulary
 
 Contract: pure (no I/O). Each ``parse_*`` function validates one part on its own;
 :func:`parse_settings` adds the checks across parts (a team allowed an offer that is not defined).
+The Helm chart's schema of offers and teams is built from the definitions here
+(:mod:`gpupool.declarations_schema`).
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ from gpupool.core.offers import Offer, fmt_mib, mig_costs, model_memory_mib
 from gpupool.core.quota import EVERYONE, Team
 from gpupool.core.units import GPU_MILLI, fmt, to_milli
 
-_MODEL = re.compile(r"^[A-Z][A-Z0-9]*-\d+GB$")
-_OFFER_KEYS = {
+MODEL_KEY = re.compile(r"^[A-Z][A-Z0-9]*-\d+GB$")
+"""A GPU model key, e.g. ``H100-80GB``."""
+OFFER_KINDS = ("cpu", "gpu", "mig", "share")
+OFFER_KEYS = {
     "kind",
     "description",
     "model",
@@ -42,8 +46,9 @@ _OFFER_KEYS = {
     "memory",
     "fraction",
 }
-_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GB|GiB|MB|MiB)\s*$", re.I)
-_TEAM_KEYS = {
+MEMORY_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GB|GiB|MB|MiB)\s*$", re.I)
+"""A share's size, e.g. ``6GB`` (case does not matter)."""
+TEAM_KEYS = {
     "guarantee",
     "borrow_limit",
     "user_cap",
@@ -52,6 +57,8 @@ _TEAM_KEYS = {
     "max_priority",
     "user_limits",
 }
+PRIORITY_RANGES = {"min_priority": (-100, 0), "max_priority": (0, 100)}
+"""The bounds of a team's ``min_priority`` and ``max_priority``."""
 
 
 class ConfigError(TraitError):
@@ -115,7 +122,7 @@ def parse_user_limits(path: str, value: Any) -> dict[str, int]:
 def parse_memory(path: str, value: Any) -> int:
     """A share's size in MiB from ``"6GB"``, ``"6 GiB"``, ``"512MB"`` or ``"6144MiB"`` (GB and GiB
     are both 1024 MiB, as in model keys like ``RTX3090-24GB``; MB and MiB are MiB)."""
-    m = _MEMORY.match(value) if isinstance(value, str) else None
+    m = MEMORY_SIZE.match(value) if isinstance(value, str) else None
     mib = 0
     if m:
         number, unit = float(m.group(1)), m.group(2).lower()
@@ -154,6 +161,13 @@ def _share(path: str, spec: Mapping[str, Any], model: str | None) -> tuple[int |
     return None, mib
 
 
+def default_kind(name: str) -> str:
+    """The kind of an offer that names none: ``cpu``, ``mig-…``, ``share-…``, else ``gpu``."""
+    if name == "cpu":
+        return "cpu"
+    return "mig" if name.startswith("mig-") else "share" if name.startswith("share-") else "gpu"
+
+
 def parse_offer(name: str, spec: Any) -> Offer:
     """One offer from ``{"kind": "mig", "profile": "3g.40gb"}`` (kind inferred from the name:
     ``cpu``, ``mig-…``, ``share-…``, else ``gpu``). A share offer: ``{"kind": "share", "memory":
@@ -162,25 +176,16 @@ def parse_offer(name: str, spec: Any) -> Offer:
     with the cost of the GPU it lands on)."""
     path = f"GPUPool.offers[{name!r}]"
     spec = _mapping(path, spec, '{"kind": "gpu", "model": "H100-80GB", "max_count": 4}')
-    _unknown_keys(path, spec, _OFFER_KEYS)
-    default_kind = (
-        "cpu"
-        if name == "cpu"
-        else "mig"
-        if name.startswith("mig-")
-        else "share"
-        if name.startswith("share-")
-        else "gpu"
-    )
-    kind = spec.get("kind", default_kind)
-    if kind not in ("cpu", "gpu", "mig", "share"):
+    _unknown_keys(path, spec, OFFER_KEYS)
+    kind = spec.get("kind", default_kind(name))
+    if kind not in OFFER_KINDS:
         raise ConfigError(
             f"{path}.kind",
             f"must be 'cpu', 'gpu' or 'mig', or 'share' (a share of a GPU without MIG), "
             f"got {kind!r}",
         )
     model = spec.get("model")
-    if model is not None and (not isinstance(model, str) or not _MODEL.match(model)):
+    if model is not None and (not isinstance(model, str) or not MODEL_KEY.match(model)):
         raise ConfigError(
             f"{path}.model", f"must be a model key like 'H100-80GB' or 'A100-40GB', got {model!r}"
         )
@@ -214,6 +219,9 @@ def parse_offer(name: str, spec: Any) -> Offer:
         profile = next(GEOMETRIES[m].resolve(profile) for m in costs).name  # type: ignore[union-attr]
     elif profile is not None:
         raise ConfigError(f"{path}.profile", "only 'mig' offers take a profile")
+    description = spec.get("description", "")
+    if not isinstance(description, str):
+        raise ConfigError(f"{path}.description", f"must be text, got {description!r}")
     share_milli = share_mib = None
     if kind == "share":
         if "nvlink" in spec:
@@ -226,7 +234,7 @@ def parse_offer(name: str, spec: Any) -> Offer:
     return Offer(
         name,
         kind,
-        str(spec.get("description", "")),
+        description,
         model,
         max_count,
         nvlink,
@@ -249,7 +257,7 @@ def parse_team(
     users may give their jobs; its ``user_limits`` keys over the hub's, ``user_limits``)."""
     path = path or f"GPUPool.teams[{name!r}]"
     spec = _mapping(path, spec, '{"guarantee": 2, "borrow_limit": 1, "offers": ["mig-3g.40gb"]}')
-    _unknown_keys(path, spec, _TEAM_KEYS)
+    _unknown_keys(path, spec, TEAM_KEYS)
     offers = spec.get("offers")
     if offers is not None and (
         not isinstance(offers, list | tuple | set) or not all(isinstance(o, str) for o in offers)
@@ -263,8 +271,12 @@ def parse_team(
         _gpu_eq(f"{path}.borrow_limit", spec.get("borrow_limit", 0)),
         None if cap is None else _gpu_eq(f"{path}.user_cap", cap, positive=True),
         None if offers is None else frozenset(offers),
-        _priority(f"{path}.min_priority", spec.get("min_priority", -100), -100, 0),
-        _priority(f"{path}.max_priority", spec.get("max_priority", 0), 0, 100),
+        _priority(
+            f"{path}.min_priority", spec.get("min_priority", -100), *PRIORITY_RANGES["min_priority"]
+        ),
+        _priority(
+            f"{path}.max_priority", spec.get("max_priority", 0), *PRIORITY_RANGES["max_priority"]
+        ),
         user_limits.overridden(limits),
     )
 

@@ -278,8 +278,7 @@ def test_bad_values_are_refused_naming_the_key(
 
 def test_the_schema_knows_every_mig_profile_gpupool_knows() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
-    offers = schema["properties"]["gpupool"]["properties"]["offers"]
-    enum = offers["patternProperties"][""]["properties"]["profile"]["enum"]
+    enum = schema["definitions"]["offer-keys"]["properties"]["profile"]["enum"]
     assert sorted(enum) == sorted({p.name for g in GEOMETRIES.values() for p in g.profiles})
 
 

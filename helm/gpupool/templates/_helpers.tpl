@@ -25,7 +25,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{/*
 Checks across values that a JSON schema cannot express; each failure names the key to fix.
 - every offer a team (or everyone) lists is defined in gpupool.offers;
-- every MIG offer's profile exists on some GPU model gpupool knows.
+- every MIG offer's profile exists on some GPU model gpupool knows;
+- a share's memory is at least 1 MiB and at most what its model has (gpupool.declarations'
+  parse_memory: GB and GiB are 1024 MiB, MB and MiB are MiB; the schema checks the spelling).
+The kind an offer implies by its name follows gpupool.declarations.default_kind.
 */}}
 {{- define "gpupool.validate" -}}
 {{- $offers := .Values.gpupool.offers -}}
@@ -41,7 +44,19 @@ Checks across values that a JSON schema cannot express; each failure names the k
 {{- $table := include "gpupool.table" . | fromYaml -}}
 {{- range $name, $spec := $offers }}
 {{- $spec = $spec | default dict }}
-{{- $kind := $spec.kind | default (ternary "cpu" (ternary "mig" "gpu" (hasPrefix "mig-" $name)) (eq $name "cpu")) }}
+{{- $kind := $spec.kind | default (ternary "cpu" (ternary "mig" (ternary "share" "gpu" (hasPrefix "share-" $name)) (hasPrefix "mig-" $name)) (eq $name "cpu")) }}
+{{- if and (eq $kind "share") (kindIs "string" $spec.memory) }}
+{{- $size := "(?i)^\\s*([0-9]+(?:\\.[0-9]+)?)\\s*(GB|GiB|MB|MiB)\\s*$" }}
+{{- $number := regexReplaceAll $size $spec.memory "${1}" | float64 }}
+{{- $mib := ternary (mulf $number 1024) $number (hasPrefix "g" (regexReplaceAll $size $spec.memory "${2}" | lower)) }}
+{{- if le $mib 0.5 }}
+{{- fail (printf "gpupool.offers.%s.memory: must be a size like '6GB' or '512MB' (GB = 1024 MiB), got %q" $name $spec.memory) }}
+{{- end }}
+{{- $modelGB := regexReplaceAll "^.*-([0-9]+)GB$" (regexFind "-[0-9]+GB$" ($spec.model | default "")) "${1}" }}
+{{- if and $modelGB (gt (round $mib 0) (mulf (float64 $modelGB) 1024)) }}
+{{- fail (printf "gpupool.offers.%s.memory: %s is more than a %s has" $name $spec.memory $spec.model) }}
+{{- end }}
+{{- end }}
 {{- if eq $kind "mig" }}
 {{- $resource := include "gpupool.migResource" ($spec.profile | default (trimPrefix "mig-" $name)) }}
 {{- $found := false }}
