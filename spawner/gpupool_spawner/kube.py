@@ -45,7 +45,13 @@ spawner's does; ``CUDA_VISIBLE_DEVICES`` is left to the device plugin. The noteb
 hardened by default (``pod_hardening``; see *hardening* in :mod:`gpupool.kube.pods`): the
 fields the admin's KubeSpawner settings leave unset get the hardened values, and what the admin
 sets (``uid``, ``allow_privilege_escalation``, ``container_security_context``,
-``pod_security_context``, a profile's ``kubespawner_override``) wins.
+``pod_security_context``, a profile's ``kubespawner_override``) wins. ``poll`` reports a server
+stopped (an :class:`~gpupool_spawner.mixin.UnknownExit` saying why) whose pod is being deleted
+(``deletionTimestamp``) on a node that is not ready or gone, read with a ``GET`` of the node
+(the chart's ClusterRole grants it): the taint eviction controller deletes it ``tolerationSeconds``
+(300 s by default) after the node was lost, and its kubelet never confirms, so the pod stays
+Terminating and KubeSpawner, which ignores ``deletionTimestamp``, would count it as running; the
+mixin then releases its devices.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from typing import Any
 
 from jupyterhub.utils import maybe_future
 from kubernetes_asyncio.client import V1Pod, V1ResourceRequirements
+from kubernetes_asyncio.client.exceptions import ApiException
 from kubespawner import KubeSpawner
 from kubespawner.utils import get_k8s_model
 from traitlets import Dict, default, validate
@@ -64,6 +71,7 @@ from gpupool.core.ledger import Allocation
 from gpupool.core.parse import clip
 from gpupool.hub.errors import refuse
 from gpupool.hub.form import PROFILE_OFFERS_KEY
+from gpupool.kube.nodes import not_ready_reason
 from gpupool.kube.pods import (
     HARDENING,
     HOSTNAME_LABEL,
@@ -73,7 +81,7 @@ from gpupool.kube.pods import (
     product_values,
 )
 from gpupool.kube.settings import KubeGPUSettings
-from gpupool_spawner.mixin import GPUSpawnerMixin
+from gpupool_spawner.mixin import GPUSpawnerMixin, UnknownExit
 from gpupool_spawner.options import OfferLimit, others
 
 PROFILE_FIELDS = ("profile", "profile-option-")
@@ -109,6 +117,44 @@ class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner, KubeGPUSettings):
     @validate("pod_hardening")
     def _valid_pod_hardening(self, proposal: dict[str, Any]) -> dict[str, Any]:
         return check_hardening(proposal["value"], "KubeGPUSpawner.pod_hardening")
+
+    # -- a pod left on a lost node ------------------------------------------------------------
+    _gpupool_lost = ""
+    """Why the pod is lost, as the last ``poll`` found it (see the module docstring)."""
+
+    async def poll(self) -> int | None:
+        self._gpupool_lost = await self.gpupool_lost_pod()
+        return await super().poll()
+
+    def gpupool_exit_status(self, status: int | None) -> int | None:
+        lost, self._gpupool_lost = self._gpupool_lost, ""
+        if status is None and lost:
+            return UnknownExit(lost)
+        return status
+
+    async def gpupool_lost_pod(self) -> str:
+        """Why this server's pod is lost (being deleted on a node that is not ready or gone:
+        see the module docstring), or ``""``. A node that cannot be read is not judged."""
+        await self._start_watching_pods()
+        key = f"{self.namespace}/{self.pod_name}"
+        pod = self.pod_reflector.pods.get(key)
+        node = ((pod or {}).get("spec") or {}).get("nodeName")
+        if not pod or not node or not (pod.get("metadata") or {}).get("deletionTimestamp"):
+            return ""
+        try:
+            found = await self.api.read_node(node, _request_timeout=self.k8s_api_request_timeout)
+        except ApiException as e:
+            if e.status == 404:
+                return f"its pod {key} is being deleted on node {node}, which is gone"
+            self.log.warning("gpupool: cannot read node %s of pod %s: %s", node, key, e.reason)
+            return ""
+        why = not_ready_reason(self.api.api_client.sanitize_for_serialization(found))
+        if why is None:
+            return ""
+        return (
+            f"its pod {key} is being deleted on node {node}, which {why}; the node's kubelet "
+            "cannot confirm it, so it stays Terminating"
+        )
 
     # -- product labels -----------------------------------------------------------------------
     def gpupool_product_labels(self) -> dict[str, tuple[str, ...]]:

@@ -42,6 +42,28 @@ node while a pod not ended on another uses it stays Pending in ``ContainerCreati
 ``FailedAttachVolume`` event ``Multi-Attach error for volume "pvc-…" Volume is already used by
 pod(s) …``. Events are kept in :attr:`StandIn.events` (not served).
 
+Node lifecycle, driven by the test as the control plane does it in 1.33: admission adds to every pod
+created (by the hub or the Job controller) the ``DefaultTolerationSeconds`` tolerations
+(``node.kubernetes.io/not-ready`` and ``unreachable``, ``NoExecute``, ``tolerationSeconds: 300``,
+each unless the pod tolerates that taint already;
+``plugin/pkg/admission/defaulttolerationseconds/admission.go``). :meth:`StandIn.lose_node` is the
+node lifecycle controller once a kubelet stops posting status (``Unknown``) or posts ``NotReady``
+(``False``): the ``Ready`` condition (``NodeStatusUnknown``, "Kubelet stopped posting node
+status."), the ``unreachable``/``not-ready`` taints ``NoSchedule`` and ``NoExecute`` (with
+``timeAdded``; ``pkg/controller/nodelifecycle/node_lifecycle_controller.go``), and the ``Ready``
+condition of its pods ``False`` (``MarkPodsNotReady``, ``pkg/controller/util/node/
+controller_utils.go``). :meth:`StandIn.evict` is the taint eviction controller some seconds after: a
+pod that does not tolerate a ``NoExecute`` taint, or whose matching tolerations' least
+``tolerationSeconds`` have passed, gets the ``DisruptionTarget`` condition
+(``DeletionByTaintManager``) and is deleted (``pkg/controller/tainteviction/taint_eviction.go``).
+Deleting a pod bound to a lost node, by anyone (taint eviction, the garbage collector, a client), is
+graceful: the API server sets ``deletionTimestamp`` and ``deletionGracePeriodSeconds`` and keeps the
+pod until its kubelet confirms (``CheckGracefulDelete`` in ``pkg/registry/core/pod/strategy.go``),
+which a lost node's kubelet never does: the pod stays Terminating, phase ``Running``, until
+:meth:`StandIn.recover_node` (the kubelet is back, kills it and confirms) or a delete with
+``gracePeriodSeconds: 0`` (force). A pod on a healthy node is gone at once (its kubelet confirms at
+once here).
+
 The Job controller is not automatic: the test moves a Job along with :class:`StandIn` methods
 that do what the controller and kubelet do in Kubernetes 1.33: create one pod per completion
 index from the template (``<job>-<index>-<suffix>``, the controller's labels, the index
@@ -90,6 +112,11 @@ POD_CONDITIONS = (
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 HOSTNAME_KEY = "kubernetes.io/hostname"
 TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
+DEFAULT_TOLERATION_SECONDS = 300
+"""``--default-not-ready-toleration-seconds`` and ``--default-unreachable-toleration-seconds``."""
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
+TAINT_EVICTION_MESSAGE = "Taint manager: deleting due to NoExecute taint"
 HUB_USER = "system:serviceaccount:jhub:hub"
 """Who the hub is to the API server (the JupyterHub chart's hub ServiceAccount)."""
 
@@ -125,6 +152,8 @@ class StandIn:
         self.history: list[tuple[int, str, str, str, dict[str, Any]]] = []
         self.compacted = 0
         self.forbidden: set[tuple[str, str]] = set()
+        self.lost: set[str] = set()
+        """Nodes whose kubelet is gone (:meth:`lose_node`): it confirms no deletion."""
 
     # -- bookkeeping --------------------------------------------------------------------------
     def now(self) -> str:
@@ -286,8 +315,10 @@ class StandIn:
 
     def _defaults_pods(self, obj: dict[str, Any]) -> None:
         """The API server gives a pod it creates ``status.phase: Pending`` (KubeSpawner's
-        reflector reads it) before any scheduler has looked at it."""
+        reflector reads it) before any scheduler has looked at it, and admission its default
+        tolerations (:func:`default_tolerations`)."""
         obj.setdefault("status", {"phase": "Pending", "qosClass": "Burstable"})
+        default_tolerations(obj["spec"])
 
     def _defaults_services(self, obj: dict[str, Any]) -> None:
         spec = obj["spec"]
@@ -390,10 +421,22 @@ class StandIn:
             obj["status"] |= self._running_status()
         return 200, obj
 
-    def delete(self, plural: str, namespace: str, name: str, propagation: str = "") -> Reply:
-        obj = self.objects[plural].pop((namespace, name), None)
-        if obj is None:
+    def delete(
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        propagation: str = "",
+        grace_seconds: int | None = None,
+    ) -> Reply:
+        """Delete an object (see the module docstring for pods on a lost node, which stay
+        Terminating; ``grace_seconds``: the request's ``gracePeriodSeconds``)."""
+        found = self.objects[plural].get((namespace, name))
+        if found is None:
             return self._not_found(plural, name)
+        if plural == "pods" and self._terminating(found, grace_seconds):
+            return 200, found
+        obj = self.objects[plural].pop((namespace, name))
         self._deleted(plural, obj)
         policy = propagation or ("Orphan" if plural == "jobs" else "Background")
         self.deletions.append((plural, name, policy))
@@ -417,10 +460,33 @@ class StandIn:
             "details": details,
         }
 
-    def delete_collection(self, plural: str, namespace: str, selector: str) -> Reply:
+    def _terminating(self, pod: dict[str, Any], grace_seconds: int | None) -> bool:
+        """A graceful delete of a pod whose kubelet never confirms (bound to a lost node, not
+        ended, a grace period above 0): ``deletionTimestamp`` set (a later delete may only
+        shorten the grace), the pod kept. False: delete it now."""
+        spec, meta = pod["spec"], pod["metadata"]
+        grace = (
+            spec.get("terminationGracePeriodSeconds", 30)
+            if grace_seconds is None
+            else grace_seconds
+        )
+        ended = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        if spec.get("nodeName") not in self.lost or ended or grace <= 0:
+            return False
+        if meta.get("deletionTimestamp") and grace >= meta.get("deletionGracePeriodSeconds", 0):
+            return True
+        start = datetime(2025, 1, 1, tzinfo=UTC) + timedelta(seconds=next(self._tick) + grace)
+        meta["deletionTimestamp"] = start.strftime("%Y-%m-%dT%H:%M:%SZ")
+        meta["deletionGracePeriodSeconds"] = grace
+        self._touch(pod)
+        return True
+
+    def delete_collection(
+        self, plural: str, namespace: str, selector: str, grace_seconds: int | None = None
+    ) -> Reply:
         _, listed = self.list_objects(plural, namespace, selector)
         for obj in listed["items"]:
-            self.delete(plural, namespace, obj["metadata"]["name"])
+            self.delete(plural, namespace, obj["metadata"]["name"], grace_seconds=grace_seconds)
         return 200, listed
 
     def _dependents(self, uid: str) -> list[dict[str, Any]]:
@@ -442,10 +508,14 @@ class StandIn:
                 for key, obj in store.items()
                 if (refs := obj["metadata"].get("ownerReferences"))
                 and not any(r["uid"] in alive for r in refs)
+                and not obj["metadata"].get("deletionTimestamp")  # asked already
             ]
             if not orphans:
                 return
             for plural, key in orphans:
+                obj = self.objects[plural][key]
+                if plural == "pods" and self._terminating(obj, None):
+                    continue  # on a lost node: Terminating
                 self._deleted(plural, self.objects[plural].pop(key))
                 self.deletions.append((plural, key[1], "gc"))
 
@@ -526,6 +596,7 @@ class StandIn:
         spec.setdefault("dnsPolicy", "ClusterFirst")
         spec.setdefault("schedulerName", "default-scheduler")
         spec.setdefault("terminationGracePeriodSeconds", 30)
+        default_tolerations(spec)  # the controller's pods pass admission too
         pod_meta = {
             "name": base + uuid.uuid4().hex[:5],
             "generateName": base,
@@ -636,10 +707,124 @@ class StandIn:
         """The node object is deleted; with ``delete_pods`` the pod garbage collector then
         deletes the pods bound to it (as it does for pods on nodes that no longer exist)."""
         self._deleted("nodes", self.nodes.pop(name))
-        if delete_pods:
+        self.lost.discard(name)
+        if delete_pods:  # force-deleted (``gcOrphaned`` in pkg/controller/podgc/gc_controller.go)
             for (ns, pod_name), pod in list(self.objects["pods"].items()):
                 if pod["spec"].get("nodeName") == name:
-                    self.delete("pods", ns, pod_name)
+                    self.delete("pods", ns, pod_name, grace_seconds=0)
+
+    @_locked
+    def lose_node(self, name: str, ready: str = "Unknown", message: str = "") -> None:
+        """The node's kubelet stops posting status (``ready="Unknown"``) or posts NotReady
+        (``"False"``), and the node lifecycle controller acts (see the module docstring): the
+        ``Ready`` condition, the ``NoSchedule`` and ``NoExecute`` taints, its pods not Ready.
+        From now on its kubelet confirms no pod deletion."""
+        taint = UNREACHABLE_TAINT if ready == "Unknown" else NOT_READY_TAINT
+        reason = "NodeStatusUnknown" if ready == "Unknown" else "KubeletNotReady"
+        message = message or (
+            "Kubelet stopped posting node status."
+            if ready == "Unknown"
+            else "container runtime is down"
+        )
+        now = self.now()
+
+        def change(node: dict[str, Any]) -> None:
+            status = node.setdefault("status", {})
+            kept = [c for c in status.get("conditions") or [] if c.get("type") != "Ready"]
+            status["conditions"] = [
+                *kept,
+                {
+                    "type": "Ready",
+                    "status": ready,
+                    "reason": reason,
+                    "message": message,
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                },
+            ]
+            spec = node.setdefault("spec", {})
+            keys = (NOT_READY_TAINT, UNREACHABLE_TAINT)
+            others = [t for t in spec.get("taints") or [] if t.get("key") not in keys]
+            spec["taints"] = [
+                *others,
+                {"key": taint, "effect": "NoSchedule"},  # TaintNodesByCondition
+                {"key": taint, "effect": "NoExecute", "timeAdded": now},
+            ]
+
+        self.update_node(name, change)
+        self.lost.add(name)
+        for pod in self.objects["pods"].values():
+            if pod["spec"].get("nodeName") != name:
+                continue
+            for c in (pod.get("status") or {}).get("conditions") or []:
+                if c["type"] in ("Ready", "ContainersReady"):  # MarkPodsNotReady: Ready
+                    c |= {"status": "False", "lastTransitionTime": now}
+            self._touch(pod)
+
+    @_locked
+    def recover_node(self, name: str) -> None:
+        """The kubelet is back: ``Ready`` again, the lifecycle taints gone, and the pods it
+        was asked to delete meanwhile are killed and their deletion confirmed."""
+        now = self.now()
+
+        def change(node: dict[str, Any]) -> None:
+            status = node.setdefault("status", {})
+            kept = [c for c in status.get("conditions") or [] if c.get("type") != "Ready"]
+            ready = {
+                "type": "Ready",
+                "status": "True",
+                "reason": "KubeletReady",
+                "message": "kubelet is posting ready status",
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+            }
+            status["conditions"] = [*kept, ready]
+            keys = (NOT_READY_TAINT, UNREACHABLE_TAINT)
+            spec = node.setdefault("spec", {})
+            spec["taints"] = [t for t in spec.get("taints") or [] if t.get("key") not in keys]
+
+        self.update_node(name, change)
+        self.lost.discard(name)
+        for (ns, pod_name), pod in list(self.objects["pods"].items()):
+            if pod["spec"].get("nodeName") == name and pod["metadata"].get("deletionTimestamp"):
+                self.delete("pods", ns, pod_name, grace_seconds=0)
+
+    @_locked
+    def evict(self, seconds: float) -> list[str]:
+        """The taint eviction controller, ``seconds`` after the ``NoExecute`` taints were put
+        on (see the module docstring): the pods it deletes now, by name. A pod's delay is the
+        least ``tolerationSeconds`` of its tolerations that match the node's ``NoExecute``
+        taints (none with a number: never; a taint not tolerated: at once), as
+        ``getMinTolerationTime`` reckons it."""
+        evicted = []
+        for (ns, pod_name), pod in list(self.objects["pods"].items()):
+            node = self.nodes.get(pod["spec"].get("nodeName") or "")
+            if node is None or pod["metadata"].get("deletionTimestamp"):
+                continue
+            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            taints = (node.get("spec") or {}).get("taints") or []
+            taints = [t for t in taints if t.get("effect") == "NoExecute"]
+            delay = eviction_delay(taints, pod["spec"].get("tolerations") or [])
+            if delay is None or delay > seconds:
+                continue
+            now = self.now()
+            pod["status"].setdefault("conditions", []).append(
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "DeletionByTaintManager",
+                    "message": TAINT_EVICTION_MESSAGE,
+                    "lastProbeTime": None,
+                    "lastTransitionTime": now,
+                }
+            )
+            self._touch(pod)
+            message = f"Marking for deletion Pod {ns}/{pod_name}"
+            self.event(pod, "Normal", "TaintManagerEviction", message)
+            self.delete("pods", ns, pod_name)
+            evicted.append(pod_name)
+        return evicted
 
     @_locked
     def add_claim(
@@ -993,6 +1178,51 @@ def pod_requests(pod: Mapping[str, Any]) -> dict[str, float]:
     return dict(total)
 
 
+def default_tolerations(spec: dict[str, Any]) -> None:
+    """What the ``DefaultTolerationSeconds`` admission plugin adds: for ``not-ready`` and for
+    ``unreachable``, unless a toleration with that key (or none) and effect ``NoExecute`` (or
+    none) is there, ``{key, operator: Exists, effect: NoExecute, tolerationSeconds: 300}``."""
+    tolerations = spec.get("tolerations") or []
+    for key in (NOT_READY_TAINT, UNREACHABLE_TAINT):
+        if not any(
+            t.get("key") in (None, "", key) and t.get("effect") in (None, "", "NoExecute")
+            for t in tolerations
+        ):
+            tolerations = [
+                *tolerations,
+                {
+                    "key": key,
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": DEFAULT_TOLERATION_SECONDS,
+                },
+            ]
+    spec["tolerations"] = tolerations
+
+
+def eviction_delay(
+    taints: Sequence[Mapping[str, Any]], tolerations: Sequence[Mapping[str, Any]]
+) -> float | None:
+    """Seconds after its ``NoExecute`` ``taints`` were put on that a pod with ``tolerations``
+    is evicted: 0 when one is not tolerated, ``None`` (never) when no matching toleration has
+    ``tolerationSeconds``, else the least of them (``GetMatchingTolerations`` and
+    ``getMinTolerationTime``; a number at or below 0 is 0)."""
+    if not taints:
+        return None
+    used = []
+    for taint in taints:
+        matching = [t for t in tolerations if tolerated(taint, [t])]
+        if not matching:
+            return 0.0
+        used += matching
+    seconds = [
+        float(t["tolerationSeconds"]) for t in used if t.get("tolerationSeconds") is not None
+    ]
+    if not seconds:
+        return None
+    return max(0.0, min(seconds))
+
+
 def pod_claims(pod: Mapping[str, Any]) -> list[str]:
     return [
         v["persistentVolumeClaim"]["claimName"]
@@ -1254,15 +1484,20 @@ class Served:
         text = await request.text()
         options = json.loads(text) if text.strip() else {}
         policy = request.query.get("propagationPolicy") or options.get("propagationPolicy", "")
+        grace = _grace(request, options)
         with self.api.lock:
-            return self._answer(request, copy.deepcopy(self.api.delete(plural, ns, name, policy)))
+            reply = self.api.delete(plural, ns, name, policy, grace)
+            return self._answer(request, copy.deepcopy(reply))
 
     async def _delete_collection(self, request: web.Request) -> web.Response:
         plural, ns, _ = self._seen(request)
         if refused := self._refused("deletecollection", plural, ns):
             return refused
+        text = await request.text()
+        grace = _grace(request, json.loads(text) if text.strip() else {})
         with self.api.lock:
-            reply = self.api.delete_collection(plural, ns, request.query.get("labelSelector", ""))
+            selector = request.query.get("labelSelector", "")
+            reply = self.api.delete_collection(plural, ns, selector, grace)
             return self._answer(request, copy.deepcopy(reply))
 
     async def _log(self, request: web.Request) -> web.Response:
@@ -1279,6 +1514,12 @@ class Served:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
+
+
+def _grace(request: web.Request, options: Mapping[str, Any]) -> int | None:
+    """A delete's ``gracePeriodSeconds`` (the query's, else the ``DeleteOptions`` body's)."""
+    value = request.query.get("gracePeriodSeconds", options.get("gracePeriodSeconds"))
+    return None if value is None else int(value)
 
 
 @contextmanager

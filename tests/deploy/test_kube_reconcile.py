@@ -375,6 +375,35 @@ def test_pod_deleted_behind_the_hubs_back_releases_its_allocation(
     run(hub, body)
 
 
+def test_a_pod_evicted_from_a_lost_node_counts_as_gone(cluster: Served, tmp_path: Path) -> None:
+    """The node lifecycle controller taints a lost node and the taint eviction controller deletes
+    its pods after their ``tolerationSeconds`` (300 s, from admission); the lost kubelet never
+    confirms, so the pod stays with ``deletionTimestamp`` (see :mod:`tests.deploy.kube_api`)."""
+    for name in ("dgx-h100-1", "dgx-h100-2"):
+        cluster.api.add_node(h100_node(name))
+    hub = Hub(cluster, tmp_path)
+
+    async def body() -> None:
+        a = hub.grant("h100", 2)
+        pod = hub.pod(a)
+        await hub.settled()
+        before = drift("lost_node"), drift("released")
+        cluster.api.lose_node(a.node)
+        await hub.until(lambda: hub.reconciler.draining == {a.node: "not ready"})
+        assert gpus_on(hub.pool, a.node) == 2  # only what the allocation holds is kept
+        assert cluster.api.evict(300) == [pod]
+        await hub.settled()
+        assert (NS, pod) in cluster.api.objects["pods"]  # Terminating, for ever
+        assert drift("lost_node") == before[0] + 1  # reported: JupyterHub still records it
+        assert a.id in hub.pool.ledger.allocations
+        hub.records = []  # the spawner's poll said stopped; JupyterHub forgot the server
+        await hub.until(lambda: a.id not in hub.pool.ledger.allocations)
+        assert drift("released") == before[1] + 1
+        await hub.until(lambda: gpus_on(hub.pool, a.node) == 0 and not hub.reconciler.draining)
+
+    run(hub, body)
+
+
 def test_without_a_record_source_pod_less_allocations_are_only_reported(
     cluster: Served, tmp_path: Path
 ) -> None:

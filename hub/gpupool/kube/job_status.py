@@ -11,6 +11,13 @@ Vocabulary
   code: ``exit_codes`` tells which ranks' node failed, not which rank of it. The reason speaks of
   nodes and names their ranks.
 - *handle* (:class:`JobRef`): the namespace, the names and the Job's ``uid``, as JSON.
+- *stranded pod* (:func:`stranded_pods`): a job pod that can neither end nor start because of its
+  node: being deleted (``deletionTimestamp``) on a node that is not ready or gone (the taint
+  eviction controller deleted it once its ``tolerationSeconds`` passed, or the Job controller
+  did; that node's kubelet never confirms, so it stays Terminating and ``podReplacementPolicy:
+  Failed`` never replaces it, nor does the Job ever get its terminal condition), or Pending
+  unschedulable while bound (``metadata.name``) to a node that is not ready (the job's nodes are
+  fixed, one pod on each). A job with one is stopped and fails with the node's reason.
 
 Contract: pure, no API calls; :mod:`gpupool.kube.jobs` fetches the objects and calls these.
 """
@@ -31,8 +38,10 @@ from gpupool.kube.manifests import (
     job_name,
     service_name,
 )
+from gpupool.kube.nodes import not_ready_reason
 from gpupool.kube.pods import (
     KUEUE_QUEUE_LABEL,
+    NODE_NAME_FIELD,
 )
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -251,6 +260,69 @@ def failure_reason(
     if reason == "PodFailurePolicy":
         return f"{bad or condition.get('message') or 'a node failed'} (see the node's log)"
     return _words(condition) or "the Job failed"
+
+
+def bound_nodes_of(pod: Mapping[str, Any]) -> list[str]:
+    """The nodes a pod's required node affinity names by ``metadata.name`` (every term's)."""
+    affinity = ((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    return sorted(
+        {
+            str(v)
+            for term in required.get("nodeSelectorTerms") or []
+            for f in term.get("matchFields") or []
+            if f.get("key") == NODE_NAME_FIELD and f.get("operator") == "In"
+            for v in f.get("values") or []
+        }
+    )
+
+
+def _unschedulable(pod: Mapping[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False" for c in conditions)
+
+
+def nodes_to_read(pods: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The nodes whose readiness decides whether a pod of ``pods`` is *stranded*: those of pods
+    being deleted, and those a Pending unschedulable pod is bound to. Usually none."""
+    out: set[str] = set()
+    for pod in pods:
+        if phase(pod) in TERMINAL_PHASES:
+            continue
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and (pod.get("metadata") or {}).get("deletionTimestamp"):
+            out.add(str(node))
+        elif not node and phase(pod) == "Pending" and _unschedulable(pod):
+            out |= set(bound_nodes_of(pod))
+    return out
+
+
+def stranded_pods(
+    pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any] | None]
+) -> dict[str, str]:
+    """The *stranded pods* of ``pods`` by name, each with why (``"node gpu-2 is not ready
+    (Ready=Unknown, …)"``); ``nodes``: the nodes of :func:`nodes_to_read` as API JSON, ``None``
+    for one that is gone (a node missing from ``nodes`` could not be read: not judged)."""
+    out: dict[str, str] = {}
+    for pod in pods:
+        if phase(pod) in TERMINAL_PHASES:
+            continue
+        name = str((pod.get("metadata") or {}).get("name") or "")
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and (pod.get("metadata") or {}).get("deletionTimestamp"):
+            if node in nodes:
+                obj = nodes[node]
+                why = "is gone" if obj is None else not_ready_reason(obj)
+                if why:
+                    out[name] = f"node {node} {why}"
+        elif not node and phase(pod) == "Pending" and _unschedulable(pod):
+            for bound in bound_nodes_of(pod):
+                obj = nodes.get(bound)
+                why = not_ready_reason(obj) if obj is not None else None
+                if why:
+                    out[name] = f"node {bound} {why}"
+                    break
+    return out
 
 
 # -- the backend --------------------------------------------------------------------------------

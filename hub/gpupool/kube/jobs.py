@@ -25,16 +25,24 @@ Vocabulary
 Contract: ``start`` creates the Job suspended, then its owned NetworkPolicy, ConfigMap and Service,
 then resumes it (with a Kueue queue configured, Kueue's admission resumes it instead), so no pod
 starts before its script and its network policy exist, and nothing outlives the Job: when any of
-them cannot be created the Job is deleted and takes the others along. ``check`` reads, never
-writes: the Job's conditions decide the end (``Complete``, or ``Failed`` with its reason:
-``BackoffLimitExceeded``, ``DeadlineExceeded``, ``PodFailurePolicy``); before that ``running``
-means every node's pod runs (or has succeeded), ``starting`` says what the others wait for. A Job
-that is gone (404, or replaced by another object of that name) is ``lost`` once no pod of the job
-is left running; while its pods are still terminating the job is not over (its GPUs are still in
-use). API errors other than 404 leave the job as it is, with the error as the reason. ``cancel``
-deletes the Job (``propagationPolicy: Background``), the Service, the ConfigMap and the
-NetworkPolicy, and any pods left behind by a Job that is already gone. The API client is one seam
-(``api_client_factory``); the global ``kubernetes_asyncio`` configuration is never changed.
+them cannot be created the Job is deleted and takes the others along. ``check`` reads, and writes
+only to stop a job one of whose nodes was lost: the Job's conditions decide the end (``Complete``,
+or ``Failed`` with its reason: ``BackoffLimitExceeded``, ``DeadlineExceeded``,
+``PodFailurePolicy``); before that ``running`` means every node's pod runs (or has succeeded),
+``starting`` says what the others wait for. A job with a *stranded pod*
+(:func:`gpupool.kube.job_status.stranded_pods`, the nodes read with a ``GET`` each, only for pods
+being deleted or unschedulable) would never end before its deadline: its Job is deleted
+(``Background``: the other pods stop) and, once no other pod is left running, the job is ``failed``
+with the node's reason ("node gpu-2 is not ready (…)"), so its GPUs are released; the stranded pods
+are left Terminating to the node's return (its kubelet then kills them) or to the pod garbage
+collector (a hub restarted before the other pods ended, with no stranded pod left to read the reason
+from, says ``lost``). A Job that is gone (404, or replaced by another object of that name) is
+``lost`` once no pod of the job is left running; while its pods are still terminating the job is not
+over (its GPUs are still in use). API errors other than 404 leave the job as it is, with the error
+as the reason. ``cancel`` deletes the Job (``propagationPolicy: Background``), the Service, the
+ConfigMap and the NetworkPolicy, and any pods left behind by a Job that is already gone. The API
+client is one seam (``api_client_factory``); the global ``kubernetes_asyncio`` configuration is
+never changed.
 """
 
 from __future__ import annotations
@@ -62,8 +70,10 @@ from gpupool.kube.job_status import (
     KubeError,
     api_message,
     latest_pods,
+    nodes_to_read,
     observe_objects,
     phase,
+    stranded_pods,
 )
 from gpupool.kube.manifests import (
     CONTAINER,
@@ -93,6 +103,8 @@ class KubeJobBackend(KubeJobSettings):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._configuration: Any = None
+        self._stopped: dict[str, str] = {}
+        """Why this hub deleted a job's Job (its stranded pods' reason), by job id."""
         self.private_network = bool(self.network_policy)
         self.network_note = (
             "private: each job has a NetworkPolicy of its own (its pods and DNS only; the "
@@ -330,7 +342,28 @@ class KubeJobBackend(KubeJobSettings):
                     for p in await self._pods(api, ref.namespace, selector)
                     if _owned_by(p, obj["metadata"]["uid"])
                 ]
-                return observe_objects(obj, pods, job.spec.nodes, job.spec.gpus)
+                seen = observe_objects(obj, pods, job.spec.nodes, job.spec.gpus)
+                if seen.ended:
+                    return seen
+                stranded = await self._stranded(api, pods)
+                if not stranded:
+                    return seen
+                cause = "; ".join(sorted(set(stranded.values())))
+                self._stopped[job.id] = cause
+                self.log.warning(
+                    "gpupool: job %s: %s; deleting Kubernetes Job %s/%s",
+                    job.id,
+                    cause,
+                    ref.namespace,
+                    ref.job,
+                )
+                await self._delete(
+                    batch.delete_namespaced_job,
+                    ref.job,
+                    ref.namespace,
+                    propagation_policy="Background",
+                )
+                return await self._gone(api, job, ref)
         except (ApiException, ClientError, OSError, TimeoutError) as e:
             why = api_message(e) if isinstance(e, ApiException) else f"{type(e).__name__}: {e}"
             self.log.warning("gpupool: cannot look at job %s: %s", job.id, why)
@@ -344,13 +377,38 @@ class KubeJobBackend(KubeJobSettings):
             return bool(meta.get("uid") == ref.uid)
         return bool((meta.get("labels") or {}).get(JOB_LABEL) == label_value(job.id))
 
+    async def _stranded(self, api: Any, pods: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+        """The *stranded pods* of ``pods`` with why (reading the few nodes that decide it; a
+        node that cannot be read is left out, logged)."""
+        wanted = nodes_to_read(pods)
+        if not wanted:
+            return {}
+        _, core = self._apis(api)
+        nodes: dict[str, dict[str, Any] | None] = {}
+        for name in sorted(wanted):
+            try:
+                found = await core.read_node(name, _request_timeout=self.request_timeout)
+                nodes[name] = api.sanitize_for_serialization(found)
+            except ApiException as e:
+                if e.status == 404:
+                    nodes[name] = None
+                else:
+                    self.log.warning("gpupool: cannot read node %s: %s", name, api_message(e))
+        return stranded_pods(pods, nodes)
+
     async def _gone(self, api: Any, job: Job, ref: JobRef) -> Observation:
         selector = f"{JOB_LABEL}={label_value(job.id)}"
-        live = [p for p in await self._pods(api, ref.namespace, selector) if _live(p)]
+        pods = await self._pods(api, ref.namespace, selector)
+        stranded = await self._stranded(api, pods)
+        cause = "; ".join(sorted(set(stranded.values()))) or self._stopped.get(job.id, "")
+        live = [p for p in pods if _live(p) and p["metadata"]["name"] not in stranded]
         if live:
             running = any(phase(p) == "Running" for p in live)
-            why = f"its Kubernetes Job is gone; waiting for {len(live)} pod(s) to end"
+            head = f"{cause}: stopping the job" if cause else "its Kubernetes Job is gone"
+            why = f"{head}; waiting for {len(live)} pod(s) to end"
             return Observation("running" if running else "starting", why)
+        if cause:
+            return Observation("failed", f"{cause}: the job cannot go on, so it was stopped")
         why = (
             f"its Kubernetes Job {ref.namespace}/{ref.job} is gone "
             "(deleted outside gpupool, or expired)"

@@ -39,11 +39,13 @@ no shares); GPUs holding MIG resources are ``fixed`` with their packed instances
 and HAMi nodes take shares only (see above), with a note per node saying how it is shared; a
 shared node whose replicas cannot be made sense of (no product or memory label, a replica count
 that does not divide its resource, MIG resources shared too) is left out with a note saying why.
-Unschedulable (cordoned) nodes and nodes without NVIDIA resources are left out. Nodes under the
-``single`` MIG strategy are left out with a note (their ``nvidia.com/gpu`` are MIG devices, which
-gpupool's offers cannot name). Other taints are not judged here, only noted: the spawner's
-tolerations decide. No I/O here: reading the nodes from the API server (and listing and watching
-them for the reconciler) is :mod:`gpupool.kube.api`.
+Nodes that are not ready (:func:`not_ready_reason`, with a note saying why), unschedulable
+(cordoned) nodes and nodes without NVIDIA resources are left out. Nodes under the ``single`` MIG
+strategy are left out with a note (their ``nvidia.com/gpu`` are MIG devices, which gpupool's
+offers cannot name). Other taints are not judged here, only noted: the spawner's tolerations
+decide, except for Kubernetes' own condition taints (``node.kubernetes.io/*``), noted as passing,
+never to be tolerated. No I/O here: reading the nodes from the API server (and listing and
+watching them for the reconciler) is :mod:`gpupool.kube.api`.
 """
 
 from __future__ import annotations
@@ -73,6 +75,15 @@ REPLICAS_LABEL = "nvidia.com/gpu.replicas"
 SHARING_LABEL = "nvidia.com/gpu.sharing-strategy"
 SHARED_SUFFIX = "-SHARED"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+LOST_TAINTS = (NOT_READY_TAINT, UNREACHABLE_TAINT, OUT_OF_SERVICE_TAINT)
+"""Taints of a node that cannot run pods: the node lifecycle controller's, put on with a Ready
+condition ``False`` (``not-ready``) or ``Unknown`` (``unreachable``), ``NoSchedule`` and
+``NoExecute`` (``pkg/controller/nodelifecycle/node_lifecycle_controller.go``), and the one an admin
+puts on a node that is shut down (``out-of-service``, non-graceful node shutdown)."""
+CONDITION_TAINT_PREFIX = "node.kubernetes.io/"
 MAX_GPUS_PER_NODE = 64
 
 Layout = list[tuple[Profile, int]]
@@ -127,7 +138,7 @@ def _node(obj: Mapping[str, Any], notes: list[str]) -> Node | None:
     if not whole and not mig and not replicas:
         return None
     taints = spec.get("taints") or []
-    skip = _skip_reason(spec, taints, labels)
+    skip = not_ready_reason(obj) or _skip_reason(spec, taints, labels)
     if skip:
         notes.append(f"node {name} {skip}; left out")
         return None
@@ -165,6 +176,23 @@ def _skip_reason(
             f"uses the MIG 'single' strategy ({GPU_RESOURCE} are MIG devices there); gpupool "
             "needs the 'mixed' strategy"
         )
+    return None
+
+
+def not_ready_reason(obj: Mapping[str, Any]) -> str | None:
+    """Why a node (API JSON) cannot run pods now, or ``None``: ``"is not ready (Ready=Unknown,
+    NodeStatusUnknown: Kubelet stopped posting node status.)"`` when its ``Ready`` condition is
+    ``False`` or ``Unknown`` (the kubelet's word, or the node lifecycle controller's once the
+    kubelet stopped posting), else ``"is not ready (taint node.kubernetes.io/unreachable:
+    NoExecute)"`` for a :data:`LOST_TAINTS` taint. A node without a ``Ready`` condition is not
+    judged by it."""
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready" and c.get("status") != "True":
+            words = ": ".join(str(w) for w in (c.get("reason"), c.get("message")) if w)
+            return f"is not ready (Ready={c.get('status')}{', ' + words if words else ''})"
+    for t in (obj.get("spec") or {}).get("taints") or []:
+        if t.get("key") in LOST_TAINTS and t.get("effect") in ("NoSchedule", "NoExecute"):
+            return f"is not ready (taint {t['key']}:{t['effect']})"
     return None
 
 
@@ -334,8 +362,16 @@ def _mig_counts(name: str, allocatable: Mapping[str, Any], notes: list[str]) -> 
 def _note_taints(name: str, taints: list[Mapping[str, Any]], notes: list[str]) -> None:
     for t in taints:
         key, effect = str(t.get("key", "")), t.get("effect")
-        if effect in ("NoSchedule", "NoExecute") and not key.startswith("nvidia.com/"):
-            value = f"={t['value']}" if t.get("value") else ""
+        if effect not in ("NoSchedule", "NoExecute") or key.startswith("nvidia.com/"):
+            continue
+        value = f"={t['value']}" if t.get("value") else ""
+        if key.startswith(CONDITION_TAINT_PREFIX):  # memory-pressure, disk-pressure, ...
+            notes.append(
+                f"node {name} has taint {key}{value}:{effect}, which Kubernetes sets while the "
+                "node has that condition; its GPUs are counted, and new pods wait there until "
+                "it clears (do not tolerate it)"
+            )
+        else:
             notes.append(
                 f"node {name} has taint {key}{value}:{effect}; its GPUs are counted, so give "
                 "notebooks a matching toleration (c.KubeGPUSpawner.gpu_tolerations) or select "

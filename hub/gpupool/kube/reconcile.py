@@ -17,6 +17,10 @@ Vocabulary
   form would lose (the node was removed, cordoned, relabelled to another MIG layout, or its
   allocatable shrank) stays *draining*: only the GPUs (and fixed MIG instances) those allocations
   hold, so nothing new is granted there, until they are released; then it goes.
+- *lost pod*: a pod being deleted (``deletionTimestamp``) on a node that is not ready
+  (:func:`gpupool.kube.nodes.not_ready_reason`): the taint eviction controller deleted it (its
+  ``tolerationSeconds``, 300 s by default, passed) or someone did, and the node's kubelet will
+  never confirm, so it stays Terminating while its server is gone. It counts as no pod.
 - *drift* (:func:`plan_drift`, the metric ``gpupool_kube_drift_total{kind}``):
   ``released``: a notebook allocation older than ``grace`` whose pod is gone and whose server
   JupyterHub no longer records (neither its ``ref`` "user/server" nor its id): released;
@@ -29,7 +33,10 @@ Vocabulary
   the same fixed MIG profile) on the pod's node when there are enough (``moved`` is logged),
   else reported;
   ``unknown_allocation``: a running pod naming an allocation the ledger does not know, for longer
-  than ``grace`` (a pod briefly outlives its released allocation while it stops): reported.
+  than ``grace`` (a pod briefly outlives its released allocation while it stops): reported;
+  ``lost_node``: a notebook allocation whose only pods are *lost* while JupyterHub still records
+  its server: reported (KubeGPUSpawner's ``poll`` says the server stopped, JupyterHub forgets it,
+  and it is released as above).
   Each finding is logged and counted once while it lasts.
 
 Contract: every ledger change happens under the pool's lock (:meth:`Pool.deciding`): the
@@ -65,7 +72,7 @@ from gpupool.core.errors import UnknownAllocation
 from gpupool.core.inventory import GPU, Inventory, Node
 from gpupool.core.ledger import Allocation, Device, Ledger
 from gpupool.kube.api import ClusterAPI, Gone
-from gpupool.kube.nodes import inventory_from_nodes
+from gpupool.kube.nodes import inventory_from_nodes, not_ready_reason
 from gpupool.kube.settings import default_namespace
 from gpupool.pool import Pool
 
@@ -78,7 +85,7 @@ JOB_LABEL = "gpupool.io/job"
 DRIFT = PromCounter(
     "gpupool_kube_drift",
     "Differences found between the pool's ledger and the cluster's pods, by kind (released, "
-    "notebook_without_pod, job_without_pods, unexpected_node, unknown_allocation).",
+    "notebook_without_pod, job_without_pods, unexpected_node, unknown_allocation, lost_node).",
     ["kind"],
 )
 
@@ -107,13 +114,20 @@ def effective_inventory(
     nodes: Iterable[Mapping[str, Any]], ledger: Ledger
 ) -> tuple[Inventory, dict[str, str]]:
     """The inventory of ``nodes`` with draining nodes kept (see the module docstring), and the
-    draining nodes with why (``"gone"``, or ``"changed"``: cordoned, shared or relabelled)."""
+    draining nodes with why (``"gone"``, ``"not ready"``, or ``"changed"``: cordoned, shared or
+    relabelled)."""
     nodes = list(nodes)
     target = inventory_from_nodes(nodes)
     trial = Ledger(target, ledger.offers, ledger.teams, ledger.everyone)
     _restored, lost = trial.restore(ledger.allocations.values())
-    names = {str((obj.get("metadata") or {}).get("name")) for obj in nodes}
-    draining = {a.node: "changed" if a.node in names else "gone" for a in lost if a.node}
+    named = {str((obj.get("metadata") or {}).get("name")): obj for obj in nodes}
+
+    def why(node: str) -> str:
+        if node not in named:
+            return "gone"
+        return "not ready" if not_ready_reason(named[node]) else "changed"
+
+    draining = {a.node: why(a.node) for a in lost if a.node}
     target = replace(target, node_pools=ledger.inventory.node_pools)  # declared, not listed
     if not draining:
         return target, {}
@@ -206,9 +220,12 @@ def plan_drift(
     records: Iterable[HubRecord] | None,
     now: float,
     grace_s: float,
+    not_ready: Mapping[str, str] | None = None,
 ) -> list[Finding]:
     """What to do about the ledger versus ``pods`` (gpupool pods, API JSON). ``records``: the
-    servers JupyterHub records, or ``None`` when they could not be read (then no release)."""
+    servers JupyterHub records, or ``None`` when they could not be read (then no release).
+    ``not_ready``: the nodes that are not ready, with why (their *lost pods* count as none)."""
+    not_ready = not_ready or {}
     from gpupool.kube.pods import label_value
 
     by_allocation: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
@@ -245,9 +262,21 @@ def plan_drift(
             continue
         value = label_value(a.id)
         known.add(value)
-        mine = by_allocation.get(value, [])
+        evicted = [p for p in by_allocation.get(value, []) if _lost(p, not_ready)]
+        mine = [p for p in by_allocation.get(value, []) if not _lost(p, not_ready)]
         if not mine:
             if not old:
+                continue
+            if evicted and recorded is not None and (a.ref in recorded or a.id in recorded):
+                pod = evicted[0]
+                node = str(_node_of(pod))
+                message = (
+                    f"notebook allocation {a.id} of {a.user} ({a.ref or '-'}): its pod "
+                    f"{_pod_name(pod)} was deleted on node {node}, which {not_ready[node]}, "
+                    "and stays Terminating there (the kubelet never confirms); released once "
+                    "JupyterHub records the server stopped"
+                )
+                out.append(Finding("lost_node", "report", message, a.id, node, key=f"l:{a.id}"))
                 continue
             if recorded is None:
                 message = (
@@ -283,6 +312,17 @@ def plan_drift(
             )
             out.append(Finding("unknown_allocation", "report", message, value, key=f"u:{value}"))
     return out
+
+
+def _lost(pod: Mapping[str, Any], not_ready: Mapping[str, str]) -> bool:
+    """A *lost pod* (see the module docstring)."""
+    deleting = (pod.get("metadata") or {}).get("deletionTimestamp")
+    return bool(deleting) and _node_of(pod) in not_ready
+
+
+def _pod_name(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
 def _job_without_pods(a: Allocation) -> Finding:
@@ -576,8 +616,9 @@ class KubeReconciler(LoggingConfigurable):
                 )
         now = self.clock()
         pods = list(self.pods.values())
+        not_ready = {n: why for n, obj in self.nodes.items() if (why := not_ready_reason(obj))}
         findings: list[Finding] = self.pool.deciding(  # type: ignore[assignment]
-            lambda ledger: plan_drift(ledger, pods, records, now, self.grace)
+            lambda ledger: plan_drift(ledger, pods, records, now, self.grace, not_ready)
         )
         self.passes += 1
         fresh = []
