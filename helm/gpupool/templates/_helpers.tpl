@@ -168,3 +168,83 @@ Fails when two models price one resource differently (Kueue cannot tell them apa
 {{- end }}
 {{- toYaml $out -}}
 {{- end }}
+
+{{/*
+The hub's ServiceAccount, which gpupool's RoleBinding and ClusterRoleBinding name. With the
+JupyterHub chart as dependency: the name that chart gives it, through its own helper
+(jupyterhub.hub-serviceaccount.fullname in its _helpers-names.tpl), so that fullnameOverride,
+nameOverride and hub.serviceAccount.name/create are followed. That helper reads
+.Values.hub.serviceAccount, so it gets the JupyterHub chart's values as its context (.Chart.Name
+"jupyterhub" makes its jupyterhub.fullname read .Values.fullnameOverride/nameOverride there).
+Without the dependency (the JupyterHub chart installed on its own, or charts/ not filled):
+rbac.hubServiceAccount.
+*/}}
+{{- define "gpupool.hubServiceAccount" -}}
+{{- if and .Values.jupyterhub.enabled (hasKey (.Subcharts | default dict) "jupyterhub") }}
+{{- include "jupyterhub.hub-serviceaccount.fullname" (dict "Values" .Values.jupyterhub "Chart" (dict "Name" "jupyterhub") "Release" .Release) }}
+{{- else }}
+{{- .Values.rbac.hubServiceAccount }}
+{{- end }}
+{{- end }}
+
+{{/*
+gpupool's config reaches the hub through jupyterhub.hub.extraVolumes/extraVolumeMounts (the
+gpupool-config ConfigMap at /etc/gpupool, which extraConfig.zz-gpupool loads). Helm replaces a
+list rather than merging it, so an admin's own list drops the chart's entries and the hub would
+stop on a missing /etc/gpupool/gpupool.json: refuse the render, saying what to add. (The config
+is rendered from gpupool.* by templates, so it cannot travel in a values map such as
+hub.extraFiles, which Helm would merge key by key.)
+*/}}
+{{- define "gpupool.validateHubMounts" -}}
+{{- $hub := .Values.jupyterhub.hub | default dict }}
+{{- if .Values.jupyterhub.enabled }}
+{{- $names := list }}
+{{- range $volume := ($hub.extraVolumes | default list) }}
+{{- if eq (($volume.configMap | default dict).name | default "") "gpupool-config" }}{{ $names = append $names $volume.name }}{{ end }}
+{{- end }}
+{{- if not $names }}
+{{- fail "jupyterhub.hub.extraVolumes: Helm replaces the chart's list with yours, which leaves out gpupool's config (the hub would not find /etc/gpupool/gpupool.json); add `{name: gpupool-config, configMap: {name: gpupool-config}}` to it" }}
+{{- end }}
+{{- $mounted := false }}
+{{- range $mount := ($hub.extraVolumeMounts | default list) }}
+{{- if and (has $mount.name $names) (eq (trimSuffix "/" ($mount.mountPath | default "")) "/etc/gpupool") (not $mount.subPath) }}{{ $mounted = true }}{{ end }}
+{{- end }}
+{{- if not $mounted }}
+{{- fail "jupyterhub.hub.extraVolumeMounts: Helm replaces the chart's list with yours, which leaves out gpupool's config (the hub would not find /etc/gpupool/gpupool.json); add `{name: gpupool-config, mountPath: /etc/gpupool, readOnly: true}` to it" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The JupyterHub chart's image pullers (the hook-image-puller and continuous-image-puller
+DaemonSets) pre-pull the notebook image on the nodes where notebooks may run, with the
+tolerations scheduling.userPods.tolerations + singleuser.extraTolerations +
+prePuller.extraTolerations (its templates/image-puller/_helpers-daemonset.tpl). GPU nodes are
+tainted (nvidia.com/gpu on GKE), so without gpupool's GPU tolerations there the image is never
+pre-pulled onto them, and each node's first GPU spawn pulls it within the start timeout. Values
+cannot refer to values, so values.yaml sets jupyterhub.prePuller.extraTolerations to the default
+gpupool.gpuTolerations and this check keeps the two in step: each GPU toleration must be covered
+by a puller toleration (same key, or Exists on that key or on every key; its effect or none).
+*/}}
+{{- define "gpupool.validatePullers" -}}
+{{- $jh := .Values.jupyterhub }}
+{{- $pre := $jh.prePuller | default dict }}
+{{- if and $jh.enabled (or ($pre.hook | default dict).enabled ($pre.continuous | default dict).enabled) }}
+{{- $userPods := (($jh.scheduling | default dict).userPods | default dict).tolerations | default list }}
+{{- $singleuser := ($jh.singleuser | default dict).extraTolerations | default list }}
+{{- $have := concat $userPods $singleuser ($pre.extraTolerations | default list) }}
+{{- range $gpu := (.Values.gpupool.gpuTolerations | default list) }}
+{{- $covered := false }}
+{{- range $puller := $have }}
+{{- $key := eq ($puller.key | default "") ($gpu.key | default "") }}
+{{- $exists := eq ($puller.operator | default "Equal") "Exists" }}
+{{- $keyOk := or (and $exists (or (not $puller.key) $key)) (and $key (ne ($gpu.operator | default "Equal") "Exists") (eq ($puller.value | default "") ($gpu.value | default ""))) }}
+{{- $effectOk := or (not $puller.effect) (eq ($puller.effect | default "") ($gpu.effect | default "")) }}
+{{- if and $keyOk $effectOk }}{{ $covered = true }}{{ end }}
+{{- end }}
+{{- if not $covered }}
+{{- fail (printf "jupyterhub.prePuller.extraTolerations: the JupyterHub chart's image pullers would not tolerate gpupool.gpuTolerations' %s, so the notebook image would never be pre-pulled onto GPU nodes tainted so; add `%s` to it" ($gpu.key | default "(any key)") (toJson $gpu)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
