@@ -149,7 +149,10 @@ class StandIn:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
-        self.history: list[tuple[int, str, str, str, dict[str, Any]]] = []
+        self.history: list[tuple[int, str, str, str, dict[str, Any], dict[str, Any] | None]] = []
+        """Watch events: resourceVersion, type, plural, namespace, the object, and the object as
+        the event before it left it (``None`` for a new one)."""
+        self._last: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.compacted = 0
         self.forbidden: set[tuple[str, str]] = set()
         self.lost: set[str] = set()
@@ -173,10 +176,15 @@ class StandIn:
         return self.objects[plural].get((meta.get("namespace", ""), meta["name"]))
 
     def _record(self, kind: str, plural: str, obj: Mapping[str, Any]) -> None:
-        """One watch event (the object as it is now, at its resourceVersion)."""
+        """One watch event (the object as it is now, at its resourceVersion, and as it was)."""
         meta = obj["metadata"]
-        rv = int(meta["resourceVersion"])
-        self.history.append((rv, kind, plural, meta.get("namespace", ""), copy.deepcopy(dict(obj))))
+        rv, ns = int(meta["resourceVersion"]), meta.get("namespace", "")
+        key = (plural, ns, meta["name"])
+        now = copy.deepcopy(dict(obj))
+        before = self._last.pop(key, None) if kind == "DELETED" else self._last.get(key)
+        if kind != "DELETED":
+            self._last[key] = now
+        self.history.append((rv, kind, plural, ns, now, before))
 
     def _deleted(self, plural: str, obj: dict[str, Any]) -> None:
         obj["metadata"]["resourceVersion"] = str(next(self._rv))
@@ -210,14 +218,33 @@ class StandIn:
     def events_after(
         self, plural: str, namespace: str, selector: str, at: int
     ) -> list[tuple[str, dict[str, Any]]]:
-        return [
-            (kind, copy.deepcopy(obj))
-            for rv, kind, p, ns, obj in self.history
-            if rv > at
-            and p == plural
-            and (plural == "nodes" or ns == namespace)
-            and matches(selector, obj["metadata"].get("labels") or {})
-        ]
+        """The events after ``at`` a watch with ``selector`` sees, as the watch cache filters
+        them (``convertToWatchEvent`` in ``staging/src/k8s.io/apiserver/pkg/storage/cacher/
+        cache_watcher.go``): an object that comes to match is ``ADDED``, one that stops
+        matching is ``DELETED`` (its last matching content, at the event's version)."""
+        out = []
+        for rv, kind, p, ns, obj, before in self.history:
+            if rv <= at or p != plural or (plural != "nodes" and ns != namespace):
+                continue
+            now = kind != "DELETED" and matches(selector, obj["metadata"].get("labels") or {})
+            was = before is not None and matches(selector, before["metadata"].get("labels") or {})
+            if now and not was:
+                out.append(("ADDED", copy.deepcopy(obj)))
+            elif now:
+                out.append(("MODIFIED", copy.deepcopy(obj)))
+            elif was:
+                gone = copy.deepcopy(before if kind != "DELETED" else obj)
+                gone["metadata"]["resourceVersion"] = str(rv)
+                out.append(("DELETED", gone))
+        return out
+
+    @_locked
+    def bookmark(self, plural: str) -> dict[str, Any]:
+        """A ``BOOKMARK`` event's object: the kind and only ``metadata.resourceVersion``, the
+        store's version now (every event up to it has been sent)."""
+        api_version, kind = ("v1", "Node") if plural == "nodes" else RESOURCES[plural][1:]
+        version = str(next(self._rv))
+        return {"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": version}}
 
     def expired(self, resource_version: str) -> dict[str, Any]:
         """The ``ERROR`` event's object for a watch from a compacted version."""
@@ -1408,7 +1435,11 @@ class Served:
     async def _watch(self, request: web.Request, plural: str, ns: str) -> web.StreamResponse:
         """``?watch=true``: newline-delimited events from ``resourceVersion`` until
         ``timeoutSeconds``; a compacted version gets one ``ERROR`` event with a ``410`` Status
-        (HTTP 200, as the API server does)."""
+        (HTTP 200, as the API server does). With ``allowWatchBookmarks``, a ``BOOKMARK`` ends a
+        watch that runs out: the watch cache sends one to each watcher shortly before its
+        timeout (``nextBookmarkTime`` in ``cache_watcher.go``: the deadline less 2 s, or every
+        minute), so a client resumes from a recent version even when nothing it watches
+        changed."""
         query = request.query
         selector, version = query.get("labelSelector", ""), query.get("resourceVersion", "")
         timeout = float(query.get("timeoutSeconds") or 1800)
@@ -1428,7 +1459,16 @@ class Served:
                     line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
                     await response.write(line)
                     at = max(at, int(obj["metadata"]["resourceVersion"]))
-                if self.closing or asyncio.get_running_loop().time() >= deadline:
+                if self.closing:
+                    break
+                if asyncio.get_running_loop().time() >= deadline:
+                    if query.get("allowWatchBookmarks", "").lower() in ("true", "1"):
+                        with self.api.lock:  # nothing recorded between the two
+                            events = self.api.events_after(plural, ns, selector, at)
+                            mark = self.api.bookmark(plural)
+                        for kind, obj in [*events, ("BOOKMARK", mark)]:
+                            line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+                            await response.write(line)
                     break
                 await asyncio.sleep(0.01)
                 events = self.api.events_after(plural, ns, selector, at)

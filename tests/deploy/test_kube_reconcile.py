@@ -309,6 +309,77 @@ def test_watches_list_again_after_410_gone(cluster: Served, tmp_path: Path) -> N
     run(hub, body)
 
 
+def node_requests(server: Served, watch: bool) -> int:
+    """How many lists (or watches) of nodes the stand-in has answered."""
+    with server.api.lock:
+        requests = list(server.api.requests)
+    return sum(
+        1
+        for method, path, query in requests
+        if (method, path) == ("GET", "/api/v1/nodes")
+        and (query.get("watch", "").lower() in ("true", "1")) == watch
+    )
+
+
+def test_a_quiet_watch_resumes_from_its_bookmark_after_compaction(
+    cluster: Served, tmp_path: Path
+) -> None:
+    """Nothing about the nodes changes while the pods do and etcd compacts: the API server's
+    ``BOOKMARK`` before each watch's timeout keeps the nodes' reflector at a recent version, so
+    it resumes without ``410 Gone`` and without listing every node again."""
+    cluster.api.add_node(h100_node("dgx-h100-1"))
+    hub = Hub(cluster, tmp_path)
+
+    async def body() -> None:
+        await hub.settled()
+        lists = node_requests(cluster, watch=False)
+        hub.pod(hub.grant("h100"))  # pods change, nodes do not
+        with cluster.api.lock:
+            cluster.api.compact()
+            compacted = cluster.api.compacted
+        await hub.until(lambda: int(hub.reconciler.versions["nodes"]) > compacted)
+        watches = node_requests(cluster, watch=True)
+        await hub.until(lambda: node_requests(cluster, watch=True) > watches)  # resumed
+        await hub.until(lambda: node_requests(cluster, watch=True) > watches + 1)  # and again
+        assert node_requests(cluster, watch=False) == lists
+
+    run(hub, body)
+
+
+def test_a_node_relabelled_out_of_the_selector_leaves_the_pool(
+    cluster: Served, tmp_path: Path
+) -> None:
+    """The watch cache sends ``DELETED`` for an object that stops matching the watch's selector
+    (and ``ADDED`` when it matches again)."""
+    for name in ("dgx-h100-1", "dgx-h100-2"):
+        node = h100_node(name)
+        node["metadata"]["labels"]["gpupool.io/pool"] = "true"
+        cluster.api.add_node(node)
+    hub = Hub(cluster, tmp_path)
+    hub.reconciler.api = ClusterAPI(NS, "gpupool.io/pool=true")
+
+    def label(value: str | None) -> Callable[[dict[str, Any]], None]:
+        def change(node: dict[str, Any]) -> None:
+            labels = node["metadata"]["labels"]
+            if value is None:
+                labels.pop("gpupool.io/pool")
+            else:
+                labels["gpupool.io/pool"] = value
+
+        return change
+
+    async def body() -> None:
+        await hub.settled()
+        assert gpus_on(hub.pool, "dgx-h100-2") == 8
+        cluster.api.update_node("dgx-h100-2", label(None))
+        await hub.until(lambda: gpus_on(hub.pool, "dgx-h100-2") == 0)
+        assert "dgx-h100-2" not in hub.reconciler.nodes
+        cluster.api.update_node("dgx-h100-2", label("true"))
+        await hub.until(lambda: gpus_on(hub.pool, "dgx-h100-2") == 8)
+
+    run(hub, body)
+
+
 async def stopped_within(reconciler: KubeReconciler, seconds: float) -> None:
     """``reconciler.stop()``, failing (not hanging) if it takes more than ``seconds``."""
     try:

@@ -83,9 +83,11 @@ class ClusterAPI:
     ``KUBECONFIG`` at a stand-in, or pass any object with these two methods).
 
     ``list(kind)`` gives ``(items, resourceVersion)``; ``watch(kind, resource_version,
-    timeout_s)`` yields ``(type, object)`` events (``ADDED``, ``MODIFIED``, ``DELETED``;
-    bookmarks are skipped) until the server ends the watch after ``timeout_s``, and raises
-    :class:`Gone` on a 410 (as an ``ERROR`` event or as the reply's status)."""
+    timeout_s)`` yields ``(type, object)`` events (``ADDED``, ``MODIFIED``, ``DELETED``, and
+    ``BOOKMARK``, whose object has only ``metadata.resourceVersion``: where to resume from, so a
+    quiet watch is not resumed from a compacted version) until the server ends the watch after
+    ``timeout_s``, and raises :class:`Gone` on a 410 (as an ``ERROR`` event or as the reply's
+    status)."""
 
     def __init__(
         self,
@@ -156,7 +158,7 @@ class ClusterAPI:
                 _request_timeout=timeout_s + READ_TIMEOUT_S,
             ):
                 kind_of = str(event.get("type", ""))
-                if kind_of in ("ADDED", "MODIFIED", "DELETED"):
+                if kind_of in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
                     yield kind_of, event["raw_object"]
         except ApiException as e:
             if e.status == 410:

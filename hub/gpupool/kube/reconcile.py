@@ -4,9 +4,10 @@ pods that exist (issue 15).
 Vocabulary
 - *reflector*: KubeSpawner's pattern, for ``nodes`` and ``pods``: list (a cache of API JSON and
   the list's ``resourceVersion``), then watch from that version, applying ``ADDED``/``MODIFIED``/
-  ``DELETED`` events to the cache; a watch the server ends (its ``timeoutSeconds``) is resumed from
-  the last version seen, and a ``410 Gone`` (history compacted) means list again. The API server
-  is reached through one seam, :class:`gpupool.kube.nodes.ClusterAPI` (``list`` and
+  ``DELETED`` events to the cache (an object that stops matching the selector comes as
+  ``DELETED``); a watch the server ends (its ``timeoutSeconds``) is resumed from the last version
+  seen, a ``BOOKMARK``'s included, and a ``410 Gone`` (history compacted) means list again. The
+  API server is reached through one seam, :class:`gpupool.kube.nodes.ClusterAPI` (``list`` and
   ``watch``); tests point it at a stand-in.
 - *gpupool pods*: pods labelled ``gpupool.io/team`` in the hub's namespace; a notebook's pod
   carries ``gpupool.io/allocation`` (its allocation's id), a job's pods ``gpupool.io/job`` (the
@@ -544,11 +545,13 @@ class KubeReconciler(LoggingConfigurable):
                 ) as events:
                     async for event, obj in events:
                         version = str(obj["metadata"].get("resourceVersion") or version)
+                        self.versions[kind] = version
+                        if event == "BOOKMARK":  # only where to resume from
+                            continue
                         if event == "DELETED":
                             cache.pop(key(obj), None)
                         else:
                             cache[key(obj)] = obj
-                        self.versions[kind] = version
                         self._changed(kind)
             except Gone as e:
                 self.log.info("gpupool: watching %s: %s; listing again", kind, e)
