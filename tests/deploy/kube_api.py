@@ -119,6 +119,8 @@ UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 TAINT_EVICTION_MESSAGE = "Taint manager: deleting due to NoExecute taint"
 HUB_USER = "system:serviceaccount:jhub:hub"
 """Who the hub is to the API server (the JupyterHub chart's hub ServiceAccount)."""
+ALL = "*"
+"""The namespace argument for every namespace (``GET /api/v1/pods``, cluster-wide)."""
 
 Reply = tuple[int, Any]
 T = TypeVar("T")
@@ -157,6 +159,9 @@ class StandIn:
         self.forbidden: set[tuple[str, str]] = set()
         self.lost: set[str] = set()
         """Nodes whose kubelet is gone (:meth:`lose_node`): it confirms no deletion."""
+        self.workloads: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        """Kueue's Workload of a Job (by the Job's namespace and name): its conditions, as
+        :meth:`kueue_admit` and :meth:`kueue_preempt` leave them (not served)."""
 
     # -- bookkeeping --------------------------------------------------------------------------
     def now(self) -> str:
@@ -224,7 +229,11 @@ class StandIn:
         matching is ``DELETED`` (its last matching content, at the event's version)."""
         out = []
         for rv, kind, p, ns, obj, before in self.history:
-            if rv <= at or p != plural or (plural != "nodes" and ns != namespace):
+            if (
+                rv <= at
+                or p != plural
+                or (plural != "nodes" and namespace != ALL and ns != namespace)
+            ):
                 continue
             now = kind != "DELETED" and matches(selector, obj["metadata"].get("labels") or {})
             was = before is not None and matches(selector, before["metadata"].get("labels") or {})
@@ -416,7 +425,7 @@ class StandIn:
         items = [
             o
             for (ns, _), o in stored.items()
-            if (plural == "nodes" or ns == namespace)
+            if (plural == "nodes" or namespace == ALL or ns == namespace)
             and matches(selector, o["metadata"].get("labels") or {})
         ]
         body = {
@@ -1004,6 +1013,11 @@ class StandIn:
         return []
 
     def _free(self, node: Mapping[str, Any]) -> dict[str, float]:
+        """Allocatable less the requests of every pod bound to ``node`` and not ended, whatever
+        its namespace or maker: kube-scheduler's NodeResourcesFit (``fitsRequest`` in
+        ``pkg/scheduler/framework/plugins/noderesources/fit.go`` compares a pod's requests with
+        ``nodeInfo.Allocatable`` less ``nodeInfo.Requested``, the sum over all the node's
+        pods), so another tenant's GPU pod takes GPUs gpupool's ledger may think free."""
         allocatable = (node.get("status") or {}).get("allocatable") or {}
         free = {k: quantity(v) for k, v in allocatable.items()}
         name = node["metadata"]["name"]
@@ -1147,6 +1161,64 @@ class StandIn:
                 self.objects["pods"].pop((namespace, pod["metadata"]["name"]))
         job["status"] |= {"active": 0, "ready": 0, "terminating": 0}
         self._set_condition(job, "Failed", reason, message)
+
+    # -- Kueue -------------------------------------------------------------------------------
+    @_locked
+    def kueue_admit(self, name: str, namespace: str) -> None:
+        """Kueue admits the Job's Workload (``QuotaReserved`` then ``Admitted``) and resumes the
+        Job: ``spec.suspend: false`` (``Job.RunWithPodSetsInfo`` in kueue
+        ``pkg/controller/jobs/job/job_controller.go``, called by ``startJob`` in
+        ``pkg/controller/jobframework/reconciler.go``); the Job controller then sets
+        ``Suspended=False`` (``JobResumed``) and a new ``startTime``. Create its pods with
+        :meth:`create_pods`."""
+        self.patch(
+            "jobs", namespace, name, "application/merge-patch+json", {"spec": {"suspend": False}}
+        )
+        admitted = "The workload is admitted"
+        self.workloads[namespace, name] = [
+            self._condition("QuotaReserved", "QuotaReserved", "Quota reserved in ClusterQueue"),
+            self._condition("Admitted", "Admitted", admitted),
+        ]
+
+    @_locked
+    def kueue_preempt(self, name: str, namespace: str, message: str) -> None:
+        """Kueue preempts the admitted Job's Workload, as Kueue does: the Workload gets
+        ``Evicted=True`` (reason ``Preempted``, ``message``), ``QuotaReserved=False`` and
+        ``Admitted=False`` (``workload.SetEvictedCondition``, then ``UnsetQuotaReservation``
+        in kueue ``pkg/workload``); the job reconciler's ``stopJob`` calls ``Job.Stop``, which
+        sets ``spec.suspend: true`` and clears ``status.startTime`` (``jobframework/
+        reconciler.go``, ``jobs/job/job_controller.go``: "Reset start time so we can update the
+        scheduling directives later when unsuspending"). The Job controller then deletes the
+        active pods (not counted as failed) and sets ``Suspended=True`` (``JobSuspended``, "Job
+        suspended"; ``pkg/controller/job/job_controller.go``). Nothing on the Job says it was
+        admitted before."""
+        job = self.job(name, namespace)
+        job["spec"]["suspend"] = True
+        job["status"].pop("startTime", None)
+        for pod in self.pods_of(name, namespace).values():
+            if pod["status"]["phase"] in ("Pending", "Running"):
+                self.objects["pods"].pop((namespace, pod["metadata"]["name"]))
+                self._deleted("pods", pod)
+        job["status"] |= {"active": 0, "ready": 0, "terminating": 0}
+        self._set_condition(job, "Suspended", "JobSuspended", "Job suspended")
+        self.workloads[namespace, name] = [
+            self._condition("Evicted", "Preempted", message),
+            self._condition("QuotaReserved", "Preempted", message, "False"),
+            self._condition(
+                "Admitted", "NoReservation", "The workload has no reservation", "False"
+            ),
+        ]
+
+    def _condition(
+        self, kind: str, reason: str, message: str, status: str = "True"
+    ) -> dict[str, Any]:
+        return {
+            "type": kind,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": self.now(),
+        }
 
     def _set_condition(
         self, obj: dict[str, Any], kind: str, reason: str, message: str, status: str = "True"
@@ -1383,6 +1455,7 @@ class Served:
         add("GET", "/api/v1/namespaces/{ns}/pods/{name}/log", self._log)
         add("GET", "/api/v1/nodes", self._list_nodes)
         add("GET", "/api/v1/nodes/{name}", self._get_node)
+        add("GET", "/api/v1/pods", self._list_all_pods)
         for prefix, plurals in (
             ("/api/v1", "configmaps|services|pods"),
             ("/apis/batch/v1", "jobs"),
@@ -1418,6 +1491,19 @@ class Served:
             return await self._watch(request, "nodes", "")
         with self.api.lock:
             reply = self.api.list_objects("nodes", "", request.query.get("labelSelector", ""))
+            return self._answer(request, copy.deepcopy(reply))
+
+    async def _list_all_pods(self, request: web.Request) -> web.StreamResponse:
+        """``GET /api/v1/pods``: every namespace's pods (list or watch; needs ``list``/``watch``
+        on pods cluster-wide, which :meth:`StandIn.forbid` can take away)."""
+        self.api.requests.append((request.method, request.path, dict(request.query)))
+        watching = request.query.get("watch", "").lower() in ("true", "1")
+        if refused := self._refused("watch" if watching else "list", "pods", ALL):
+            return refused
+        if watching:
+            return await self._watch(request, "pods", ALL)
+        with self.api.lock:
+            reply = self.api.list_objects("pods", ALL, request.query.get("labelSelector", ""))
             return self._answer(request, copy.deepcopy(reply))
 
     async def _get_node(self, request: web.Request) -> web.Response:

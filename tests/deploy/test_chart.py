@@ -500,7 +500,7 @@ def api_calls(path: Path) -> set[tuple[str, str, str]]:
         if verb is None:
             continue
         rest = re.sub(r"^(create|read|list|patch|delete_collection|delete|replace)_", "", method)
-        rest = rest.removeprefix("namespaced_")
+        rest = rest.removeprefix("namespaced_").removesuffix("_for_all_namespaces")
         resource, _, sub = rest.partition("_")
         plural = {"config": "configmaps", "node": "nodes"}.get(resource, resource + "s")
         if rest == "pod_log":
@@ -515,10 +515,12 @@ def api_calls(path: Path) -> set[tuple[str, str, str]]:
 def watched() -> set[tuple[str, str, str]]:
     """What the Kubernetes reconciler lists and then watches, through its one seam
     (:class:`gpupool.kube.api.ClusterAPI`: nodes cluster-wide, pods in the hub's
-    namespace): a watch is a list call with ``watch=true``, so the scan above sees only the list."""
+    namespace, every namespace's pods as ``tenants``): a watch is a list call with
+    ``watch=true``, so the scan above sees only the list."""
     kinds = ClusterAPI().selectors
-    assert set(kinds) == {"nodes", "pods"}, kinds
-    return {("", kind, verb) for kind in kinds for verb in ("list", "watch")}
+    assert set(kinds) == {"nodes", "pods", "tenants"}, kinds
+    plural = {"tenants": "pods"}
+    return {("", plural.get(k, k), verb) for k in kinds for verb in ("list", "watch")}
 
 
 def granted(
@@ -558,16 +560,18 @@ def test_rbac_grants_every_call_the_hub_makes(chart: helm.Chart) -> None:
 def test_rbac_lets_the_reconciler_watch_nodes_cluster_wide_and_pods_in_its_namespace(
     chart: helm.Chart,
 ) -> None:
-    """Nodes are cluster-scoped: only a ClusterRole grants them, and it grants nothing else and
-    nothing but reading; the pods are watched in the release's namespace, through its Role."""
+    """Nodes are cluster-scoped: only a ClusterRole grants them, and it grants nothing else but
+    listing and watching every namespace's pods (other tenants' GPU requests), and nothing but
+    reading; gpupool's own pods are managed in the release's namespace, through its Role."""
     objects = render(chart, values_of("small"))
     cluster_wide = granted(objects, ("ClusterRole",))
     namespaced = granted(objects, ("Role",))
     for verb in ("list", "watch"):
         assert ("", "nodes", verb) in cluster_wide, f"no ClusterRole may {verb} nodes"
         assert ("", "pods", verb) in namespaced, f"the hub's Role may not {verb} pods"
-    assert {resource for _, resource, _ in cluster_wide} == {"nodes"}
+    assert {resource for _, resource, _ in cluster_wide} == {"nodes", "pods"}
     assert {verb for _, _, verb in cluster_wide} == {"get", "list", "watch"}
+    assert {v for _, r, v in cluster_wide if r == "pods"} == {"list", "watch"}
 
 
 def test_the_release_wide_job_policy_admits_dns_only(chart: helm.Chart) -> None:

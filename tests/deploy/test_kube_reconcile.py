@@ -160,7 +160,7 @@ def run(hub: Hub, body: Callable[[], Awaitable[None]]) -> None:
     async def main() -> None:
         hub.reconciler.start()
         try:
-            await hub.until(lambda: hub.reconciler.synced == {"nodes", "pods"})
+            await hub.until(lambda: hub.reconciler.synced == {"nodes", "pods", "tenants"})
             await body()
         finally:
             await stopped_within(hub.reconciler, 10)
@@ -400,7 +400,7 @@ def test_stop_ends_every_task_even_as_a_check_is_requested(cluster: Served, tmp_
     async def main() -> None:
         for steps in range(8):
             hub.reconciler.start()
-            await hub.until(lambda: hub.reconciler.synced == {"nodes", "pods"})
+            await hub.until(lambda: hub.reconciler.synced == {"nodes", "pods", "tenants"})
             await hub.settled()
             hub.reconciler.nudge()  # as a watch event does
             for _ in range(steps):
@@ -587,7 +587,7 @@ def test_setup_on_a_kubernetes_inventory_follows_the_cluster_and_repairs_drift(
         assert isinstance(kube, KubeReconciler)
         assert c.JupyterHub.tornado_settings[SETTINGS_KEY].kube is kube
         try:
-            await until(lambda: kube.synced == {"nodes", "pods"})
+            await until(lambda: kube.synced == {"nodes", "pods", "tenants"})
             assert kube.namespace == NS and len(kube_tasks()) == len(KUBE_TASKS)
 
             cluster.api.add_node(h100_node("dgx-h100-3"))  # a node added: granted at once

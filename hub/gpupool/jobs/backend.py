@@ -29,7 +29,7 @@ from gpupool.core.queue import ScaleUp
 
 @dataclass(frozen=True)
 class Observation:
-    state: str  # "starting" | "running" | "succeeded" | "failed" | "lost"
+    state: str  # "starting" | "running" | "queued" (taken back) | "succeeded" | "failed" | "lost"
     reason: str = ""
     exit_codes: tuple[tuple[int, int], ...] = ()
 

@@ -8,7 +8,9 @@ Vocabulary
   for real, all its nodes or none, and hand it to the backend. A pass runs after every submit,
   every job end, every release of a notebook's devices, and every ``schedule_interval`` seconds.
 - *watch*: one task per active job, asking the backend what its processes do; it ends the job
-  (and frees its devices at once) when they end, and enforces the time limit.
+  (and frees its devices at once) when they end, and enforces the time limit. A backend that
+  sees the cluster take the job back (``queued``: Kueue preempted it) has it stopped, its
+  devices freed, and requeued as a preemption is (failed past ``max_restarts``).
 - *fair use*: a user's jobs queued or running and the logs they follow are capped per user
   (``user_limits`` of the job's team, :mod:`gpupool.core.limits`): 429 before anything is stored.
 - *retention*: jobs that ended over ``retention_days`` ago are forgotten (:meth:`prune`: their
@@ -593,6 +595,15 @@ class JobManager(LoggingConfigurable):
                 return True
             if seen.ended:
                 self._finish(job_id, seen.state, seen.reason, seen.exit_codes)
+                return True
+            if seen.state == "queued":  # the cluster took it back (Kueue's preemption)
+                await self._stop_processes(job)
+                if job.restarts >= job.spec.max_restarts:
+                    why = f"{seen.reason}; out of restarts ({job.spec.max_restarts})"
+                    self._finish(job_id, "failed", why, seen.exit_codes)
+                else:
+                    why = f"{seen.reason}; requeued"
+                    self._finish(job_id, "queued", why, restarts=job.restarts + 1)
                 return True
             if seen.state == "running" and job.state == "starting":
                 job = self._save(transition(job, "running", "all ranks running", self.now()))

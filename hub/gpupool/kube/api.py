@@ -77,10 +77,11 @@ class Gone(Exception):
 
 
 class ClusterAPI:
-    """Lists and watches ``nodes`` (cluster-wide, matching ``node_selector``) and ``pods`` (in
-    ``namespace``, matching ``pod_selector``) as API JSON, through ``kubernetes_asyncio``: the
-    one seam between :mod:`gpupool.kube.reconcile` and the API server (tests point
-    ``KUBECONFIG`` at a stand-in, or pass any object with these two methods).
+    """Lists and watches ``nodes`` (cluster-wide, matching ``node_selector``), ``pods`` (in
+    ``namespace``, matching ``pod_selector``) and ``tenants`` (every namespace's pods) as API
+    JSON, through ``kubernetes_asyncio``: the one seam between :mod:`gpupool.kube.reconcile`
+    and the API server (tests point ``KUBECONFIG`` at a stand-in, or pass any object with these
+    two methods).
 
     ``list(kind)`` gives ``(items, resourceVersion)``; ``watch(kind, resource_version,
     timeout_s)`` yields ``(type, object)`` events (``ADDED``, ``MODIFIED``, ``DELETED``, and
@@ -96,7 +97,7 @@ class ClusterAPI:
         pod_selector: str | None = "gpupool.io/team",
     ) -> None:
         self.namespace = namespace
-        self.selectors = {"nodes": node_selector, "pods": pod_selector}
+        self.selectors = {"nodes": node_selector, "pods": pod_selector, "tenants": None}
         self._api: Any = None
 
     async def _client(self) -> Any:
@@ -114,6 +115,8 @@ class ClusterAPI:
             kwargs["label_selector"] = self.selectors[kind]
         if kind == "nodes":
             return core.list_node, (), kwargs
+        if kind == "tenants":  # every namespace's pods (gpupool.kube.tenants)
+            return core.list_pod_for_all_namespaces, (), kwargs
         return core.list_namespaced_pod, (self.namespace,), kwargs
 
     async def list(self, kind: str) -> tuple[list[dict[str, Any]], str]:

@@ -18,6 +18,11 @@ Vocabulary
   Failed`` never replaces it, nor does the Job ever get its terminal condition), or Pending
   unschedulable while bound (``metadata.name``) to a node that is not ready (the job's nodes are
   fixed, one pod on each). A job with one is stopped and fails with the node's reason.
+- *taken back*: a Job with a Kueue queue that Kueue admitted and then preempted: Kueue sets
+  ``spec.suspend: true`` again and clears ``startTime``, the Job controller deletes its pods and
+  sets ``Suspended`` as at creation, so the Job alone cannot tell it from one never admitted; the
+  backend says whether it saw it admitted. Observed as ``queued``: the hub stops it and releases
+  its GPUs (see :mod:`gpupool.kube.jobs`).
 
 Contract: pure, no API calls; :mod:`gpupool.kube.jobs` fetches the objects and calls these.
 """
@@ -176,9 +181,11 @@ def observe_objects(
     pods: Sequence[Mapping[str, Any]],
     nodes: int,
     gpus: int = 1,
+    admitted: bool = False,
 ) -> Observation:
     """What a Job and its pods say about the job (see the module's contract); ``exit_codes``
-    per rank (``gpus`` ranks per node)."""
+    per rank (``gpus`` ranks per node). ``admitted``: Kueue had admitted the Job before (see
+    *taken back*), so a suspended Job with a queue is ``queued``, not waiting."""
     conditions = _conditions(job_object)
     node_codes = node_exit_codes(pods)
     codes = rank_exit_codes(node_codes, gpus)
@@ -189,6 +196,8 @@ def observe_objects(
         return Observation("failed", why, codes)
     if "Suspended" in conditions or (job_object.get("spec") or {}).get("suspend"):
         queue = ((job_object.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+        if queue and admitted:
+            return Observation("queued", taken_back_reason(queue), codes)
         why = f"waiting for Kueue to admit it (queue {queue})" if queue else "suspended"
         return Observation("starting", why, codes)
     latest = latest_pods(pods)
@@ -200,6 +209,14 @@ def observe_objects(
     if len(up) == nodes:  # every node has started (a failed one until the controller acts)
         return Observation("running", running_reason(latest, nodes), codes)
     return Observation("starting", waiting_reason(latest, nodes, len(up)), codes)
+
+
+def taken_back_reason(queue: str) -> str:
+    """Why a *taken back* job stops (the hub then requeues it or, out of restarts, fails it)."""
+    return (
+        f"preempted by Kueue (queue {queue}): its Job was suspended after admission and its "
+        "pods deleted, so its GPUs are released"
+    )
 
 
 def running_reason(latest: Mapping[int, Mapping[str, Any]], nodes: int) -> str:

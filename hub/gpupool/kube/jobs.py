@@ -29,7 +29,13 @@ them cannot be created the Job is deleted and takes the others along. ``check`` 
 only to stop a job one of whose nodes was lost: the Job's conditions decide the end (``Complete``,
 or ``Failed`` with its reason: ``BackoffLimitExceeded``, ``DeadlineExceeded``,
 ``PodFailurePolicy``); before that ``running`` means every node's pod runs (or has succeeded),
-``starting`` says what the others wait for. A job with a *stranded pod*
+``starting`` says what the others wait for (Kueue's admission, for a Job still suspended), and
+``queued`` that Kueue took the job back (*taken back* in :mod:`gpupool.kube.job_status`: a Job
+suspended again after this hub saw it resumed, or while the job was ``running``): the manager
+deletes it, releases its GPUs and requeues it, and its next start is a new Job that waits for
+Kueue's admission again. A hub restarted between Kueue's admission and the job's ``running``
+does not know it was admitted: such a Job taken back then waits for Kueue as before, holding
+its GPUs. A job with a *stranded pod*
 (:func:`gpupool.kube.job_status.stranded_pods`, the nodes read with a ``GET`` each, only for pods
 being deleted or unschedulable) would never end before its deadline: its Job is deleted
 (``Background``: the other pods stop) and, once no other pod is left running, the job is ``failed``
@@ -105,6 +111,8 @@ class KubeJobBackend(KubeJobSettings):
         self._configuration: Any = None
         self._stopped: dict[str, str] = {}
         """Why this hub deleted a job's Job (its stranded pods' reason), by job id."""
+        self._admitted: set[str] = set()
+        """Jobs whose Job this hub saw resumed by Kueue (job ids; see *taken back*)."""
         self.private_network = bool(self.network_policy)
         self.network_note = (
             "private: each job has a NetworkPolicy of its own (its pods and DNS only; the "
@@ -342,7 +350,12 @@ class KubeJobBackend(KubeJobSettings):
                     for p in await self._pods(api, ref.namespace, selector)
                     if _owned_by(p, obj["metadata"]["uid"])
                 ]
-                seen = observe_objects(obj, pods, job.spec.nodes, job.spec.gpus)
+                if not (obj.get("spec") or {}).get("suspend"):
+                    self._admitted.add(job.id)
+                admitted = job.state == "running" or job.id in self._admitted
+                seen = observe_objects(obj, pods, job.spec.nodes, job.spec.gpus, admitted)
+                if seen.state == "queued" or seen.ended:
+                    self._admitted.discard(job.id)  # a next start is a new Job
                 if seen.ended:
                     return seen
                 stranded = await self._stranded(api, pods)

@@ -22,6 +22,13 @@ Vocabulary
   (:func:`gpupool.kube.nodes.not_ready_reason`): the taint eviction controller deleted it (its
   ``tolerationSeconds``, 300 s by default, passed) or someone did, and the node's kubelet will
   never confirm, so it stays Terminating while its server is gone. It counts as no pod.
+- *tenant pods* (:mod:`gpupool.kube.tenants`): a third reflector, ``tenants``, lists and watches
+  every namespace's pods (kept as digests); the GPUs other pods use on the pool's nodes are in
+  *outside use* (:meth:`Pool.set_outside_use`, with "used by pod ns/name"), kept current on
+  every pod or node change. All pods are listed and filtered here rather than through a field
+  selector (``spec.nodeName!=``): which pods matter is decided by their resource requests,
+  which no selector can express, and one unfiltered watch never sees a pod appear or vanish
+  because a field changed.
 - *drift* (:func:`plan_drift`, the metric ``gpupool_kube_drift_total{kind}``):
   ``released``: a notebook allocation older than ``grace`` whose pod is gone and whose server
   JupyterHub no longer records (neither its ``ref`` "user/server" nor its id): released;
@@ -75,6 +82,7 @@ from gpupool.core.ledger import Allocation, Device, Ledger
 from gpupool.kube.api import ClusterAPI, Gone
 from gpupool.kube.nodes import inventory_from_nodes, not_ready_reason
 from gpupool.kube.settings import default_namespace
+from gpupool.kube.tenants import digest, tenant_use
 from gpupool.pool import Pool
 
 log = logging.getLogger("gpupool")
@@ -179,6 +187,7 @@ def swap_inventory(pool: Pool, nodes: Iterable[Mapping[str, Any]]) -> dict[str, 
         if (inventory.nodes, inventory.notes) == (ledger.inventory.nodes, ledger.inventory.notes):
             return None
         fresh = Ledger(inventory, ledger.offers, ledger.teams, ledger.everyone, ledger.policy)
+        fresh.set_outside_use(ledger.outside)  # the tenants' pods are followed on
         restored, lost = fresh.restore(ledger.allocations.values())
         if lost:
             pool.log.error(
@@ -465,6 +474,8 @@ class KubeReconciler(LoggingConfigurable):
         self.clock = clock
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.tenants: dict[tuple[str, str], dict[str, Any]] = {}
+        """Every namespace's pods, as :func:`gpupool.kube.tenants.digest` keeps them."""
         self.synced: set[str] = set()
         self.versions: dict[str, str] = {}
         """The resourceVersion each reflector's cache is at."""
@@ -494,7 +505,7 @@ class KubeReconciler(LoggingConfigurable):
             loop = asyncio.get_running_loop()
             self._tasks = [
                 loop.create_task(self.reflect(kind), name=f"gpupool: watching {kind}")
-                for kind in ("nodes", "pods")
+                for kind in ("nodes", "pods", "tenants")
             ]
             self.checker.start()
 
@@ -527,15 +538,21 @@ class KubeReconciler(LoggingConfigurable):
         """List, then watch from the list's version; resume after a watch ends, list again on
         410 Gone, retry after ``retry`` on any other failure (logged). The version seen last
         is :attr:`versions` ``[kind]``."""
-        cache: dict[Any, dict[str, Any]] = self.nodes if kind == "nodes" else self.pods
+        caches: dict[str, dict[Any, dict[str, Any]]] = {
+            "nodes": self.nodes,
+            "pods": self.pods,
+            "tenants": self.tenants,
+        }
+        cache = caches[kind]
         key = _name if kind == "nodes" else _namespaced
+        keep = digest if kind == "tenants" else (lambda o: o)
         version = ""
         while True:
             try:
                 if not version:
                     items, version = await self.api.list(kind)
                     cache.clear()
-                    cache.update({key(o): o for o in items})
+                    cache.update({key(o): keep(o) for o in items})
                     self.versions[kind] = version
                     self.synced.add(kind)
                     self._changed(kind)
@@ -551,7 +568,7 @@ class KubeReconciler(LoggingConfigurable):
                         if event == "DELETED":
                             cache.pop(key(obj), None)
                         else:
-                            cache[key(obj)] = obj
+                            cache[key(obj)] = keep(obj)
                         self._changed(kind)
             except Gone as e:
                 self.log.info("gpupool: watching %s: %s; listing again", kind, e)
@@ -569,7 +586,20 @@ class KubeReconciler(LoggingConfigurable):
     def _changed(self, kind: str) -> None:
         if kind == "nodes":
             self.apply_nodes()
+        if kind in ("nodes", "tenants"):
+            self.apply_tenants()
         self.checker.kick()
+
+    def apply_tenants(self) -> None:
+        """Put the devices *tenant pods* use in outside use (logged by the pool as they close
+        and open); nothing before the first list of every namespace's pods."""
+        if "tenants" not in self.synced:
+            return
+        reasons = self.pool.deciding(
+            lambda ledger: tenant_use(self.tenants.values(), ledger, self.namespace, TEAM_LABEL)
+        )
+        if reasons != self.pool.ledger.outside:
+            self.pool.set_outside_use(reasons)  # type: ignore[arg-type]
 
     # -- nodes --------------------------------------------------------------------------------
     def apply_nodes(self) -> None:

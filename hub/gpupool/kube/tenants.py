@@ -1,0 +1,117 @@
+"""GPUs other pods use: every pod bound to a GPU node, in any namespace, that gpupool's ledger
+does not count.
+
+Vocabulary:
+
+- *tenant pod*: a pod bound to a node (``spec.nodeName``), not ended (phase neither ``Succeeded``
+  nor ``Failed``; a terminating one still counts, as kube-scheduler counts it until it is gone),
+  that requests GPU resources, and is not one of this hub's own pods (in its namespace with
+  gpupool's team label: the ledger counts those). Another gpupool release's pods are tenants.
+- *GPU resources*: ``nvidia.com/gpu`` (and a GPU's share resource), ``nvidia.com/mig-<profile>``.
+
+Contract: :func:`tenant_use` maps the ledger's devices a node's tenant pods take to why
+(``"k8s-n-gpu0 is used by pod ml/train (2 GPUs on n)"``); the reconciler hands that to
+:meth:`gpupool.pool.Pool.set_outside_use`, the same *outside use* the local device watch sets,
+so nothing new is placed there. Which of a node's devices the pod has is the device plugin's
+choice, unknown here: devices no allocation holds are taken first (the count is what
+matters to the scheduler's NodeResourcesFit)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpupool.core.ledger import Ledger
+
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_PREFIX = "nvidia.com/mig-"
+
+
+def gpu_requests(pod: Mapping[str, Any]) -> dict[str, int]:
+    """The pod's effective GPU requests (``nvidia.com/…``; requests, or limits where no request
+    is given, as extended resources must be equal): the sum over containers, or the most any
+    one init container asks where that is more (``computePodResourceRequest``)."""
+
+    def of(container: Mapping[str, Any]) -> dict[str, int]:
+        res = container.get("resources") or {}
+        merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        return {k: int(float(str(v))) for k, v in merged.items() if k.startswith("nvidia.com/")}
+
+    spec = pod.get("spec") or {}
+    total: dict[str, int] = defaultdict(int)
+    for c in spec.get("containers") or []:
+        for k, v in of(c).items():
+            total[k] += v
+    for c in spec.get("initContainers") or []:
+        for k, v in of(c).items():
+            total[k] = max(total[k], v)
+    return {k: v for k, v in total.items() if v > 0}
+
+
+def digest(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What the reconciler keeps of a cluster-wide pod (all of a cluster's pods would be many):
+    its metadata's name, namespace, labels and resourceVersion, node, phase, GPU requests."""
+    meta = pod.get("metadata") or {}
+    return {
+        "metadata": {
+            k: meta[k]
+            for k in ("name", "namespace", "labels", "resourceVersion", "deletionTimestamp")
+            if k in meta
+        },
+        "node": (pod.get("spec") or {}).get("nodeName") or "",
+        "phase": (pod.get("status") or {}).get("phase") or "",
+        "gpus": gpu_requests(pod),
+    }
+
+
+def is_tenant(pod: Mapping[str, Any], namespace: str, own_label: str) -> bool:
+    """Whether a :func:`digest` is a *tenant pod* for the hub of ``namespace``."""
+    meta = pod["metadata"]
+    own = meta.get("namespace") == namespace and own_label in (meta.get("labels") or {})
+    return bool(pod["node"] and pod["gpus"] and pod["phase"] not in ("Succeeded", "Failed")) and (
+        not own
+    )
+
+
+def tenant_use(
+    pods: Iterable[Mapping[str, Any]], ledger: Ledger, namespace: str, own_label: str
+) -> dict[str, str]:
+    """Device -> why, for the devices the *tenant pods* among ``pods`` (digests) take."""
+    held = {d.gpu for a in ledger.allocations.values() for d in a.devices}
+    held |= {d.instance for a in ledger.allocations.values() for d in a.devices if d.instance}
+    nodes = {n.name: n for n in ledger.inventory.nodes}
+    out: dict[str, str] = {}
+    for pod in sorted(
+        pods, key=lambda p: (p["metadata"].get("namespace", ""), p["metadata"]["name"])
+    ):
+        node = nodes.get(pod["node"])
+        if node is None or not is_tenant(pod, namespace, own_label):
+            continue
+        who = f"pod {pod['metadata'].get('namespace', '')}/{pod['metadata']['name']}"
+        for resource, count in sorted(pod["gpus"].items()):
+            if resource.startswith(MIG_PREFIX):
+                profile = resource[len(MIG_PREFIX) :]
+                devices = [
+                    i.uuid
+                    for g in node.gpus
+                    for i in g.instances
+                    if i.profile == profile and i.uuid and i.uuid not in out
+                ]
+                what = f"{count} {profile} instance{'s' * (count != 1)}"
+            else:
+                devices = [
+                    g.uuid
+                    for g in node.gpus
+                    if not g.mig_enabled
+                    and g.uuid not in out
+                    and (
+                        resource == (g.share_resource or GPU_RESOURCE)
+                        or (resource == GPU_RESOURCE and g.share_resource is None)
+                    )
+                ]
+                what = f"{count} GPU{'s' * (count != 1)}"
+            devices.sort(key=lambda d: d in held)  # free ones first (a stable sort)
+            for device in devices[:count]:
+                out[device] = f"{device} is used by {who} ({what} on {node.name})"
+    return out

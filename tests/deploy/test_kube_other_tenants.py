@@ -1,0 +1,140 @@
+"""Issue 26 §2: GPU pods gpupool did not make (another namespace's, another release's) take GPUs
+on the pool's nodes; the hub counts them as *outside use* (:mod:`gpupool.kube.tenants`).
+
+The stand-in schedules as kube-scheduler's NodeResourcesFit does: a pod fits a node only in its
+allocatable less the requests of every pod bound there, whatever its namespace."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpupool.core import Ledger, NoCapacity, Offer, Team
+from gpupool.kube.api import ClusterAPI
+from gpupool.kube.nodes import inventory_from_nodes
+from gpupool.kube.reconcile import KubeReconciler
+from gpupool.pool import Pool
+from gpupool.store import Store
+from tests.conftest import gpu_node_labels, kubeconfig, node
+from tests.deploy.kube_api import Served, served
+
+NS = "jhub"
+OFFERS = {"h100": Offer("h100", "gpu", model="H100-80GB", max_count=8)}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
+    with served() as server:
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "kubeconfig", server.url)))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        yield server
+
+
+def four_h100(name: str) -> dict[str, Any]:
+    labels = gpu_node_labels("NVIDIA-H100-80GB-HBM3", "81559", 4, "all-disabled")
+    return node(name, labels, {"nvidia.com/gpu": "4"})
+
+
+def gpu_pod(
+    server: Served, namespace: str, name: str, gpus: int, labels: dict[str, str], on: str
+) -> str:
+    """A pod asking ``gpus`` GPUs, pinned to node ``on`` by node affinity (as gpupool pins
+    its pods), given to the stand-in's scheduler; returns what became of it."""
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "nvcr.io/nvidia/pytorch:25.01-py3",
+                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                }
+            ],
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchFields": [
+                                    {"key": "metadata.name", "operator": "In", "values": [on]}
+                                ]
+                            }
+                        ]
+                    }
+                }
+            },
+        },
+    }
+    with server.api.lock:
+        code, reply = server.api.create("pods", namespace, body)
+        assert code == 201, reply
+        return server.api.schedule(namespace, name)
+
+
+async def until(what: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def test_another_namespaces_gpu_pod_closes_its_gpus_to_placement(
+    cluster: Served, tmp_path: Path
+) -> None:
+    cluster.api.add_node(four_h100("gpu-a"))
+    assert gpu_pod(cluster, "ml", "train", 2, {"app": "train"}, "gpu-a") == "Running"
+    with cluster.api.lock:
+        nodes = list(cluster.api.nodes.values())
+    ledger = Ledger(inventory_from_nodes(nodes), OFFERS, {"big": Team("big", 1_000_000)})
+    pool = Pool(ledger, Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}"))
+    reconciler = KubeReconciler(
+        pool, ClusterAPI(NS), namespace=NS, grace=0.0, period=0.2, retry=0.1
+    )
+    team = {"gpupool.io/team": "big"}
+
+    async def main() -> None:
+        reconciler.start()
+        try:
+            await until(lambda: "tenants" in reconciler.synced)
+            # today's main granted all 4 GPUs, and the pod asking them waited:
+            # "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+            with pytest.raises(NoCapacity, match=r"used by pod ml/train \(2 GPUs on gpu-a\)"):
+                pool.allocate("ada", ["big"], "h100", 4, team="big", ref="ada/")
+            a = pool.allocate("ada", ["big"], "h100", 2, team="big", ref="ada/")
+            assert gpu_pod(cluster, NS, "jupyter-ada", 2, team, "gpu-a") == "Running"
+            assert len(pool.ledger.outside) == 2  # gpupool's own pod is the ledger's, not outside
+            assert not {d.gpu for d in a.devices} & set(pool.ledger.outside)
+
+            with cluster.api.lock:  # the other tenant's pod ends: its GPUs are free again
+                cluster.api.delete("pods", "ml", "train")
+            await until(lambda: not pool.ledger.outside)
+            b = pool.allocate("bob", ["big"], "h100", 2, team="big", ref="bob/")
+            assert gpu_pod(cluster, NS, "jupyter-bob", 2, team, "gpu-a") == "Running"
+            assert b.node == "gpu-a"
+        finally:
+            await reconciler.stop()
+
+    asyncio.run(main())
+
+
+def test_a_pod_asking_more_than_a_node_has_left_waits_whatever_its_namespace(
+    cluster: Served,
+) -> None:
+    """The stand-in as NodeResourcesFit: the other namespace's requests count on the node."""
+    cluster.api.add_node(four_h100("gpu-a"))
+    assert gpu_pod(cluster, "ml", "train", 2, {}, "gpu-a") == "Running"
+    assert gpu_pod(cluster, NS, "jupyter-ada", 4, {"gpupool.io/team": "big"}, "gpu-a") == (
+        "Unschedulable"
+    )
+    with cluster.api.lock:
+        pod = cluster.api.objects["pods"][NS, "jupyter-ada"]
+    message = pod["status"]["conditions"][0]["message"]
+    assert message == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
