@@ -138,3 +138,38 @@ def test_a_pod_asking_more_than_a_node_has_left_waits_whatever_its_namespace(
         pod = cluster.api.objects["pods"][NS, "jupyter-ada"]
     message = pod["status"]["conditions"][0]["message"]
     assert message == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+
+
+def test_a_second_release_on_the_same_nodes_is_named_and_its_gpus_left_out(
+    cluster: Served, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another gpupool release (namespace ``jhub2``) runs a notebook on this pool's node: its
+    GPUs are other tenants' here, and the hub says two releases manage the same nodes."""
+    cluster.api.add_node(four_h100("gpu-a"))
+    labels = {"gpupool.io/team": "big", "gpupool.io/allocation": "0123abcd"}
+    assert gpu_pod(cluster, "jhub2", "jupyter-eve", 3, labels, "gpu-a") == "Running"
+    with cluster.api.lock:
+        nodes = list(cluster.api.nodes.values())
+    ledger = Ledger(inventory_from_nodes(nodes), OFFERS, {"big": Team("big", 1_000_000)})
+    pool = Pool(ledger, Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}"))
+    reconciler = KubeReconciler(
+        pool, ClusterAPI(NS), namespace=NS, grace=0.0, period=0.2, retry=0.1
+    )
+
+    async def main() -> None:
+        reconciler.start()
+        try:
+            await until(lambda: len(pool.ledger.outside) == 3)
+            with pytest.raises(NoCapacity, match="used by pod jhub2/jupyter-eve"):
+                pool.allocate("ada", ["big"], "h100", 2, team="big", ref="ada/")
+        finally:
+            await reconciler.stop()
+
+    asyncio.run(main())
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [
+        "gpupool: another gpupool release (namespace jhub2) runs GPU pods on this pool's "
+        "node(s) gpu-a: two releases must not manage the same nodes; its pods' GPUs are left "
+        "out here, but give each release its own nodes (gpupool.inventory: "
+        "kubernetes:<node label selector>)"
+    ]

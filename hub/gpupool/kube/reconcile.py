@@ -82,7 +82,7 @@ from gpupool.core.ledger import Allocation, Device, Ledger
 from gpupool.kube.api import ClusterAPI, Gone
 from gpupool.kube.nodes import inventory_from_nodes, not_ready_reason
 from gpupool.kube.settings import default_namespace
-from gpupool.kube.tenants import digest, tenant_use
+from gpupool.kube.tenants import digest, other_releases, tenant_use
 from gpupool.pool import Pool
 
 log = logging.getLogger("gpupool")
@@ -476,6 +476,7 @@ class KubeReconciler(LoggingConfigurable):
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.tenants: dict[tuple[str, str], dict[str, Any]] = {}
         """Every namespace's pods, as :func:`gpupool.kube.tenants.digest` keeps them."""
+        self._other_releases: set[str] = set()
         self.synced: set[str] = set()
         self.versions: dict[str, str] = {}
         """The resourceVersion each reflector's cache is at."""
@@ -600,6 +601,19 @@ class KubeReconciler(LoggingConfigurable):
         )
         if reasons != self.pool.ledger.outside:
             self.pool.set_outside_use(reasons)  # type: ignore[arg-type]
+        nodes = [n.name for n in self.pool.inventory.nodes]
+        others = other_releases(self.tenants.values(), nodes, self.namespace, TEAM_LABEL)
+        for ns, where in sorted(others.items()):
+            if ns not in self._other_releases:
+                self.log.error(
+                    "gpupool: another gpupool release (namespace %s) runs GPU pods on this "
+                    "pool's node(s) %s: two releases must not manage the same nodes; its pods' "
+                    "GPUs are left out here, but give each release its own nodes "
+                    "(gpupool.inventory: kubernetes:<node label selector>)",
+                    ns,
+                    ", ".join(sorted(where)),
+                )
+        self._other_releases = set(others)
 
     # -- nodes --------------------------------------------------------------------------------
     def apply_nodes(self) -> None:

@@ -9,6 +9,9 @@ Vocabulary:
   gpupool's team label: the ledger counts those). Another gpupool release's pods are tenants.
 - *GPU resources*: ``nvidia.com/gpu`` (and a GPU's share resource), ``nvidia.com/mig-<profile>``.
 
+- *another release*: a tenant pod with gpupool's team label (:func:`other_releases`): the
+  hub logs an error naming its namespace and the nodes, once per namespace while it lasts.
+
 Contract: :func:`tenant_use` maps the ledger's devices a node's tenant pods take to why
 (``"k8s-n-gpu0 is used by pod ml/train (2 GPUs on n)"``); the reconciler hands that to
 :meth:`gpupool.pool.Pool.set_outside_use`, the same *outside use* the local device watch sets,
@@ -72,6 +75,24 @@ def is_tenant(pod: Mapping[str, Any], namespace: str, own_label: str) -> bool:
     return bool(pod["node"] and pod["gpus"] and pod["phase"] not in ("Succeeded", "Failed")) and (
         not own
     )
+
+
+def other_releases(
+    pods: Iterable[Mapping[str, Any]], nodes: Iterable[str], namespace: str, own_label: str
+) -> dict[str, set[str]]:
+    """Namespace -> the pool's ``nodes`` where another gpupool release (pods of another
+    namespace with gpupool's label) runs GPU pods: two releases manage the same nodes."""
+    names = set(nodes)
+    out: dict[str, set[str]] = defaultdict(set)
+    for pod in pods:
+        meta = pod["metadata"]
+        if (
+            pod["node"] in names
+            and own_label in (meta.get("labels") or {})
+            and is_tenant(pod, namespace, own_label)
+        ):
+            out[meta.get("namespace", "")].add(pod["node"])
+    return dict(out)
 
 
 def tenant_use(
