@@ -20,7 +20,7 @@ from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.kube.reconcile import KubeReconciler
 from gpupool.pool import Pool
 from gpupool.store import Store
-from tests.conftest import gpu_node_labels, kubeconfig, node
+from tests.conftest import a100_mixed_node, gpu_node_labels, kubeconfig, node, shared_node
 from tests.deploy.kube_api import Served, served
 
 NS = "jhub"
@@ -41,10 +41,16 @@ def four_h100(name: str) -> dict[str, Any]:
 
 
 def gpu_pod(
-    server: Served, namespace: str, name: str, gpus: int, labels: dict[str, str], on: str
+    server: Served,
+    namespace: str,
+    name: str,
+    gpus: int,
+    labels: dict[str, str],
+    on: str,
+    resource: str = "nvidia.com/gpu",
 ) -> str:
-    """A pod asking ``gpus`` GPUs, pinned to node ``on`` by node affinity (as gpupool pins
-    its pods), given to the stand-in's scheduler; returns what became of it."""
+    """A pod asking ``gpus`` of ``resource``, pinned to node ``on`` by node affinity (as gpupool
+    pins its pods), given to the stand-in's scheduler; returns what became of it."""
     body = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -54,7 +60,7 @@ def gpu_pod(
                 {
                     "name": "main",
                     "image": "nvcr.io/nvidia/pytorch:25.01-py3",
-                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                    "resources": {"limits": {resource: str(gpus)}},
                 }
             ],
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
@@ -173,3 +179,89 @@ def test_a_second_release_on_the_same_nodes_is_named_and_its_gpus_left_out(
         "out here, but give each release its own nodes (gpupool.inventory: "
         "kubernetes:<node label selector>)"
     ]
+
+
+def reconciled_pool(cluster: Served, tmp_path: Path, offers: dict[str, Offer]) -> Pool:
+    with cluster.api.lock:
+        nodes = list(cluster.api.nodes.values())
+    ledger = Ledger(inventory_from_nodes(nodes), offers, {"big": Team("big", 1_000_000)})
+    return Pool(ledger, Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}"))
+
+
+def test_another_namespaces_mig_pod_closes_the_instances_of_its_profile(
+    cluster: Served, tmp_path: Path
+) -> None:
+    """A pod of namespace ``ml`` asking all seven ``nvidia.com/mig-3g.40gb`` of a mixed A100
+    node takes them (NodeResourcesFit counts every pod's MIG requests): no 3g.40gb instance is
+    left to grant, while the node's 1g.10gb instances stay open."""
+    cluster.api.add_node(a100_mixed_node("a100"))
+    mig = "nvidia.com/mig-3g.40gb"
+    assert gpu_pod(cluster, "ml", "finetune", 7, {}, "a100", resource=mig) == "Running"
+    offers = {
+        "mig-3g": Offer("mig-3g", "mig", model="A100-80GB", profile="3g.40gb"),
+        "mig-1g": Offer("mig-1g", "mig", model="A100-80GB", profile="1g.10gb"),
+    }
+    pool = reconciled_pool(cluster, tmp_path, offers)
+    reconciler = KubeReconciler(
+        pool, ClusterAPI(NS), namespace=NS, grace=0.0, period=0.2, retry=0.1
+    )
+
+    async def main() -> None:
+        reconciler.start()
+        try:
+            await until(lambda: len(pool.ledger.outside) == 7)
+            assert all(
+                why.endswith("is used by pod ml/finetune (7 3g.40gb instances on a100)")
+                for why in pool.ledger.outside.values()
+            )
+            with pytest.raises(NoCapacity, match=r"used by pod ml/finetune"):
+                pool.allocate("ada", ["big"], "mig-3g", 1, team="big", ref="ada/")
+            a = pool.allocate("ada", ["big"], "mig-1g", 1, team="big", ref="ada/")
+            assert a.node == "a100"
+            assert (
+                gpu_pod(
+                    cluster,
+                    NS,
+                    "jupyter-ada",
+                    1,
+                    {"gpupool.io/team": "big"},
+                    "a100",
+                    resource="nvidia.com/mig-1g.10gb",
+                )
+                == "Running"
+            )
+        finally:
+            await reconciler.stop()
+
+    asyncio.run(main())
+
+
+def test_another_namespaces_share_pod_closes_a_shared_gpu(cluster: Served, tmp_path: Path) -> None:
+    """A node whose four T4s the device plugin time-slices into four replicas each, renamed
+    to ``nvidia.com/gpu.shared``: a pod of namespace ``ml`` holding one replica takes a GPU
+    the ledger would give shares of (which replica is the plugin's choice: the ledger closes
+    one whole GPU), so the ledger's shares go to the other three."""
+    cluster.api.add_node(shared_node("t4", renamed=True))
+    shared = "nvidia.com/gpu.shared"
+    assert gpu_pod(cluster, "ml", "infer", 1, {}, "t4", resource=shared) == "Running"
+    offers = {"t4-quarter": Offer("t4-quarter", "share", model="T4-16GB", share_milli=250)}
+    pool = reconciled_pool(cluster, tmp_path, offers)
+    reconciler = KubeReconciler(
+        pool, ClusterAPI(NS), namespace=NS, grace=0.0, period=0.2, retry=0.1
+    )
+
+    async def main() -> None:
+        reconciler.start()
+        try:
+            await until(lambda: len(pool.ledger.outside) == 1)
+            ((gpu, why),) = pool.ledger.outside.items()
+            assert why == f"{gpu} is used by pod ml/infer (1 GPU on t4)"
+            granted = [
+                pool.allocate(u, ["big"], "t4-quarter", 1, team="big", ref=f"{u}/")
+                for u in ("u0", "u1", "u2")
+            ]
+            assert gpu not in {d.gpu for a in granted for d in a.devices}
+        finally:
+            await reconciler.stop()
+
+    asyncio.run(main())
