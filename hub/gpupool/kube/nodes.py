@@ -93,13 +93,62 @@ Layout = list[tuple[Profile, int]]
 def inventory_from_nodes(nodes: Iterable[Mapping[str, Any]]) -> Inventory:
     """The pool's inventory from node objects (see the module docstring), nodes by name."""
     notes: list[str] = []
-    built = [_node(obj, notes) for obj in sorted(nodes, key=_name)]
+    built = [_node(inventory_view(obj), notes) for obj in sorted(nodes, key=_name)]
     return Inventory(
         tuple(n for n in built if n is not None),
         source="kubernetes",
         simulated=False,
         notes=tuple(notes),
     )
+
+
+INVENTORY_LABELS = (
+    PRODUCT_LABEL,
+    COUNT_LABEL,
+    MEMORY_LABEL,
+    MIG_STRATEGY_LABEL,
+    MIG_CONFIG_LABEL,
+    REPLICAS_LABEL,
+    SHARING_LABEL,
+)
+"""The labels the inventory reads (not GFD's ``nvidia.com/gfd.timestamp``, rewritten every 60 s)."""
+
+
+def inventory_view(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a node object the inventory reads, and nothing else: its name, the
+    :data:`INVENTORY_LABELS`, HAMi's register annotation, ``spec.unschedulable`` and
+    ``spec.taints``, the ``nvidia.com/`` resources of ``status.allocatable`` and the ``Ready``
+    condition's status, reason and message (not its heartbeat). :func:`inventory_from_nodes`
+    builds from this view only, so two nodes with equal views give the same inventory: the
+    reconciler skips a watch event that leaves the view as it was (GFD's timestamp label, the
+    kubelet's heartbeat, any other controller's labels or annotations)."""
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    status = obj.get("status") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    allocatable = status.get("allocatable") or {}
+    return {
+        "metadata": {
+            "name": meta.get("name", ""),
+            "labels": {k: labels[k] for k in INVENTORY_LABELS if k in labels},
+            "annotations": {k: annotations[k] for k in (HAMI_ANNOTATION,) if k in annotations},
+        },
+        "spec": {
+            "unschedulable": bool(spec.get("unschedulable")),
+            "taints": [
+                {k: t[k] for k in ("key", "value", "effect") if k in t}
+                for t in spec.get("taints") or []
+            ],
+        },
+        "status": {
+            "allocatable": {k: v for k, v in allocatable.items() if k.startswith("nvidia.com/")},
+            "conditions": [
+                {k: c[k] for k in ("type", "status", "reason", "message") if k in c}
+                for c in status.get("conditions") or []
+                if c.get("type") == "Ready"
+            ],
+        },
+    }
 
 
 def mig_profile_name(resource: str) -> str:

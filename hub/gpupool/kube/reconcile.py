@@ -80,7 +80,7 @@ from gpupool.core.errors import UnknownAllocation
 from gpupool.core.inventory import GPU, Inventory, Node
 from gpupool.core.ledger import Allocation, Device, Ledger
 from gpupool.kube.api import ClusterAPI, Gone
-from gpupool.kube.nodes import inventory_from_nodes, not_ready_reason
+from gpupool.kube.nodes import inventory_from_nodes, inventory_view, not_ready_reason
 from gpupool.kube.settings import default_namespace
 from gpupool.kube.tenants import digest, other_releases, tenant_use
 from gpupool.pool import Pool
@@ -546,7 +546,9 @@ class KubeReconciler(LoggingConfigurable):
         }
         cache = caches[kind]
         key = _name if kind == "nodes" else _namespaced
-        keep = digest if kind == "tenants" else (lambda o: o)
+        # what the cache keeps of an object: all of a gpupool pod, the part of a node the
+        # inventory reads, what the tenants' count reads of any pod
+        keep = {"nodes": inventory_view, "tenants": digest}.get(kind, lambda o: o)
         version = ""
         while True:
             try:
@@ -569,7 +571,12 @@ class KubeReconciler(LoggingConfigurable):
                         if event == "DELETED":
                             cache.pop(key(obj), None)
                         else:
-                            cache[key(obj)] = keep(obj)
+                            kept = keep(obj)
+                            if cache.get(key(obj)) == kept:
+                                # nothing kept changed (GFD's timestamp label, the kubelet's
+                                # heartbeat, a pod's status): no new inventory, no lock taken
+                                continue
+                            cache[key(obj)] = kept
                         self._changed(kind)
             except Gone as e:
                 self.log.info("gpupool: watching %s: %s; listing again", kind, e)

@@ -54,13 +54,13 @@ def gpu_requests(pod: Mapping[str, Any]) -> dict[str, int]:
 
 def digest(pod: Mapping[str, Any]) -> dict[str, Any]:
     """What the reconciler keeps of a cluster-wide pod (all of a cluster's pods would be many):
-    its metadata's name, namespace, labels and resourceVersion, node, phase, GPU requests."""
+    its metadata's name, namespace, labels and deletionTimestamp, node, phase, GPU requests
+    (not its resourceVersion: a pod's status changes, where these stay, change nothing here,
+    and the reconciler skips them)."""
     meta = pod.get("metadata") or {}
     return {
         "metadata": {
-            k: meta[k]
-            for k in ("name", "namespace", "labels", "resourceVersion", "deletionTimestamp")
-            if k in meta
+            k: meta[k] for k in ("name", "namespace", "labels", "deletionTimestamp") if k in meta
         },
         "node": (pod.get("spec") or {}).get("nodeName") or "",
         "phase": (pod.get("status") or {}).get("phase") or "",
