@@ -248,6 +248,7 @@ bench: install
 	$(BIN)/python -m benchmarks.replay --model sharing --policy all --churn 2000 --seed 1
 	$(BIN)/python -m benchmarks.refusals
 	$(BIN)/python -m benchmarks.allocator
+	$(BIN)/python -m benchmarks.node_events
 	$(BIN)/python -m benchmarks.spawn
 	$(BIN)/python -m benchmarks.jobs
 	$(BIN)/python -m benchmarks.operations
