@@ -99,6 +99,11 @@ RESOURCES: dict[str, tuple[str, str, str]] = {
     "pods": ("", "v1", "Pod"),
     "jobs": ("batch", "batch/v1", "Job"),
     "networkpolicies": ("networking.k8s.io", "networking.k8s.io/v1", "NetworkPolicy"),
+    # stored like any object: the API server never expires a Lease (its registry,
+    # pkg/registry/coordination/lease, has no TTL; only kube-apiserver's own identity Leases
+    # are deleted once stale, by pkg/controlplane/controller/apiserverleasegc): whether one is
+    # held is its readers' judgement from spec.renewTime (gpupool.kube.claim)
+    "leases": ("coordination.k8s.io", "coordination.k8s.io/v1", "Lease"),
 }
 RETURNS_OBJECT_ON_DELETE = ("pods", "services")
 PLURALS = {kind: plural for plural, (_, _, kind) in RESOURCES.items()} | {"Node": "nodes"}
@@ -1456,10 +1461,12 @@ class Served:
         add("GET", "/api/v1/nodes", self._list_nodes)
         add("GET", "/api/v1/nodes/{name}", self._get_node)
         add("GET", "/api/v1/pods", self._list_all_pods)
+        add("GET", "/apis/coordination.k8s.io/v1/leases", self._list_all_leases)
         for prefix, plurals in (
             ("/api/v1", "configmaps|services|pods"),
             ("/apis/batch/v1", "jobs"),
             ("/apis/networking.k8s.io/v1", "networkpolicies"),
+            ("/apis/coordination.k8s.io/v1", "leases"),
         ):
             many = f"{prefix}/namespaces/{{ns}}/{{plural:{plurals}}}"
             add("GET", many, self._list)
@@ -1504,6 +1511,15 @@ class Served:
             return await self._watch(request, "pods", ALL)
         with self.api.lock:
             reply = self.api.list_objects("pods", ALL, request.query.get("labelSelector", ""))
+            return self._answer(request, copy.deepcopy(reply))
+
+    async def _list_all_leases(self, request: web.Request) -> web.StreamResponse:
+        """``GET /apis/coordination.k8s.io/v1/leases``: every namespace's Leases (a list)."""
+        self.api.requests.append((request.method, request.path, dict(request.query)))
+        if refused := self._refused("list", "leases", ALL):
+            return refused
+        with self.api.lock:
+            reply = self.api.list_objects("leases", ALL, request.query.get("labelSelector", ""))
             return self._answer(request, copy.deepcopy(reply))
 
     async def _get_node(self, request: web.Request) -> web.Response:

@@ -478,8 +478,13 @@ def test_the_hub_extra_config_loads_the_mounted_file(chart: helm.Chart) -> None:
 
 
 # -- RBAC --------------------------------------------------------------------------------------
-API_CALL = re.compile(r"\b(core|batch|networking)\.(\w+)\b")
-GROUPS = {"core": "", "batch": "batch", "networking": "networking.k8s.io"}
+API_CALL = re.compile(r"\b(core|batch|networking|coordination)\.(\w+)\b")
+GROUPS = {
+    "core": "",
+    "batch": "batch",
+    "networking": "networking.k8s.io",
+    "coordination": "coordination.k8s.io",
+}
 VERBS = {
     "create": "create",
     "read": "get",
@@ -561,17 +566,19 @@ def test_rbac_lets_the_reconciler_watch_nodes_cluster_wide_and_pods_in_its_names
     chart: helm.Chart,
 ) -> None:
     """Nodes are cluster-scoped: only a ClusterRole grants them, and it grants nothing else but
-    listing and watching every namespace's pods (other tenants' GPU requests), and nothing but
-    reading; gpupool's own pods are managed in the release's namespace, through its Role."""
+    listing and watching every namespace's pods (other tenants' GPU requests) and listing their
+    Leases (other releases' node claims), and nothing but reading; gpupool's own pods are
+    managed in the release's namespace, through its Role."""
     objects = render(chart, values_of("small"))
     cluster_wide = granted(objects, ("ClusterRole",))
     namespaced = granted(objects, ("Role",))
     for verb in ("list", "watch"):
         assert ("", "nodes", verb) in cluster_wide, f"no ClusterRole may {verb} nodes"
         assert ("", "pods", verb) in namespaced, f"the hub's Role may not {verb} pods"
-    assert {resource for _, resource, _ in cluster_wide} == {"nodes", "pods"}
+    assert {resource for _, resource, _ in cluster_wide} == {"nodes", "pods", "leases"}
     assert {verb for _, _, verb in cluster_wide} == {"get", "list", "watch"}
     assert {v for _, r, v in cluster_wide if r == "pods"} == {"list", "watch"}
+    assert {v for _, r, v in cluster_wide if r == "leases"} == {"list"}  # others' node claims
 
 
 def test_the_release_wide_job_policy_admits_dns_only(chart: helm.Chart) -> None:

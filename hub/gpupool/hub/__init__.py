@@ -131,7 +131,9 @@ def _kube_reconciler(
         return None
     selector = inventory.partition(":")[2].strip() or None
     records = reconciler.hub_records
-    return KubeReconciler(pool, records=records, node_selector=selector, config=c, log=logger)
+    kube = KubeReconciler(pool, records=records, node_selector=selector, config=c, log=logger)
+    kube.claim_nodes()  # another release on these nodes stops the hub here (gpupool.kube.claim)
+    return kube
 
 
 def _add_spawn_gate(hub: HubObjects) -> None:

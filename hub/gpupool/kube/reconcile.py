@@ -69,6 +69,7 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any, Protocol
 
 from prometheus_client import Counter as PromCounter
@@ -80,6 +81,7 @@ from gpupool.core.errors import UnknownAllocation
 from gpupool.core.inventory import GPU, Inventory, Node
 from gpupool.core.ledger import Allocation, Device, Ledger
 from gpupool.kube.api import ClusterAPI, Gone
+from gpupool.kube.claim import NodeClaim
 from gpupool.kube.nodes import inventory_from_nodes, inventory_view, not_ready_reason
 from gpupool.kube.settings import default_namespace
 from gpupool.kube.tenants import digest, other_releases, tenant_use
@@ -452,6 +454,14 @@ class KubeReconciler(LoggingConfigurable):
         again. Example: ``c.KubeReconciler.retry = 10``""",
     )
 
+    claim_seconds = Integer(
+        60,
+        config=True,
+        help="""Seconds this release's claim on its nodes lasts unrenewed (its Lease's
+        ``leaseDurationSeconds``; renewed every third of it): how long after this hub stops
+        another release may take the nodes. Example: ``c.KubeReconciler.claim_seconds = 120``""",
+    )
+
     @default("namespace")
     def _default_namespace(self) -> str:
         return default_namespace(self.config)
@@ -470,6 +480,9 @@ class KubeReconciler(LoggingConfigurable):
         super().__init__(**kwargs)
         self.pool = pool
         self.api: API = api or ClusterAPI(self.namespace, node_selector, TEAM_LABEL)
+        self.node_selector = node_selector
+        self.claim: NodeClaim | None = None
+        """This release's claim on the pool's nodes, once :meth:`claim_nodes` made it."""
         self.records = records
         self.clock = clock
         self.nodes: dict[str, dict[str, Any]] = {}
@@ -508,6 +521,9 @@ class KubeReconciler(LoggingConfigurable):
                 loop.create_task(self.reflect(kind), name=f"gpupool: watching {kind}")
                 for kind in ("nodes", "pods", "tenants")
             ]
+            if self.claim is not None:
+                renewing = self.claim.renewing(lambda: [n.name for n in self.pool.inventory.nodes])
+                self._tasks.append(loop.create_task(renewing, name="gpupool: node claim"))
             self.checker.start()
 
     async def stop(self) -> None:
@@ -523,6 +539,15 @@ class KubeReconciler(LoggingConfigurable):
                 await close()
             except Exception as e:
                 self.log.warning("gpupool: closing the Kubernetes client: %s", e)
+
+    def claim_nodes(self, clock: Callable[[], datetime] | None = None) -> None:
+        """Claim the pool's nodes for this release, at start (see :mod:`gpupool.kube.claim`):
+        raises a ``ConfigError`` naming another live release that claims any of them."""
+        claim = NodeClaim(self.namespace, self.node_selector, self.claim_seconds, log=self.log)
+        if clock is not None:
+            claim.clock = clock
+        claim.acquire_now(n.name for n in self.pool.inventory.nodes)
+        self.claim = claim
 
     def shutting_down(self) -> None:
         """The hub is going away (:func:`gpupool.hub.shutdown.watch` calls this, synchronously,
