@@ -3,12 +3,20 @@ rendering it with the JupyterHub chart (test modules never import each other).""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import helm_python as helm
+import kubernetes_validate
+import pytest
 import yaml
+
+from tests.deploy.crd_schemas import SCHEMAS, validate_custom
+from tests.deploy.kube_fixtures import K8S_VERSIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,3 +86,39 @@ def render_with_origin(
                     doc["metadata"].setdefault("namespace", NAMESPACE)
                 objects.append((path, doc))
     return objects
+
+
+def render(chart: helm.Chart, values: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every object the chart renders (no NOTES.txt), as Helm's template output has it."""
+    rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    objects = []
+    for path, text in sorted(rendered.items()):
+        if not path.endswith("NOTES.txt"):
+            objects += [doc for doc in yaml.safe_load_all(text) if doc]
+    return objects
+
+
+def validate_object(obj: dict[str, Any]) -> None:
+    """``obj`` against its CRD's schema, else against every Kubernetes version's (strict)."""
+    if (obj["apiVersion"], obj["kind"]) in SCHEMAS:
+        validate_custom(obj)
+    else:
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+@contextlib.contextmanager
+def z2jh_chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helm.Chart]:
+    """gpupool's chart with the JupyterHub chart in its charts/ (skips where there is none)."""
+    archive = z2jh_archive()
+    if archive is None:
+        pytest.skip(
+            f"the JupyterHub chart {dependency_version()} is neither in helm/gpupool/charts/ "
+            "(run `helm dependency build helm/gpupool`) nor in shared/charts/"
+        )
+    copy_ = tmp_path_factory.mktemp("chart") / "gpupool"
+    shutil.copytree(CHART, copy_, ignore=shutil.ignore_patterns("charts"))
+    (copy_ / "charts").mkdir()
+    shutil.copy(archive, copy_ / "charts")
+    with helm.Chart.load(copy_) as loaded:
+        yield loaded

@@ -7,7 +7,10 @@
   over the hub's objects, its pod as the API would receive it;
 - node binding and profiles: a bare spawner pod, the nodes a pod is bound to, KubeSpawner's real
   start and stop against the stand-in API server (:mod:`tests.deploy.kube_api`);
-- :func:`validate`: strict validation against the Kubernetes schemas (1.33 and the newest).
+- :func:`validate`: strict validation against the Kubernetes schemas (1.33 and the newest);
+- :func:`api_cluster`: the stand-in served, gpupool's client pointed at it; :func:`until`;
+- :func:`pooled_cluster`: the stand-in served over given nodes, KubeSpawner's and gpupool's
+  clients pointed at it, and the hub's pool over the same nodes.
 
 The fixtures (``kube``, ``pool``) are in ``tests/deploy/conftest.py``.
 """
@@ -15,13 +18,18 @@ The fixtures (``kube``, ``pool``) are in ``tests/deploy/conftest.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import kubernetes_asyncio.config.kube_config as kube_config
 import kubernetes_validate
+import pytest
 from kubernetes_asyncio.client import (
     ApiClient,
     Configuration,
@@ -34,6 +42,7 @@ from kubernetes_asyncio.client import (
 )
 from kubernetes_validate.utils import major_minor
 from kubespawner import KubeSpawner
+from kubespawner.clients import load_config
 from traitlets.config import Config
 
 from gpupool.core import Ledger, Offer, Request, Team
@@ -44,10 +53,11 @@ from gpupool.kube.jobs import KubeJobBackend
 from gpupool.kube.manifests import configmap_name, make_job
 from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.pool import Pool
+from gpupool.store import Store
 from gpupool_spawner.kube import KubeGPUSpawner
 from tests.accounts import shared_mode
-from tests.conftest import a100_mixed_node, h100_node
-from tests.deploy.kube_api import Served, StandIn
+from tests.conftest import a100_mixed_node, h100_node, kubeconfig
+from tests.deploy.kube_api import Served, StandIn, served
 
 # -- jobs ----------------------------------------------------------------------------------------
 K8S_VERSIONS = ("1.33", major_minor(kubernetes_validate.latest_version()))
@@ -457,3 +467,55 @@ def bound_to(pod: dict[str, Any]) -> set[str]:
 def gpu_quantities(pod: dict[str, Any], kind: str = "limits") -> dict[str, str]:
     quantities = notebook_container(pod).get("resources", {}).get(kind, {})
     return {k: v for k, v in quantities.items() if k.startswith("nvidia.com/")}
+
+
+@contextlib.contextmanager
+def pooled_cluster(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    nodes: list[dict[str, Any]],
+    offers: dict[str, Offer],
+    teams: dict[str, Team],
+    everyone: Team,
+) -> Iterator[tuple[Served, Pool]]:
+    """The stand-in serving ``nodes``, KubeSpawner's and gpupool's clients pointed at it
+    (``KUBECONFIG`` and KubeSpawner's cached default), and the hub's pool over the same nodes."""
+    with served() as server:
+        for obj in copy.deepcopy(nodes):
+            server.api.add_node(obj)
+        path = kubeconfig(tmp_path / "kubeconfig", server.url)
+        monkeypatch.setenv("KUBECONFIG", str(path))
+        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        load_config.cache_clear()
+        ledger = Ledger(inventory_from_nodes(nodes), offers, teams, everyone)
+        store = Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}")
+        try:
+            yield server, Pool(ledger, store)
+        finally:
+            store.close()
+            load_config.cache_clear()
+
+
+@contextlib.contextmanager
+def api_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
+    """The stand-in served, gpupool's own client (``KUBECONFIG``) pointed at it."""
+    with served() as server:
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "kubeconfig", server.url)))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        yield server
+
+
+async def until(what: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll ``what`` on the loop (the watches run meanwhile); fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def served_ledger(server: Served, offers: dict[str, Offer]) -> Ledger:
+    """A ledger over the nodes ``server`` has now, with one team ``big`` of ample quota."""
+    with server.api.lock:
+        nodes = list(server.api.nodes.values())
+    return Ledger(inventory_from_nodes(nodes), offers, {"big": Team("big", 1_000_000)})

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import helm_python as helm
-import kubernetes_validate
 import pytest
 import yaml
 from traitlets.config import Config
@@ -57,9 +56,10 @@ from tests.deploy.chart_fixtures import (
     ROOT,
     by_kind,
     merge,
+    render,
+    validate_object,
 )
-from tests.deploy.crd_schemas import SCHEMAS, validate_custom
-from tests.deploy.kube_fixtures import K8S_VERSIONS
+from tests.deploy.crd_schemas import validate_custom
 
 VALUES_FILES = ("small", "large")
 NO_DEPENDENCY = {"jupyterhub": {"enabled": False}}
@@ -74,16 +74,6 @@ def values_of(name: str) -> dict[str, Any]:
 def chart() -> Iterator[helm.Chart]:
     with helm.Chart.load(CHART) as loaded:
         yield loaded
-
-
-def render(chart: helm.Chart, values: dict[str, Any]) -> list[dict[str, Any]]:
-    rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
-    objects = []
-    for path, text in sorted(rendered.items()):
-        if path.endswith("NOTES.txt"):
-            continue
-        objects += [doc for doc in yaml.safe_load_all(text) if doc]
-    return objects
 
 
 def hub_config(objects: list[dict[str, Any]], tmp_path: Path) -> Config:
@@ -111,11 +101,7 @@ def test_every_object_is_valid_for_kubernetes(chart: helm.Chart, name: str) -> N
     assert {"ConfigMap", "Role", "RoleBinding", "ClusterRole", "NetworkPolicy"} <= kinds
     checked = 0
     for obj in objects:
-        if (obj["apiVersion"], obj["kind"]) in SCHEMAS:
-            validate_custom(obj)
-        else:
-            for version in K8S_VERSIONS:
-                kubernetes_validate.validate(obj, version, strict=True)
+        validate_object(obj)
         checked += 1
     assert checked == len(objects)
 

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import helm_python as helm
-import kubernetes_validate
 import pytest
 import yaml
 
@@ -51,27 +50,17 @@ from tests.deploy.chart_fixtures import (
     merge,
     render_all,
     render_with_origin,
+    validate_object,
     z2jh_archive,
+    z2jh_chart,
 )
-from tests.deploy.crd_schemas import SCHEMAS, validate_custom
-from tests.deploy.kube_fixtures import K8S_VERSIONS
 
 BASELINE = Path(__file__).with_name("checkov-baseline.txt")
 
 
 @pytest.fixture(scope="module")
 def full_chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helm.Chart]:
-    archive = z2jh_archive()
-    if archive is None:
-        pytest.skip(
-            f"the JupyterHub chart {dependency_version()} is neither in helm/gpupool/charts/ "
-            "(run `helm dependency build helm/gpupool`) nor in shared/charts/"
-        )
-    copy_ = tmp_path_factory.mktemp("chart") / "gpupool"
-    shutil.copytree(CHART, copy_, ignore=shutil.ignore_patterns("charts"))
-    (copy_ / "charts").mkdir()
-    shutil.copy(archive, copy_ / "charts")
-    with helm.Chart.load(copy_) as loaded:
+    with z2jh_chart(tmp_path_factory) as loaded:
         yield loaded
 
 
@@ -96,11 +85,7 @@ def test_every_object_with_the_jupyterhub_chart_is_valid(full_chart: helm.Chart,
     kinds = {o["kind"] for o in objects}
     assert {"Deployment", "Service", "Secret", "NetworkPolicy", "ConfigMap"} <= kinds
     for obj in objects:
-        if (obj["apiVersion"], obj["kind"]) in SCHEMAS:
-            validate_custom(obj)
-        else:
-            for version in K8S_VERSIONS:
-                kubernetes_validate.validate(obj, version, strict=True)
+        validate_object(obj)
 
 
 def test_gpupool_names_the_jupyterhub_charts_objects(full_chart: helm.Chart) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import re
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,11 +26,10 @@ from tests.deploy.chart_fixtures import (
     CHART,
     NAMESPACE,
     RELEASE,
-    dependency_version,
     merge,
     render_all,
     render_with_origin,
-    z2jh_archive,
+    z2jh_chart,
 )
 from tests.deploy.kube_api import tolerated
 
@@ -44,17 +42,7 @@ GKE_GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSched
 
 @pytest.fixture(scope="module")
 def full_chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helm.Chart]:
-    archive = z2jh_archive()
-    if archive is None:
-        pytest.skip(
-            f"the JupyterHub chart {dependency_version()} is neither in helm/gpupool/charts/ "
-            "(run `helm dependency build helm/gpupool`) nor in shared/charts/"
-        )
-    copy_ = tmp_path_factory.mktemp("chart") / "gpupool"
-    shutil.copytree(CHART, copy_, ignore=shutil.ignore_patterns("charts"))
-    (copy_ / "charts").mkdir()
-    shutil.copy(archive, copy_ / "charts")
-    with helm.Chart.load(copy_) as loaded:
+    with z2jh_chart(tmp_path_factory) as loaded:
         yield loaded
 
 

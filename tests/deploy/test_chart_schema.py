@@ -25,7 +25,6 @@ from typing import Any
 import helm_python as helm
 import jsonschema
 import pytest
-import yaml
 from traitlets.config import Config
 
 from gpupool.config import GPUPool
@@ -40,7 +39,7 @@ from gpupool.declarations import (
     parse_settings,
 )
 from gpupool.hub.fileconfig import load_config_file
-from tests.deploy.chart_fixtures import CHART, NAMESPACE, RELEASE, ROOT, by_kind, merge
+from tests.deploy.chart_fixtures import CHART, RELEASE, ROOT, by_kind, merge, render
 
 NO_DEPENDENCY = {"jupyterhub": {"enabled": False}}
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
@@ -128,15 +127,6 @@ TEAM_OFFERS = {"cpu": {"kind": "cpu"}, "share-small": {"memory": "6GB"}}
 def chart() -> Iterator[helm.Chart]:
     with helm.Chart.load(CHART) as loaded:
         yield loaded
-
-
-def render(chart: helm.Chart, values: dict[str, Any]) -> list[dict[str, Any]]:
-    rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
-    objects = []
-    for path, text in sorted(rendered.items()):
-        if not path.endswith("NOTES.txt"):
-            objects += [doc for doc in yaml.safe_load_all(text) if doc]
-    return objects
 
 
 def hub_config(objects: list[dict[str, Any]], tmp_path: Path) -> Config:

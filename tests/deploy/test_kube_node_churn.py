@@ -11,21 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpupool.core import Ledger, Offer, Team
+from gpupool.core import Ledger, Offer
 from gpupool.kube.api import ClusterAPI
 from gpupool.kube.nodes import inventory_from_nodes, inventory_view
 from gpupool.kube.reconcile import KubeReconciler
 from gpupool.pool import Pool
 from gpupool.store import Store
-from tests.conftest import a100_mixed_node, h100_node, hami_node, kubeconfig, shared_node
-from tests.deploy.kube_api import Served, served
+from tests.conftest import a100_mixed_node, h100_node, hami_node, shared_node
+from tests.deploy.kube_api import Served
+from tests.deploy.kube_fixtures import api_cluster, served_ledger, until
 
 NS = "jhub"
 OFFERS = {"h100": Offer("h100", "gpu", model="H100-80GB", max_count=8)}
@@ -43,17 +43,8 @@ class CountingPool(Pool):
 
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
-    with served() as server:
-        monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "kubeconfig", server.url)))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with api_cluster(tmp_path, monkeypatch) as server:
         yield server
-
-
-async def until(what: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not what():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
 
 
 def gfd_relabel(stamp: int) -> Callable[[dict[str, Any]], None]:
@@ -85,10 +76,9 @@ def test_timestamp_labels_and_heartbeats_do_not_take_the_pools_lock(
     now none does. A GPU count change still does, and the inventory follows it."""
     cluster.api.add_node(h100_node("gpu-a"))
     cluster.api.add_node(h100_node("gpu-b"))
-    with cluster.api.lock:
-        nodes = list(cluster.api.nodes.values())
-    ledger = Ledger(inventory_from_nodes(nodes), OFFERS, {"big": Team("big", 1_000_000)})
-    pool = CountingPool(ledger, Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}"))
+    pool = CountingPool(
+        served_ledger(cluster, OFFERS), Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}")
+    )
     reconciler = KubeReconciler(
         pool, ClusterAPI(NS), namespace=NS, grace=0.0, period=3600.0, retry=0.1
     )

@@ -27,8 +27,9 @@ from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.kube.reconcile import KubeReconciler
 from gpupool.pool import Pool
 from gpupool.store import Store
-from tests.conftest import h100_node, kubeconfig
-from tests.deploy.kube_api import Served, served
+from tests.conftest import h100_node
+from tests.deploy.kube_api import Served
+from tests.deploy.kube_fixtures import api_cluster
 
 OFFERS = {"h100": Offer("h100", "gpu", model="H100-80GB", max_count=8)}
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
@@ -36,9 +37,7 @@ T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
-    with served() as server:
-        monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "kubeconfig", server.url)))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with api_cluster(tmp_path, monkeypatch) as server:
         server.api.add_node(h100_node("gpu-a"))
         server.api.add_node(h100_node("gpu-b"))
         yield server

@@ -18,10 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import kubernetes_asyncio.config.kube_config as kube_config
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
-from kubespawner.clients import load_config
 
 from gpupool.core import Ledger, NoCapacity, Request, Team
 from gpupool.core.ledger import Allocation
@@ -29,9 +27,8 @@ from gpupool.kube.jobs import KubeJobBackend
 from gpupool.kube.manifests import job_name
 from gpupool.kube.nodes import inventory_from_nodes, not_ready_reason
 from gpupool.pool import Pool
-from gpupool.store import Store
 from gpupool_spawner.mixin import UnknownExit
-from tests.conftest import h100_node, kubeconfig
+from tests.conftest import h100_node
 from tests.deploy.kube_api import Served, StandIn, served
 from tests.deploy.kube_fixtures import (
     IMAGE,
@@ -39,6 +36,7 @@ from tests.deploy.kube_fixtures import (
     OFFERS,
     PROFILE_NS,
     a_job,
+    pooled_cluster,
     profile_spawner,
     start,
     started,
@@ -185,26 +183,11 @@ def test_a_lifecycle_taint_alone_leaves_a_node_out_and_condition_taints_are_not_
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Served, Pool]]:
     """The stand-in with two H100 user nodes, and the hub's pool over them."""
-    with served() as server:
-        for name in ("dgx-h100-1", LOST):
-            server.api.add_node(user_node(name))
-        path = kubeconfig(tmp_path / "kubeconfig", server.url)
-        monkeypatch.setenv("KUBECONFIG", str(path))
-        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        load_config.cache_clear()
-        ledger = Ledger(
-            inventory_from_nodes(nodes_of(server.api)),
-            OFFERS,
-            {"vision": Team("vision", 16000)},
-            Team("everyone", offers=frozenset({"cpu"})),
-        )
-        store = Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}")
-        try:
-            yield server, Pool(ledger, store)
-        finally:
-            store.close()
-            load_config.cache_clear()
+    nodes = [user_node(name) for name in ("dgx-h100-1", LOST)]
+    teams = {"vision": Team("vision", 16000)}
+    everyone = Team("everyone", offers=frozenset({"cpu"}))
+    with pooled_cluster(tmp_path, monkeypatch, nodes, OFFERS, teams, everyone) as made:
+        yield made
 
 
 async def poll_until_stopped(s: Any, timeout: float = 10.0) -> int:

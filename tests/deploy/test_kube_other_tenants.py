@@ -7,8 +7,7 @@ allocatable less the requests of every pod bound there, whatever its namespace."
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +19,9 @@ from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.kube.reconcile import KubeReconciler
 from gpupool.pool import Pool
 from gpupool.store import Store
-from tests.conftest import a100_mixed_node, gpu_node_labels, kubeconfig, node, shared_node
-from tests.deploy.kube_api import Served, served
+from tests.conftest import a100_mixed_node, gpu_node_labels, node, shared_node
+from tests.deploy.kube_api import Served
+from tests.deploy.kube_fixtures import api_cluster, served_ledger, until
 
 NS = "jhub"
 OFFERS = {"h100": Offer("h100", "gpu", model="H100-80GB", max_count=8)}
@@ -29,9 +29,7 @@ OFFERS = {"h100": Offer("h100", "gpu", model="H100-80GB", max_count=8)}
 
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
-    with served() as server:
-        monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "kubeconfig", server.url)))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with api_cluster(tmp_path, monkeypatch) as server:
         yield server
 
 
@@ -83,13 +81,6 @@ def gpu_pod(
         code, reply = server.api.create("pods", namespace, body)
         assert code == 201, reply
         return server.api.schedule(namespace, name)
-
-
-async def until(what: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not what():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
 
 
 def test_another_namespaces_gpu_pod_closes_its_gpus_to_placement(
@@ -182,10 +173,23 @@ def test_a_second_release_on_the_same_nodes_is_named_and_its_gpus_left_out(
 
 
 def reconciled_pool(cluster: Served, tmp_path: Path, offers: dict[str, Offer]) -> Pool:
-    with cluster.api.lock:
-        nodes = list(cluster.api.nodes.values())
-    ledger = Ledger(inventory_from_nodes(nodes), offers, {"big": Team("big", 1_000_000)})
-    return Pool(ledger, Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}"))
+    return Pool(served_ledger(cluster, offers), Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}"))
+
+
+def reconciling(pool: Pool, body: Callable[[], Awaitable[None]]) -> None:
+    """``body()`` while the hub's reconciler follows the cluster for ``pool``."""
+    reconciler = KubeReconciler(
+        pool, ClusterAPI(NS), namespace=NS, grace=0.0, period=0.2, retry=0.1
+    )
+
+    async def main() -> None:
+        reconciler.start()
+        try:
+            await body()
+        finally:
+            await reconciler.stop()
+
+    asyncio.run(main())
 
 
 def test_another_namespaces_mig_pod_closes_the_instances_of_its_profile(
@@ -202,38 +206,31 @@ def test_another_namespaces_mig_pod_closes_the_instances_of_its_profile(
         "mig-1g": Offer("mig-1g", "mig", model="A100-80GB", profile="1g.10gb"),
     }
     pool = reconciled_pool(cluster, tmp_path, offers)
-    reconciler = KubeReconciler(
-        pool, ClusterAPI(NS), namespace=NS, grace=0.0, period=0.2, retry=0.1
-    )
 
-    async def main() -> None:
-        reconciler.start()
-        try:
-            await until(lambda: len(pool.ledger.outside) == 7)
-            assert all(
-                why.endswith("is used by pod ml/finetune (7 3g.40gb instances on a100)")
-                for why in pool.ledger.outside.values()
+    async def body() -> None:
+        await until(lambda: len(pool.ledger.outside) == 7)
+        assert all(
+            why.endswith("is used by pod ml/finetune (7 3g.40gb instances on a100)")
+            for why in pool.ledger.outside.values()
+        )
+        with pytest.raises(NoCapacity, match=r"used by pod ml/finetune"):
+            pool.allocate("ada", ["big"], "mig-3g", 1, team="big", ref="ada/")
+        a = pool.allocate("ada", ["big"], "mig-1g", 1, team="big", ref="ada/")
+        assert a.node == "a100"
+        assert (
+            gpu_pod(
+                cluster,
+                NS,
+                "jupyter-ada",
+                1,
+                {"gpupool.io/team": "big"},
+                "a100",
+                resource="nvidia.com/mig-1g.10gb",
             )
-            with pytest.raises(NoCapacity, match=r"used by pod ml/finetune"):
-                pool.allocate("ada", ["big"], "mig-3g", 1, team="big", ref="ada/")
-            a = pool.allocate("ada", ["big"], "mig-1g", 1, team="big", ref="ada/")
-            assert a.node == "a100"
-            assert (
-                gpu_pod(
-                    cluster,
-                    NS,
-                    "jupyter-ada",
-                    1,
-                    {"gpupool.io/team": "big"},
-                    "a100",
-                    resource="nvidia.com/mig-1g.10gb",
-                )
-                == "Running"
-            )
-        finally:
-            await reconciler.stop()
+            == "Running"
+        )
 
-    asyncio.run(main())
+    reconciling(pool, body)
 
 
 def test_another_namespaces_share_pod_closes_a_shared_gpu(cluster: Served, tmp_path: Path) -> None:
@@ -246,22 +243,15 @@ def test_another_namespaces_share_pod_closes_a_shared_gpu(cluster: Served, tmp_p
     assert gpu_pod(cluster, "ml", "infer", 1, {}, "t4", resource=shared) == "Running"
     offers = {"t4-quarter": Offer("t4-quarter", "share", model="T4-16GB", share_milli=250)}
     pool = reconciled_pool(cluster, tmp_path, offers)
-    reconciler = KubeReconciler(
-        pool, ClusterAPI(NS), namespace=NS, grace=0.0, period=0.2, retry=0.1
-    )
 
-    async def main() -> None:
-        reconciler.start()
-        try:
-            await until(lambda: len(pool.ledger.outside) == 1)
-            ((gpu, why),) = pool.ledger.outside.items()
-            assert why == f"{gpu} is used by pod ml/infer (1 GPU on t4)"
-            granted = [
-                pool.allocate(u, ["big"], "t4-quarter", 1, team="big", ref=f"{u}/")
-                for u in ("u0", "u1", "u2")
-            ]
-            assert gpu not in {d.gpu for a in granted for d in a.devices}
-        finally:
-            await reconciler.stop()
+    async def body() -> None:
+        await until(lambda: len(pool.ledger.outside) == 1)
+        ((gpu, why),) = pool.ledger.outside.items()
+        assert why == f"{gpu} is used by pod ml/infer (1 GPU on t4)"
+        granted = [
+            pool.allocate(u, ["big"], "t4-quarter", 1, team="big", ref=f"{u}/")
+            for u in ("u0", "u1", "u2")
+        ]
+        assert gpu not in {d.gpu for a in granted for d in a.devices}
 
-    asyncio.run(main())
+    reconciling(pool, body)

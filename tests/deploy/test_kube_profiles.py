@@ -23,34 +23,30 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import copy
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import helm_python as helm
-import kubernetes_asyncio.config.kube_config as kube_config
 import pytest
 import yaml
 from kubespawner import KubeSpawner
-from kubespawner.clients import load_config
 from tornado import web
 from traitlets.config import Config
 
-from gpupool.core import Ledger, Offer, Team
+from gpupool.core import Offer, Team
 from gpupool.declarations import ConfigError
 from gpupool.hub import setup
 from gpupool.hub.form import check_profile_offers
-from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.pool import Pool
-from gpupool.store import Store
 from gpupool_spawner.kube import KubeGPUSpawner
-from tests.conftest import a100_mixed_node, h100_node, kubeconfig, node
+from tests.conftest import a100_mixed_node, h100_node, node
 from tests.deploy.chart_fixtures import CHART, render_all, z2jh_archive
-from tests.deploy.kube_api import Served, served
+from tests.deploy.kube_api import Served
 from tests.deploy.kube_fixtures import (
     bound_to,
+    pooled_cluster,
     profile_spawner,
     start,
     stop,
@@ -116,27 +112,12 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[S
     """The stand-in (an H100 node, a MIG A100 node and a CPU node, z2jh user nodes) and the
     hub's pool over the same nodes."""
     nodes = [h100_node(), a100_mixed_node(), node("cpu-1", {}, {}, taints=[])]
-    with served() as server:
-        for obj in copy.deepcopy(nodes):
-            obj["metadata"]["labels"]["hub.jupyter.org/node-purpose"] = "user"
-            server.api.add_node(obj)
-        path = kubeconfig(tmp_path / "kubeconfig", server.url)
-        monkeypatch.setenv("KUBECONFIG", str(path))
-        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        load_config.cache_clear()
-        ledger = Ledger(
-            inventory_from_nodes(nodes),
-            OFFERS,
-            {"vision": Team("vision", 8000)},
-            Team("everyone", offers=frozenset({"cpu"})),
-        )
-        store = Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}")
-        try:
-            yield server, Pool(ledger, store)
-        finally:
-            store.close()
-            load_config.cache_clear()
+    for obj in nodes:
+        obj["metadata"]["labels"]["hub.jupyter.org/node-purpose"] = "user"
+    teams = {"vision": Team("vision", 8000)}
+    everyone = Team("everyone", offers=frozenset({"cpu"}))
+    with pooled_cluster(tmp_path, monkeypatch, nodes, OFFERS, teams, everyone) as made:
+        yield made
 
 
 def spawner(pool: Pool, profiles: Any = PROFILES, **traits: Any) -> KubeGPUSpawner:
