@@ -93,7 +93,7 @@ def test_a_second_release_on_the_same_nodes_is_refused_at_start_naming_the_first
         release(cluster, tmp_path, "jhub2")
     message = str(refused.value)
     assert message.startswith("GPUPool.inventory: another gpupool release (namespace jhub, hub ")
-    assert "manages node(s) gpu-a, gpu-b of this pool" in message
+    assert "node selector none) manages node(s) gpu-a, gpu-b of this pool" in message
     assert "kubernetes:<node label selector>" in message
     assert "Lease jhub/gpupool-nodes" in message
     with cluster.api.lock:  # the refused release claimed nothing
@@ -171,3 +171,31 @@ def test_a_hub_that_may_not_read_leases_starts_unclaimed_and_says_why(
         len(errors) == 1 and "could not claim this pool's nodes (listing Leases: 403" in errors[0]
     )
     assert "list Leases in every namespace" in errors[0]
+
+
+def test_of_two_releases_starting_together_the_older_claim_keeps_the_nodes(
+    cluster: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``jhub2``'s hub writes its claim while ``jhub``'s is between its check and its write:
+    both claims are then live; ``jhub``'s second look finds the older one, gives its own up (an
+    empty holder, so ``jhub2``'s restart is not refused by it) and stops."""
+    from gpupool.kube.claim import NodeClaim, lease_body
+
+    write = NodeClaim._write
+
+    async def racing(self: NodeClaim, nodes: Any) -> None:
+        if self.namespace == "jhub":
+            other = lease_body("jhub2", "jhub2/hub-1", ["gpu-a"], None, 60, datetime.now(UTC))
+            with cluster.api.lock:
+                assert cluster.api.create("leases", "jhub2", other)[0] == 201
+        await write(self, nodes)
+
+    monkeypatch.setattr(NodeClaim, "_write", racing)
+    with pytest.raises(
+        ConfigError,
+        match=r"namespace jhub2, hub jhub2/hub-1, node selector none\) manages node\(s\) gpu-a ",
+    ):
+        release(cluster, tmp_path, "jhub")
+    assert lease(cluster, "jhub")["spec"]["holderIdentity"] == ""
+    monkeypatch.setattr(NodeClaim, "_write", write)
+    assert release(cluster, tmp_path, "jhub2").claim is not None

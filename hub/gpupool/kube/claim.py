@@ -24,7 +24,9 @@ Contract: :func:`conflicts` and :func:`refusal` are pure. :class:`NodeClaim` doe
 start :meth:`NodeClaim.acquire` lists every namespace's claims, refuses on a conflict (a
 :class:`~gpupool.declarations.ConfigError` naming ``GPUPool.inventory``, the other release and
 the shared nodes), else creates or takes over its own Lease, then lists again: of two releases
-started together the one whose claim is older keeps the nodes, the other refuses. While the
+started together the one whose claim is older keeps the nodes, the other gives its claim up
+(an empty holder) and refuses. A hub that stops keeps its claim, so that its restart finds the
+nodes still its own. While the
 hub runs, :meth:`NodeClaim.renewing` renews every third of the duration with the pool's nodes
 as they are now. A hub that may not read or write Leases (an older chart's RBAC) logs why and
 runs unclaimed.
@@ -110,13 +112,14 @@ def refusal(lease: Mapping[str, Any], shared: set[str], selector: str | None) ->
     meta, spec = lease.get("metadata") or {}, lease.get("spec") or {}
     names = sorted(shared)
     listed = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
-    theirs = ((meta.get("annotations") or {}).get(SELECTOR_ANNOTATION)) or "every GPU node"
+    theirs = ((meta.get("annotations") or {}).get(SELECTOR_ANNOTATION)) or "none"
     until = expires(lease)
     return ConfigError(
         "GPUPool.inventory",
         f"another gpupool release (namespace {meta.get('namespace')}, hub "
-        f"{spec.get('holderIdentity')}, nodes {theirs}) manages node(s) {listed} of this pool "
-        f"(nodes {selector or 'every GPU node'}): two releases must not manage the same nodes. "
+        f"{spec.get('holderIdentity')}, node selector {theirs}) manages node(s) {listed} of "
+        f"this pool (node selector {selector or 'none'}): two releases must not manage the "
+        "same nodes. "
         "Give each release its own nodes (gpupool.inventory: kubernetes:<node label selector> "
         "matching none of the other's), or uninstall the other release: its claim, Lease "
         f"{meta.get('namespace')}/{meta.get('name')}, lapses "
@@ -253,7 +256,15 @@ class NodeClaim:
         )
         for lease, shared in conflicts(leases, self.namespace, nodes, self.clock()):
             if mine is None or _age_key(lease) < _age_key(mine):  # started together: older wins
+                await self._release()  # so that the other's restart is not refused by it
                 raise refusal(lease, shared, self.selector)
+
+    async def _release(self) -> None:
+        """Give the claim up: an empty holder (as client-go's ``ReleaseOnCancel``), not live."""
+        ns, body = self.namespace, {"spec": {"holderIdentity": ""}}
+        await self._call(
+            lambda coordination: coordination.patch_namespaced_lease(LEASE_NAME, ns, body, **RAW)
+        )
 
     def acquire_now(self, nodes: Iterable[str]) -> None:
         """:meth:`acquire` from synchronous code (the hub's configuration), on its own loop in a
