@@ -26,10 +26,9 @@ start :meth:`NodeClaim.acquire` lists every namespace's claims, refuses on a con
 the shared nodes), else creates or takes over its own Lease, then lists again: of two releases
 started together the one whose claim is older keeps the nodes, the other gives its claim up
 (an empty holder) and refuses. A hub that stops keeps its claim, so that its restart finds the
-nodes still its own. While the
-hub runs, :meth:`NodeClaim.renewing` renews every third of the duration with the pool's nodes
-as they are now. A hub that may not read or write Leases (an older chart's RBAC) logs why and
-runs unclaimed.
+nodes still its own. While the hub runs, :meth:`NodeClaim.renewing` renews every third of the
+duration with the pool's nodes as they are now. A hub that may not read or write Leases (an
+older chart's RBAC) logs why and runs unclaimed.
 """
 
 from __future__ import annotations
