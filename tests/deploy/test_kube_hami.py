@@ -16,12 +16,15 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import kubernetes_asyncio.config.kube_config as kube_config
 import pytest
+import yaml
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubespawner.clients import load_config
 from traitlets.config import Config
@@ -32,11 +35,12 @@ from gpupool.core.jobs import Job
 from gpupool.declarations import ConfigError
 from gpupool.jobs.manager import JobManager
 from gpupool.kube.nodes import inventory_from_nodes
-from gpupool.kube.pods import ShareRequests, apply_allocation, share_annotations
+from gpupool.kube.pods import ShareRequests, apply_allocation
 from gpupool.kube.settings import KubeGPUSettings, notebook_settings
 from gpupool.pool import Pool
 from gpupool.store import Store
 from tests.conftest import h100_node, hami_node, kubeconfig
+from tests.deploy.chart_fixtures import CHART, RELEASE, dependency_version, render_all, z2jh_archive
 from tests.deploy.kube_api import Served, served
 from tests.deploy.kube_fixtures import IMAGE, run_job_pods, spawner_pod, stop, validate
 from tests.deploy.kube_fixtures import NS as JOB_NS
@@ -45,8 +49,9 @@ from tests.deploy.kube_fixtures import profile_spawner as spawner
 from tests.deploy.kube_fixtures import serialise_now as serialise
 from tests.deploy.kube_hami import ALLOCATED_ANNOTATION, USE_UUID, allocated
 
-USER_SCHEDULER = "jhub-user-scheduler"
-"""z2jh's user-scheduler as ``c.KubeSpawner.scheduler_name`` names it (release ``jhub``)."""
+USER_SCHEDULER = f"{RELEASE}-user-scheduler"
+"""z2jh's user-scheduler as the chart names it and sets ``c.KubeSpawner.scheduler_name`` to
+(:func:`test_the_chart_names_z2jhs_user_scheduler_for_user_pods`)."""
 OFFERS = {
     "cpu": Offer("cpu", "cpu"),
     "h100": Offer("h100", "gpu", model="H100-80GB", max_count=8),
@@ -105,6 +110,42 @@ def share_pod(user: str, gib: int, scheduler: str = "") -> dict[str, Any]:
 def devices_of(pod: dict[str, Any]) -> list[str]:
     """The GPUs HAMi's scheduler gave the pod (its allocation annotation)."""
     return [uuid for uuid, _mib, _cores in allocated(pod)]
+
+
+# -- z2jh's defaults, rendered ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def full_chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helm.Chart]:
+    archive = z2jh_archive()
+    if archive is None:
+        pytest.skip(f"the JupyterHub chart {dependency_version()} is not in charts/ nor shared/")
+    copy_ = tmp_path_factory.mktemp("chart") / "gpupool"
+    shutil.copytree(CHART, copy_, ignore=shutil.ignore_patterns("charts"))
+    (copy_ / "charts").mkdir()
+    shutil.copy(archive, copy_ / "charts")
+    with helm.Chart.load(copy_) as loaded:
+        yield loaded
+
+
+def test_the_chart_names_z2jhs_user_scheduler_for_user_pods(full_chart: helm.Chart) -> None:
+    """z2jh 4.4.0 runs its user-scheduler by default (``scheduling.userScheduler.enabled``) and
+    its ``jupyterhub_config.py`` then sets ``c.KubeSpawner.scheduler_name`` to the scheduler's
+    name: a kube-scheduler profile without HAMi's extender, for every user pod."""
+    values = full_chart.merge_values({})["jupyterhub"]
+    assert values["scheduling"]["userScheduler"]["enabled"] is True
+    objects = render_all(full_chart, {})
+    (hub,) = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "hub"]
+    assert hub["data"]["user-scheduler"] == USER_SCHEDULER  # get_name("user-scheduler")
+    assert (
+        'if get_config("scheduling.userScheduler.enabled"):\n'
+        '    c.KubeSpawner.scheduler_name = get_name("user-scheduler")'
+    ) in hub["data"]["jupyterhub_config.py"]
+    (config,) = [
+        yaml.safe_load(o["data"]["config.yaml"])
+        for o in objects
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "user-scheduler"
+    ]
+    assert [p["schedulerName"] for p in config["profiles"]] == [USER_SCHEDULER]
+    assert "extenders" not in config  # no HAMi extender: kube-scheduler's filters alone
 
 
 # -- the stand-in behaves as the cluster does ---------------------------------------------------
@@ -318,10 +359,18 @@ def test_the_inventory_takes_hamis_uuids_and_says_when_it_cannot() -> None:
     inv = inventory_from_nodes([hami_node(), hami_node("l40s-twin")])
     assert [g.uuid for g in inv.gpus] == [*HAMI_UUIDS, "k8s-l40s-twin-gpu0", "k8s-l40s-twin-gpu1"]
     assert any("l40s-twin reports GPU UUIDs another node has" in n for n in inv.notes)
-    ledger = Ledger(inv, OFFERS, TEAMS, EVERYONE)
-    alloc = ledger.allocate(Request("ada", "vision", "share-8gb"), "a1")
-    unpinned = ShareRequests.of(Inventory((inv.nodes[1],)))
-    assert share_annotations([alloc], unpinned) == {}
+    twin = Inventory((inv.nodes[1],))
+    alloc = Ledger(twin, OFFERS, TEAMS, EVERYONE).allocate(
+        Request("ada", "vision", "share-8gb"), "a"
+    )
+    assert alloc.node == "l40s-twin"
+    body = serialise(
+        apply_allocation(
+            spawner_pod("ada"), alloc, OFFERS["share-8gb"], shares=ShareRequests.of(twin)
+        )
+    )
+    assert body["spec"]["schedulerName"] == "hami-scheduler"
+    assert "annotations" not in body["metadata"]
 
 
 # -- the pod builder ----------------------------------------------------------------------------
