@@ -111,7 +111,8 @@ class KubeGPUSettings(Configurable):
     gpu_scheduler_name = Unicode(
         "",
         config=True,
-        help="""Scheduler of GPU and MIG pods (empty: KubeSpawner's ``scheduler_name``).
+        help="""Scheduler of GPU and MIG pods (empty: KubeSpawner's ``scheduler_name``); pods
+        holding a HAMi share get ``hami_scheduler_name`` instead.
         Example: ``c.KubeGPUSettings.gpu_scheduler_name = "kai-scheduler"``""",
     )
     gpu_product_labels = Dict(
