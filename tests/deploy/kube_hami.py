@@ -3,10 +3,11 @@
 Vocabulary
 - *scheduler name*: a pod's ``spec.schedulerName``; the API server defaults it to
   ``default-scheduler`` (``SetDefaults_PodSpec`` in kubernetes ``pkg/apis/core/v1/defaults.go``).
-  A pod is placed only by a scheduler running under that name (each kube-scheduler profile
-  schedules only pods naming it: ``frameworkForPod`` in ``pkg/scheduler/schedule_one.go``); a pod
-  naming a scheduler that does not run stays Pending, with no condition and no event, since no
-  scheduler ever looks at it.
+  A pod is placed only by a scheduler running under that name: kube-scheduler queues only the
+  unassigned pods one of its profiles names (``responsibleForPod`` in
+  ``pkg/scheduler/eventhandlers.go``; ``frameworkForPod`` in ``pkg/scheduler/schedule_one.go``),
+  so a pod naming a scheduler that does not run stays Pending, with no condition and no event,
+  since no scheduler ever looks at it.
 - *kube-scheduler profiles*: ``default-scheduler`` and, when a test says so, z2jh's
   user-scheduler (``scheduling.userScheduler.enabled``, on by default in z2jh 4.4.0, which then
   sets ``c.KubeSpawner.scheduler_name`` to it: ``files/hub/jupyterhub_config.py``). It is
