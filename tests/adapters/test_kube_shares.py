@@ -113,7 +113,9 @@ def test_a_shared_node_that_makes_no_sense_is_left_out_saying_why(change: Any, w
 
 def test_a_hami_node_takes_shares_by_memory() -> None:
     inv = inventory_from_nodes([hami_node()])
-    assert [g.uuid for g in inv.gpus] == ["k8s-l40s-hami-gpu0", "k8s-l40s-hami-gpu1"]
+    assert [g.uuid for g in inv.gpus] == [  # HAMi's own (issue 26: pods name them to HAMi)
+        f"GPU-0000000{i}-1111-2222-3333-444444444444" for i in range(2)
+    ]
     assert {
         (g.model, g.memory_mib, g.share_resource, g.share_replicas, g.share_slots) for g in inv.gpus
     } == {("L40S-48GB", 46068, "hami", 0, 10)}

@@ -92,6 +92,8 @@ from typing import Any, TypeVar
 import kubernetes_validate
 from aiohttp import web
 
+from tests.deploy.kube_hami import Schedulers
+
 VALIDATE_VERSION = "1.33"
 RESOURCES: dict[str, tuple[str, str, str]] = {
     "configmaps": ("", "v1", "ConfigMap"),
@@ -167,6 +169,8 @@ class StandIn:
         self.workloads: dict[tuple[str, str], list[dict[str, Any]]] = {}
         """Kueue's Workload of a Job (by the Job's namespace and name): its conditions, as
         :meth:`kueue_admit` and :meth:`kueue_preempt` leave them (not served)."""
+        self.schedulers = Schedulers()
+        """Which schedulers run, and HAMi (:mod:`tests.deploy.kube_hami`)."""
 
     # -- bookkeeping --------------------------------------------------------------------------
     def now(self) -> str:
@@ -360,6 +364,7 @@ class StandIn:
         tolerations (:func:`default_tolerations`)."""
         obj.setdefault("status", {"phase": "Pending", "qosClass": "Burstable"})
         default_tolerations(obj["spec"])
+        self.schedulers.admit(obj)  # the default scheduler name, then HAMi's webhook
 
     def _defaults_services(self, obj: dict[str, Any]) -> None:
         spec = obj["spec"]
@@ -665,6 +670,7 @@ class StandIn:
             "spec": spec,
             "status": {"phase": "Pending", "qosClass": "Burstable"},
         }
+        self.schedulers.admit(pod)  # HAMi's webhook sees the controller's pods too
         self._touch(pod)
         return pod
 
@@ -893,9 +899,12 @@ class StandIn:
     def schedule(self, namespace: str, name: str) -> str:
         """Schedule a Pending pod (kube-scheduler), then start it unless a volume cannot be
         attached (the attach/detach controller and the kubelet). Returns ``"Unschedulable"``,
-        ``"ContainerCreating"`` or ``"Running"``."""
+        ``"ContainerCreating"`` or ``"Running"``; ``"Pending"``, the pod untouched, when no
+        scheduler of its ``schedulerName`` runs (:mod:`tests.deploy.kube_hami`)."""
         pod = self.objects["pods"][namespace, name]
         node_name = pod["spec"].get("nodeName")
+        if not node_name and not self.schedulers.runs(pod):
+            return "Pending"  # no scheduler of that name: none ever looks at the pod
         if not node_name:
             node_name, message = self._pick_node(pod)
             if node_name is None:
@@ -917,6 +926,7 @@ class StandIn:
                 self._touch(pod)
                 return "Unschedulable"
             pod["spec"]["nodeName"] = node_name
+            self.schedulers.bind(pod, self.nodes[node_name], self._bound_pods(exclude=pod))
             self.event(
                 pod,
                 "Normal",
@@ -969,7 +979,7 @@ class StandIn:
         """The node kube-scheduler would bind ``pod`` to, or None and the FitError message."""
         reasons: Counter[str] = Counter()
         feasible: list[tuple[float, str]] = []
-        requests = pod_requests(pod)
+        requests = self.schedulers.kube_requests(pod, pod_requests(pod))
         eligible = [n for n in self.nodes.values() if node_matches(pod, n)]
         for name, node in sorted(self.nodes.items()):
             failed = self._filter(pod, node, requests, eligible)
@@ -1015,7 +1025,7 @@ class StandIn:
                 pod, node, constraint, eligible
             ):
                 return ["node(s) didn't match pod topology spread constraints"]
-        return []
+        return self.schedulers.extender_filter(pod, node, self._bound_pods(exclude=pod))
 
     def _free(self, node: Mapping[str, Any]) -> dict[str, float]:
         """Allocatable less the requests of every pod bound to ``node`` and not ended, whatever

@@ -130,6 +130,7 @@ from gpupool.kube.pods import (
     hardened_pod_context,
     label_value,
     run_as_user,
+    share_annotations,
     to_json,
     to_model,
 )
@@ -398,7 +399,9 @@ def make_job(
     - ``suspend`` (or a Kueue queue, whose admission then resumes it) creates the Job suspended.
     - ``kueue_priority_class`` labels the Job (with a Kueue queue only: Kueue reads it there).
     - ``image`` stands in when the template has none (``ValueError`` if neither has one).
-    - A share asks for what ``shares`` says (:class:`~gpupool.kube.pods.ShareRequests`).
+    - A share asks for what ``shares`` says (:class:`~gpupool.kube.pods.ShareRequests`); a
+      HAMi share's pods go to HAMi's scheduler, pinned to the ledger's GPUs (all of the job's,
+      as one template serves every pod: :func:`~gpupool.kube.pods.share_annotations`).
     """
     spec = job.spec
     if len(allocations) != spec.nodes:
@@ -474,7 +477,13 @@ def make_job(
         "activeDeadlineSeconds": spec.time_limit,
         "suspend": bool(suspend or kueue_queue),
         "template": {
-            "metadata": {"labels": pod_labels, "annotations": {OWNER_ANNOTATION: job.owner}},
+            "metadata": {
+                "labels": pod_labels,
+                "annotations": {
+                    OWNER_ANNOTATION: job.owner,
+                    **share_annotations(allocations, shares),  # HAMi: the ledger's GPUs
+                },
+            },
             "spec": pod_spec,
         },
     }

@@ -26,16 +26,20 @@ Vocabulary
   only, by memory (HAMi caps each pod's memory), at most ``deviceSplitCount`` of them each (the
   GPU's *share slots*: the annotation's ``count``, else ``nvidia.com/gpu`` over the GPUs); their
   share resource is ``hami``: a pod asks for ``nvidia.com/gpu: 1`` and
-  ``nvidia.com/gpumem: <MiB>`` (:mod:`gpupool.kube.pods`).
+  ``nvidia.com/gpumem: <MiB>`` (:mod:`gpupool.kube.pods`). Its GPUs' UUIDs are HAMi's own, the
+  ``id`` of each device in the annotation (the NVML UUID, ``GPU-…``), so that a share's pod can
+  name the ledger's GPU to HAMi's scheduler (``nvidia.com/use-gpuuuid``); where the annotation
+  gives no distinct ids (or another node already has one), they are synthetic, with a note.
 - *packing*: the node says how many instances of each profile it has, not which GPU holds which.
   :func:`pack_instances` rebuilds one valid layout with :meth:`Geometry.fit`, on ``gpu.count``
   minus the whole GPUs when the label is there, else on the fewest GPUs that hold them.
 
 Contract: :func:`inventory_from_nodes` is pure: the same node objects give the same inventory,
-with synthetic, stable UUIDs (``k8s-<node>-gpu<i>``, ``k8s-<node>-gpu<i>-mig<start>``) and
-gpupool's own GPU indexes (the device plugin, not gpupool, picks the physical device). Whole GPUs
-have MIG mode ``off`` and share resource ``""`` (the device plugin gives them only whole: they take
-no shares); GPUs holding MIG resources are ``fixed`` with their packed instances. GPUs of shared
+with synthetic, stable UUIDs (``k8s-<node>-gpu<i>``, ``k8s-<node>-gpu<i>-mig<start>``; HAMi
+nodes' GPUs: HAMi's UUIDs, see above) and gpupool's own GPU indexes (the device plugin, not
+gpupool, picks the physical device; HAMi picks the one a pod names). Whole GPUs have MIG mode
+``off`` and share resource ``""`` (the device plugin gives them only whole: they take no
+shares); GPUs holding MIG resources are ``fixed`` with their packed instances. GPUs of shared
 and HAMi nodes take shares only (see above), with a note per node saying how it is shared; a
 shared node whose replicas cannot be made sense of (no product or memory label, a replica count
 that does not divide its resource, MIG resources shared too) is left out with a note saying why.
@@ -65,6 +69,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_RESOURCE = "nvidia.com/gpu.shared"
 HAMI = "hami"
 HAMI_ANNOTATION = "hami.io/node-nvidia-register"
+SYNTHETIC_PREFIX = "k8s-"
+"""How the inventory's own (synthetic) GPU UUIDs start; a device plugin's real ones do not."""
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 COUNT_LABEL = "nvidia.com/gpu.count"
@@ -93,7 +99,9 @@ Layout = list[tuple[Profile, int]]
 def inventory_from_nodes(nodes: Iterable[Mapping[str, Any]]) -> Inventory:
     """The pool's inventory from node objects (see the module docstring), nodes by name."""
     notes: list[str] = []
-    built = [_node(inventory_view(obj), notes) for obj in sorted(nodes, key=_name)]
+    built = _distinct_uuids(
+        [_node(inventory_view(obj), notes) for obj in sorted(nodes, key=_name)], notes
+    )
     return Inventory(
         tuple(n for n in built if n is not None),
         source="kubernetes",
@@ -340,6 +348,22 @@ def hami_devices(annotation: str) -> list[tuple[int, str, int]]:
     return out
 
 
+def hami_uuids(annotation: str) -> list[str]:
+    """The ``id`` (GPU UUID) of each GPU in HAMi's ``hami.io/node-nvidia-register`` annotation,
+    in its order (as :func:`hami_devices` reads it); ``""`` for one without."""
+    try:
+        found = json.loads(annotation)
+        if isinstance(found, list):
+            return [str(d.get("id") or "").strip() if isinstance(d, dict) else "" for d in found]
+    except (ValueError, TypeError):
+        pass
+    return [
+        record.split(",")[0].strip()
+        for record in annotation.split(":")
+        if len(record.split(",")) >= 5 and record.split(",")[2].strip().isdigit()
+    ]
+
+
 def _hami_node(
     name: str, labels: Mapping[str, str], annotation: str, whole: int, notes: list[str]
 ) -> Node | None:
@@ -368,9 +392,40 @@ def _hami_node(
             f"node {name} has no {PRODUCT_LABEL} label (is GPU feature discovery running?); "
             "share offers with a model cannot be scheduled there, only those without one"
         )
-    return _shares_only(
+    node = _shares_only(
         name, count, model, memory_mib, labelled, share_resource=HAMI, share_slots=split
     )
+    uuids = hami_uuids(annotation)
+    if len(uuids) == count and all(uuids) and len(set(uuids)) == count:
+        gpus = tuple(replace(g, uuid=u) for g, u in zip(node.gpus, uuids, strict=True))
+        return replace(node, gpus=gpus)
+    notes.append(
+        f"node {name}: HAMi's annotation ({HAMI_ANNOTATION}) gives no distinct id per GPU, so "
+        "shares there cannot be pinned to the ledger's GPU (nvidia.com/use-gpuuuid): HAMi "
+        "chooses the GPU, and may place a share where the ledger counted none"
+    )
+    return node
+
+
+def _distinct_uuids(built: list[Node | None], notes: list[str]) -> list[Node | None]:
+    """``built`` with the GPUs of a node whose (HAMi) UUIDs an earlier node already has renamed
+    to synthetic ones, with a note (two nodes cannot hold one GPU)."""
+    seen: set[str] = set()
+    out: list[Node | None] = []
+    for node in built:
+        if node is not None and any(g.uuid in seen for g in node.gpus):
+            notes.append(
+                f"node {node.name} reports GPU UUIDs another node has; they are named "
+                f"{SYNTHETIC_PREFIX}{node.name}-gpu<i> here, and shares there are not pinned"
+            )
+            gpus = tuple(
+                replace(g, uuid=f"{SYNTHETIC_PREFIX}{node.name}-gpu{g.index}") for g in node.gpus
+            )
+            node = replace(node, gpus=gpus)
+        if node is not None:
+            seen.update(g.uuid for g in node.gpus)
+        out.append(node)
+    return out
 
 
 def _shares_only(
@@ -432,7 +487,7 @@ def _whole(
     node: str, index: int, model: str, memory_mib: int, geometry: Geometry | None, product: str
 ) -> GPU:
     return GPU(
-        uuid=f"k8s-{node}-gpu{index}",
+        uuid=f"{SYNTHETIC_PREFIX}{node}-gpu{index}",
         index=index,
         model=model,
         memory_mib=memory_mib,

@@ -14,6 +14,17 @@ Vocabulary
   by UUID and the HAMi resource names (:data:`DEFAULT_HAMI_RESOURCES`, HAMi's own defaults). A
   share of a GPU it does not know (an inventory that is not the cluster's) asks for one
   ``nvidia.com/gpu``, as before shares existed.
+- *HAMi share pod*: a pod holding a share of a GPU HAMi shares out. It goes to HAMi's scheduler
+  (:attr:`ShareRequests.hami_scheduler`, ``hami-scheduler`` by default) whatever scheduler the
+  spawner or ``gpu_scheduler_name`` names: HAMi's webhook routes a pod only while its scheduler
+  is the default one (``Handle`` in HAMi's ``pkg/scheduler/webhook.go`` lets any other through
+  as "pod already has different scheduler assigned"), and z2jh's user-scheduler, which z2jh
+  4.4.0 sets on every user pod, cannot place ``nvidia.com/gpumem`` (no node advertises it). It
+  is pinned to the ledger's GPU by HAMi's UUID: the annotation ``nvidia.com/use-gpuuuid``
+  (:data:`HAMI_USE_UUID`; ``CheckUUID`` in HAMi's ``pkg/device/devices.go``), since HAMi's
+  default ``spread`` GPU policy would otherwise choose another GPU than the one the ledger
+  counted (:func:`share_annotations`). GPUs whose UUIDs are the inventory's own (synthetic)
+  are not pinned.
 - *product label*: the node label ``nvidia.com/gpu.product`` that GPU feature discovery sets
   from NVML's product name with dashes (``NVIDIA-H100-80GB-HBM3``). An offer's model key
   (``H100-80GB``) becomes a required node affinity ``nvidia.com/gpu.product In [values]``
@@ -59,11 +70,12 @@ resources, as equal limits and requests, and nothing else under ``nvidia.com/``;
 Kueue label are the allocation's too. A CPU-only pod (no allocation, a ``cpu`` offer, or no
 devices) gets none of these (no node binding either), plus ``NVIDIA_VISIBLE_DEVICES=void`` so
 that an image built for CUDA sees no GPU even on a GPU node whose default runtime is NVIDIA's.
-GPU pods keep the device plugin's choice of device: the spawner's
-``NVIDIA_VISIBLE_DEVICES``/``CUDA_VISIBLE_DEVICES`` are dropped. gpupool owns the node labels
-``nvidia.com/gpu.product`` (expressions, and ``nodeSelector``) and the ``metadata.name`` field in
-required node terms: those already in the pod (an earlier spawn's, or those of the notebook pod
-a job is made from) are dropped first; restrict nodes with other labels.
+GPU pods keep the device plugin's choice of device (a HAMi share pod: HAMi's, pinned to the
+ledger's GPU): the spawner's ``NVIDIA_VISIBLE_DEVICES``/``CUDA_VISIBLE_DEVICES`` are dropped.
+gpupool owns the node labels ``nvidia.com/gpu.product`` (expressions, and ``nodeSelector``), the
+annotation ``nvidia.com/use-gpuuuid`` and the ``metadata.name`` field in required node terms:
+those already in the pod (an earlier spawn's, or those of the notebook pod a job is made from)
+are dropped first; restrict nodes with other labels.
 """
 
 from __future__ import annotations
@@ -97,11 +109,16 @@ from gpupool.core.ledger import Allocation, Device
 from gpupool.core.mig import GEOMETRIES
 from gpupool.core.offers import Offer
 from gpupool.core.units import GPU_MILLI
+from gpupool.kube.nodes import SYNTHETIC_PREFIX
 
 NVIDIA_PREFIX = "nvidia.com/"
 GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_RESOURCE = "nvidia.com/gpu.shared"
 HAMI = "hami"
+HAMI_USE_UUID = "nvidia.com/use-gpuuuid"
+"""HAMi's pod annotation naming the GPUs (comma-separated UUIDs) its scheduler may give."""
+DEFAULT_HAMI_SCHEDULER = "hami-scheduler"
+"""HAMi's scheduler name (its chart's ``schedulerName``)."""
 HAMI_KEYS = ("count", "memory", "cores")
 DEFAULT_HAMI_RESOURCES: dict[str, str] = {
     "count": "nvidia.com/gpu",
@@ -212,13 +229,29 @@ class ShareRequests:
     gpus: Mapping[str, GPU] = field(default_factory=dict)
     """The shared GPUs by UUID."""
     hami: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_HAMI_RESOURCES))
+    hami_scheduler: str = DEFAULT_HAMI_SCHEDULER
+    """The scheduler of *HAMi share pods* (``""``: leave the pod's)."""
 
     @classmethod
     def of(
-        cls, inventory: Inventory | None, hami: Mapping[str, str] | None = None
+        cls,
+        inventory: Inventory | None,
+        hami: Mapping[str, str] | None = None,
+        hami_scheduler: str = DEFAULT_HAMI_SCHEDULER,
     ) -> ShareRequests:
         gpus = {g.uuid: g for g in inventory.gpus if g.share_resource} if inventory else {}
-        return cls(gpus, dict(hami or DEFAULT_HAMI_RESOURCES))
+        return cls(gpus, dict(hami or DEFAULT_HAMI_RESOURCES), hami_scheduler)
+
+    def hami_gpus(self, allocation: Allocation | None) -> list[str]:
+        """The UUIDs of the HAMi GPUs ``allocation`` holds shares of (distinct, in order)."""
+        found = [
+            d.gpu
+            for d in (allocation.devices if allocation else ())
+            if d.share_milli is not None
+            and (gpu := self.gpus.get(d.gpu)) is not None
+            and gpu.share_resource == HAMI
+        ]
+        return list(dict.fromkeys(found))
 
     def resources(self, device: Device) -> dict[str, int]:
         """The extended resources of one share ``device``."""
@@ -256,6 +289,32 @@ def check_hami_resources(value: Any, key: str) -> dict[str, str]:
                 f"{key}[{k!r}]", f"{name!r} is not a resource name like 'nvidia.com/gpumem'"
             )
     return {str(k): str(v) for k, v in value.items()}
+
+
+def share_annotations(
+    allocations: Sequence[Allocation | None], shares: ShareRequests = NO_SHARES
+) -> dict[str, str]:
+    """The pod annotations pinning *HAMi share pods* of ``allocations`` (one pod's, or a job's
+    whose pods share one template) to the ledger's GPUs: ``{"nvidia.com/use-gpuuuid":
+    "GPU-…[,GPU-…]"}``, or ``{}`` (no HAMi share, or only synthetic UUIDs)."""
+    uuids = [
+        u for a in allocations for u in shares.hami_gpus(a) if not u.startswith(SYNTHETIC_PREFIX)
+    ]
+    return {HAMI_USE_UUID: ",".join(dict.fromkeys(uuids))} if uuids else {}
+
+
+def check_scheduler_name(value: str, key: str) -> str:
+    """``value`` if it is empty or a scheduler name a pod may carry (a DNS subdomain), else a
+    :class:`gpupool.declarations.ConfigError` naming ``key``."""
+    from gpupool.declarations import ConfigError
+
+    if value and not (len(value) <= 253 and re.fullmatch(DNS_SUBDOMAIN, value)):
+        raise ConfigError(
+            key,
+            f"{value!r} is not a scheduler name (lowercase letters, digits, '-' and '.'), "
+            f"e.g. {DEFAULT_HAMI_SCHEDULER!r}",
+        )
+    return value
 
 
 def gpu_resources(offer: Offer | None, count: int = 1) -> dict[str, str]:
@@ -536,7 +595,8 @@ def apply_allocation(
     constraint from the offer's ``model``, the node binding from ``allocation.node`` (or
     ``nodes``, for a job whose pods share one template; ``bind_to_node=False`` leaves it out);
     priority class and scheduler name are set on GPU pods when given, and otherwise left as
-    KubeSpawner made them. ``shares`` says what a share asks for (see *share request*).
+    KubeSpawner made them. ``shares`` says what a share asks for (see *share request*), and a
+    *HAMi share pod* goes to HAMi's scheduler, pinned to the ledger's GPU.
     """
     out = copy.deepcopy(pod)
     resources = allocation_resources(allocation, shares)
@@ -558,10 +618,15 @@ def apply_allocation(
         spec.priority_class_name = priority_class_name
     if gpu and scheduler_name:
         spec.scheduler_name = scheduler_name
+    if shares.hami_gpus(allocation) and shares.hami_scheduler:
+        spec.scheduler_name = shares.hami_scheduler
     stale = (GPUPOOL_LABEL_PREFIX, KUEUE_QUEUE_LABEL, KUEUE_PRIORITY_LABEL)
     labels = {k: v for k, v in (meta.labels or {}).items() if not k.startswith(stale)}
     labels.update(gpu_labels(allocation, kueue_queue_template, kueue_priority_class))
     meta.labels = labels
+    annotations = {k: v for k, v in (meta.annotations or {}).items() if k != HAMI_USE_UUID}
+    annotations.update(share_annotations([allocation], shares))
+    meta.annotations = annotations or None  # type: ignore[assignment]
     return out
 
 

@@ -52,11 +52,13 @@ from gpupool.kube.manifests import (
 from gpupool.kube.pods import (
     DEFAULT_GPU_TOLERATIONS,
     DEFAULT_HAMI_RESOURCES,
+    DEFAULT_HAMI_SCHEDULER,
     ShareRequests,
     check_hami_resources,
     check_priority_class,
     check_product_labels,
     check_queue_template,
+    check_scheduler_name,
     check_tolerations,
     product_labels_in_force,
 )
@@ -109,7 +111,8 @@ class KubeGPUSettings(Configurable):
     gpu_scheduler_name = Unicode(
         "",
         config=True,
-        help="""Scheduler of GPU and MIG pods (empty: KubeSpawner's ``scheduler_name``).
+        help="""Scheduler of GPU and MIG pods (empty: KubeSpawner's ``scheduler_name``); pods
+        holding a HAMi share get ``hami_scheduler_name`` instead.
         Example: ``c.KubeGPUSettings.gpu_scheduler_name = "kai-scheduler"``""",
     )
     gpu_product_labels = Dict(
@@ -148,6 +151,17 @@ class KubeGPUSettings(Configurable):
                 "cores": "nvidia.com/gpucores",
             }
         """,
+    )
+    hami_scheduler_name = Unicode(
+        DEFAULT_HAMI_SCHEDULER,
+        config=True,
+        help="""Scheduler of pods holding a share of a GPU HAMi shares out (HAMi's chart's
+        ``schedulerName``), whatever KubeSpawner's ``scheduler_name`` (z2jh sets it to its
+        user-scheduler) or ``gpu_scheduler_name`` say: HAMi's webhook routes only pods of the
+        default scheduler to HAMi, and no other scheduler can place ``nvidia.com/gpumem``.
+        Empty: leave the pod's scheduler as it is (HAMi's webhook then routes it only if it is
+        ``default-scheduler``; with z2jh's user-scheduler enabled such pods stay Pending).
+        Example: ``c.KubeGPUSettings.hami_scheduler_name = "hami-scheduler"``""",
     )
     kueue_queue_template = Unicode(
         "",
@@ -189,6 +203,11 @@ class KubeGPUSettings(Configurable):
     def _valid_hami(self, proposal: dict[str, Any]) -> dict[str, str]:
         return check_hami_resources(proposal["value"], self.setting_key("hami_resources"))
 
+    @validate("hami_scheduler_name")
+    def _valid_hami_scheduler(self, proposal: dict[str, Any]) -> str:
+        key = self.setting_key("hami_scheduler_name")
+        return check_scheduler_name(str(proposal["value"]), key)
+
     @validate("kueue_queue_template")
     def _valid_queue_template(self, proposal: dict[str, Any]) -> str:
         key = self.setting_key("kueue_queue_template")
@@ -205,7 +224,7 @@ class KubeGPUSettings(Configurable):
 
     def share_requests_for(self, inventory: Inventory | None) -> ShareRequests:
         """What a pod asks for a share of each GPU ``inventory`` says is shared."""
-        return ShareRequests.of(inventory, self.hami_resources)
+        return ShareRequests.of(inventory, self.hami_resources, self.hami_scheduler_name)
 
 
 SHARED_SETTINGS = tuple(KubeGPUSettings.class_own_traits(config=True))
