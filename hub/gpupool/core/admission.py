@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from gpupool.core.cohort import Cohort, cohort_verdict
-
 from gpupool.core.errors import (
     InvalidRequest,
     NoCapacity,

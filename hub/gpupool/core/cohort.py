@@ -62,9 +62,7 @@ class Cohort:
         members = list(teams)
         if everyone is not None and everyone.limit_milli:
             members.append(everyone)
-        return cls(
-            name, {t.name: Quota(t.guarantee_milli, t.borrow_limit_milli) for t in members}
-        )
+        return cls(name, {t.name: Quota(t.guarantee_milli, t.borrow_limit_milli) for t in members})
 
     def nominal(self) -> int:
         """The cohort's nominal quota: what its members lend (Kueue's cohort ``SubtreeQuota``)."""

@@ -128,7 +128,9 @@ class Ledger:
         self.cohort_name = cohort
         """The Kueue cohort of the teams' ClusterQueues when Kueue admits GPU pods ('': no
         Kueue); then nothing is granted that Kueue's cohort rule would not admit."""
-        self.cohort = Cohort.of_teams(cohort, self.teams.values(), self.everyone) if cohort else None
+        self.cohort = (
+            Cohort.of_teams(cohort, self.teams.values(), self.everyone) if cohort else None
+        )
         self.occ = Occupancy(inventory)
         self.allocations: dict[str, Allocation] = {}
         self.blocked: dict[tuple[str, int], Blocked] = {}
@@ -144,8 +146,9 @@ class Ledger:
 
     def clone(self) -> Ledger:
         """An independent copy with the same allocations (for what-if planning)."""
+        policy = type(self.policy)()
         twin = Ledger(
-            self.inventory, self.offers, self.teams, self.everyone, type(self.policy)(), self.cohort_name
+            self.inventory, self.offers, self.teams, self.everyone, policy, self.cohort_name
         )
         for b in self.blocked.values():
             twin.block(b)
