@@ -116,8 +116,10 @@ class Kueue:
                     for r in fl["resources"]:
                         name = r["name"]
                         node.nominal[name] = kueue_units(name, quantity(r["nominalQuota"]))
-                        limits = (("borrowingLimit", node.borrowing), ("lendingLimit", node.lending))
-                        for key, into in limits:
+                        for key, into in (
+                            ("borrowingLimit", node.borrowing),
+                            ("lendingLimit", node.lending),
+                        ):
                             into[name] = kueue_units(name, quantity(r[key])) if key in r else None
                 queues[meta["name"]], covered[meta["name"]] = node, names
             elif kind == "LocalQueue":
