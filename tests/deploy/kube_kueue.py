@@ -25,6 +25,14 @@ follows kueue at ff69552 (v0.20 development):
   of one cohort, as Kueue keeps it. Preemption is not modelled (the stand-in's
   :meth:`StandIn.kueue_preempt` does that on a test's word): a Workload that does not fit waits.
 
+A pod with a queue label is a Workload of its own (Kueue's pod integration): Kueue's webhook
+gates it (``kueue.x-k8s.io/admission``; ``gate`` in kueue
+``pkg/controller/jobs/pod/pod_controller.go``, called from ``PodWebhook.Default``) and removes the
+gate on admission (``prepare`` in ``Pod.Run``, same file); kube-scheduler does not schedule a
+gated pod (kubernetes ``pkg/scheduler/framework/plugins/schedulinggates``: ``PreEnqueue``). The
+stand-in has no gates: a test asks :meth:`Kueue.admit_pod` and schedules the pod only when it is
+admitted.
+
 Contract: :meth:`Kueue.schedule` admits, in creation order, each waiting Job that fits (calling
 :meth:`StandIn.kueue_admit`, which resumes it) and records why each other one waits, in Kueue's
 words (``pending``).
@@ -236,6 +244,22 @@ class Kueue:
                 usage[resource] = usage.get(resource, 0) + value
             self.admitted[key] = (queue, requests)
             api.kueue_admit(meta["name"], meta["namespace"])
+
+    def admit_pod(self, api: StandIn, namespace: str, name: str) -> str:
+        """Admit the pod's Workload ('') or say why it stays gated (also in ``pending``)."""
+        pod = api.objects["pods"][namespace, name]
+        key = (namespace, name)
+        queue = self.local_queues.get((namespace, pod["metadata"]["labels"][QUEUE_LABEL]), "")
+        requests = {k: v for k, v in self.pod_requests(pod["spec"]).items() if v}
+        why = self.fits(queue, requests)
+        if why:
+            self.pending[key] = why
+            return why
+        for resource, value in requests.items():
+            usage = self.queues[queue].usage
+            usage[resource] = usage.get(resource, 0) + value
+        self.admitted[key] = (queue, requests)
+        return ""
 
     def finish(self, namespace: str, name: str) -> None:
         """The Job's Workload finished (or was deleted): its quota is free again."""

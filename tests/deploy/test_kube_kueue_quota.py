@@ -18,6 +18,8 @@ from typing import Any
 import helm_python as helm
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.config import kube_config
+from kubespawner.clients import load_config
 from traitlets.config import Config
 
 from gpupool.config import GPUPool
@@ -32,10 +34,10 @@ from gpupool.kube.pods import ShareRequests, allocation_resources
 from gpupool.kube.settings import kueue_cohort
 from gpupool.pool import Pool
 from gpupool.store import Store
-from tests.conftest import h100_node, hami_node
+from tests.conftest import h100_node, hami_node, kubeconfig
 from tests.deploy.chart_fixtures import CHART, NAMESPACE, RELEASE, merge, render_all
 from tests.deploy.kube_api import served
-from tests.deploy.kube_fixtures import IMAGE
+from tests.deploy.kube_fixtures import IMAGE, PROFILE_NS, profile_spawner, stop
 from tests.deploy.kube_kueue import Kueue
 
 NO_DEPENDENCY = {"jupyterhub": {"enabled": False}}
@@ -134,6 +136,73 @@ def test_the_hub_grants_no_gpu_kueues_cohort_would_not_admit(
             assert (NAMESPACE, job_name(third)) in kueue.admitted
 
         asyncio.run(go())
+
+
+def test_a_notebook_kueue_would_leave_gated_is_refused_at_once(
+    chart: helm.Chart, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same cohort for a notebook: vision's third GPU. On main KubeSpawner made the pod,
+    Kueue kept it gated (its cohort's quota in use) and the start ran into its timeout; now the
+    start is refused at once with the cohort's reason, and no pod is made."""
+    objects = render_all(chart, VALUES)
+    kueue = Kueue.from_chart(objects)
+    c = hub_config(objects, tmp_path)
+    settings = GPUPool(config=c).settings()
+    with served() as server:
+        node = copy.deepcopy(h100_node("m1"))
+        node["metadata"]["labels"]["hub.jupyter.org/node-purpose"] = "user"
+        server.api.add_node(node)
+        path = kubeconfig(tmp_path / "kubeconfig", server.url)
+        monkeypatch.setenv("KUBECONFIG", str(path))
+        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        load_config.cache_clear()
+        ledger = Ledger(
+            inventory_from_nodes([node]),
+            settings.offers,
+            settings.teams,
+            settings.everyone,
+            cohort=kueue_cohort(c),
+        )
+        pool = Pool(ledger, Store(f"sqlite:///{tmp_path / 'pool.sqlite'}"))
+        pool.allocate("nina", ["nlp"], "h100", 1)
+        pool.allocate("vic", ["vision"], "h100", 2)
+        for team in ("nlp", "vision"):  # what Kueue admitted for them
+            queue = kueue.queues[f"{RELEASE}-{team}"]
+            queue.usage[resource_of(objects)] = ledger.team_used[team]
+        template = c.KubeGPUSpawner.kueue_queue_template
+
+        async def go() -> None:
+            s = profile_spawner(pool, None, kueue_queue_template=template)
+            s.start_timeout = 3
+            s.user_options = {"offer": "h100"}
+            task = asyncio.ensure_future(s.start())
+            key = (PROFILE_NS, s.pod_name)
+            try:
+                while key not in server.api.objects["pods"] and not task.done():
+                    await asyncio.sleep(0.02)  # KubeSpawner's own start, awaited by the test
+                if key in server.api.objects["pods"] and not kueue.admit_pod(server.api, *key):
+                    server.api.schedule(*key)  # admitted: Kueue ungates it
+                with pytest.raises(Exception) as refused:
+                    await asyncio.wait_for(task, 30)
+                assert "Kueue's cohort gpupool: 3 of 3 GPU-eq nominal quota in use" in str(
+                    refused.value
+                ), (refused.value, kueue.pending.get(key))
+                assert key not in server.api.objects["pods"]
+            finally:
+                await stop(s)
+
+        try:
+            asyncio.run(go())
+        finally:
+            load_config.cache_clear()
+
+
+def resource_of(objects: list[dict[str, Any]]) -> str:
+    """The quota resource of the rendered ClusterQueues (besides cpu and memory)."""
+    queue = next(o for o in objects if o["kind"] == "ClusterQueue")
+    (group,) = queue["spec"]["resourceGroups"]
+    return next(r for r in group["coveredResources"] if r not in ("cpu", "memory"))
 
 
 def test_kueue_counts_the_quota_as_the_hub_does(
