@@ -31,7 +31,7 @@ from gpupool.kube.jobs import KubeJobBackend
 from gpupool.kube.manifests import job_name
 from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.kube.pods import ShareRequests, allocation_resources
-from gpupool.kube.settings import kueue_cohort
+from gpupool.kube.settings import kueue_cohort, kueue_warnings
 from gpupool.pool import Pool
 from gpupool.store import Store
 from tests.conftest import h100_node, hami_node, kubeconfig
@@ -308,3 +308,16 @@ def test_the_hub_follows_the_charts_cohort(chart: helm.Chart, tmp_path: Path) ->
     off = merge(VALUES, {"kueue": {"enabled": False}})
     assert kueue_cohort(hub_config(render_all(chart, off), tmp_path)) == ""
     assert json.dumps(values)  # the values are plain data
+
+
+def test_hami_shares_kueue_would_charge_whole_are_named_at_start(
+    chart: helm.Chart, tmp_path: Path
+) -> None:
+    inventory = inventory_from_nodes([hami_node()])  # HAMi's count is nvidia.com/gpu
+    c = hub_config(render_all(chart, VALUES), tmp_path)
+    (warning,) = kueue_warnings(c, inventory)
+    assert warning.startswith("KubeGPUSpawner.hami_resources: HAMi's count is nvidia.com/gpu")
+    with_hami = hub_config(render_all(chart, hami_values()), tmp_path)
+    assert kueue_warnings(with_hami, inventory) == []
+    off = merge(VALUES, {"kueue": {"enabled": False}})
+    assert kueue_warnings(hub_config(render_all(chart, off), tmp_path), inventory) == []

@@ -52,6 +52,8 @@ from gpupool.kube.manifests import (
 from gpupool.kube.pods import (
     DEFAULT_GPU_TOLERATIONS,
     DEFAULT_HAMI_RESOURCES,
+    GPU_RESOURCE,
+    HAMI,
     ShareRequests,
     check_cohort_name,
     check_hami_resources,
@@ -487,3 +489,20 @@ def kueue_cohort(config: Config) -> str:
         if settings is not None and settings.kueue_queue_template:
             return str(settings.kueue_cohort)
     return ""
+
+
+def kueue_warnings(config: Config, inventory: Inventory) -> list[str]:
+    """What Kueue would never admit under ``config`` on ``inventory``, one line each: HAMi
+    shares whose count is ``nvidia.com/gpu`` (Kueue charges them a whole GPU, and the chart's
+    ClusterQueues cover HAMi's memory only with ``kueue.hami``)."""
+    if not kueue_cohort(config) or not any(g.share_resource == HAMI for g in inventory.gpus):
+        return []
+    hami = notebook_settings(config)
+    if hami.hami_resources.get("count") != GPU_RESOURCE:
+        return []
+    key = hami.setting_key("hami_resources").replace(type(hami).__name__, "KubeGPUSpawner")
+    return [
+        f"{key}: HAMi's count is {GPU_RESOURCE}, which Kueue "
+        "charges as a whole GPU, so Kueue will not admit shares on HAMi nodes as the hub "
+        "grants them; give HAMi's resourceCountName a name of its own (the chart's kueue.hami)"
+    ]
