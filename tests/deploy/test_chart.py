@@ -353,6 +353,9 @@ def test_kueue_counts_each_gpu_resource_as_the_hub_does(chart: helm.Chart) -> No
     expected: dict[str, int] = {}
     for model in values["kueue"]["gpuModels"]:
         expected |= gpu_equivalents(model)
+    hami = values["kueue"]["hami"]  # HAMi's resources: the count free, the memory by MiB
+    assert rendered.pop(hami["countResource"]) == "0"
+    assert rendered.pop(hami["memoryResource"]) == f"{10**12 // hami['gpuMemoryMiB']}n"
     assert {k: kueue_value(v) for k, v in rendered.items()} == expected
     assert rendered["nvidia.com/mig-3g.40gb"] == "500"
 
