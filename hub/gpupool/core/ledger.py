@@ -318,7 +318,7 @@ class Ledger:
             self.unit_cost_milli(offer),
             tuple(self.outside_for(offer)),
             self.cohort,
-            self.team_used,
+            dict(self.team_used) if self.cohort is not None else {},
         )
 
     def admit(
