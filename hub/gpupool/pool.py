@@ -137,9 +137,11 @@ class Pool:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_config(cls, config: GPUPool, logger: logging.Logger = log) -> Pool:
+    def from_config(cls, config: GPUPool, logger: logging.Logger = log, cohort: str = "") -> Pool:
         """Validate the config, open (and check) the store, discover the inventory, warn about
-        settings that are odd for it (one line each), and restore the ledger.
+        settings that are odd for it (one line each), and restore the ledger (whose grants
+        follow Kueue's ``cohort`` rule too when Kueue admits GPU pods; see
+        :mod:`gpupool.core.cohort`).
 
         A database that cannot be the pool's store (see :mod:`gpupool.store`) raises
         :class:`ConfigError` naming ``GPUPool.db_url``: the hub stops at start with that line.
@@ -164,7 +166,7 @@ class Pool:
         for warning in config_warnings(settings, inventory):
             logger.warning("gpupool: %s", warning)
         ledger = Ledger(
-            inventory, settings.offers, settings.teams, settings.everyone, config.policy
+            inventory, settings.offers, settings.teams, settings.everyone, config.policy, cohort
         )
         if mig is not None:
             mig.attach(ledger)

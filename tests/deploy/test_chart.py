@@ -86,6 +86,14 @@ def hub_config(objects: list[dict[str, Any]], tmp_path: Path) -> Config:
     return c
 
 
+def kueue_value(text: str) -> int:
+    """What Kueue counts a quota or request of the GPU-equivalent resource as: whole units of
+    the quantity, a fraction rounded up (kueue pkg/resources ResourceValue: Quantity.Value())."""
+    match = re.fullmatch(r"(\d+)(m?)", text)
+    assert match, f"unexpected quantity {text!r}"
+    return -(-int(match[1]) // 1000) if match[2] else int(match[1])
+
+
 def quantity_milli(text: str) -> int:
     """A quantity of whole or milli units in thousandths: "1500m" -> 1500, "2" -> 2000."""
     match = re.fullmatch(r"(\d+)(m?)", text)
@@ -287,8 +295,8 @@ def test_kueue_quotas_equal_what_the_hub_enforces(chart: helm.Chart, tmp_path: P
         (group,) = queues[f"{RELEASE}-{name}"]["spec"]["resourceGroups"]
         (flavor,) = group["flavors"]
         quota = next(r for r in flavor["resources"] if r["name"] == resource)
-        assert quantity_milli(quota["nominalQuota"]) == team.guarantee_milli, name
-        assert quantity_milli(quota["borrowingLimit"]) == team.borrow_limit_milli, name
+        assert kueue_value(quota["nominalQuota"]) == team.guarantee_milli, name
+        assert kueue_value(quota["borrowingLimit"]) == team.borrow_limit_milli, name
 
 
 def test_a_team_priority_range_reaches_the_hub(chart: helm.Chart, tmp_path: Path) -> None:
@@ -331,8 +339,11 @@ def test_kueue_counts_each_gpu_resource_as_the_hub_does(chart: helm.Chart) -> No
     expected: dict[str, int] = {}
     for model in values["kueue"]["gpuModels"]:
         expected |= gpu_equivalents(model)
-    assert {k: quantity_milli(v) for k, v in rendered.items()} == expected
-    assert rendered["nvidia.com/mig-3g.40gb"] == "500m"
+    hami = values["kueue"]["hami"]  # HAMi's resources: the count free, the memory by MiB
+    assert rendered.pop(hami["countResource"]) == "0"
+    assert rendered.pop(hami["memoryResource"]) == f"{10**12 // hami['gpuMemoryMiB']}n"
+    assert {k: kueue_value(v) for k, v in rendered.items()} == expected
+    assert rendered["nvidia.com/mig-3g.40gb"] == "500"
 
 
 def test_pods_name_the_local_queues_the_chart_creates(chart: helm.Chart, tmp_path: Path) -> None:

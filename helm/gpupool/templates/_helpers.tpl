@@ -12,6 +12,16 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%dm" (int (round (mulf (float64 .) 1000) 0)) -}}
 {{- end }}
 
+{{/*
+GPU-equivalents as a plain count of thousandths: 1.5 -> "1500". Kueue's quota resource is
+counted in thousandths because Kueue counts every resource but cpu in whole units, rounding a
+fraction up (kueue pkg/resources/requests.go ResourceValue and amount.go AmountFromQuantity:
+Quantity.Value()), so "500m" would be charged as 1.
+*/}}
+{{- define "gpupool.thousandths" -}}
+{{- printf "%d" (int (round (mulf (float64 .) 1000) 0)) -}}
+{{- end }}
+
 {{/* The device-plugin resource of a MIG profile: 1g.10gb+me -> nvidia.com/mig-1g.10gb.me. */}}
 {{- define "gpupool.migResource" -}}
 {{- printf "nvidia.com/mig-%s" (replace "+me" ".me" .) -}}
@@ -146,8 +156,10 @@ A dict team -> spec.
 {{- end }}
 
 {{/*
-Kueue resource transformations: each GPU/MIG resource of the listed models -> GPU-equivalents.
-Fails when two models price one resource differently (Kueue cannot tell them apart).
+Kueue resource transformations: each GPU/MIG resource of the listed models -> thousandths of a
+GPU-equivalent, and with kueue.hami HAMi's memory resource (MiB) -> its fraction of a GPU and
+HAMi's count resource -> nothing. Fails when two models price one resource differently (Kueue
+cannot tell them apart), or HAMi's count is a resource the table prices.
 */}}
 {{- define "gpupool.transformations" -}}
 {{- $table := include "gpupool.table" . | fromYaml -}}
@@ -164,8 +176,19 @@ Fails when two models price one resource differently (Kueue cannot tell them apa
 {{- end }}
 {{- $out := list -}}
 {{- range $resource := keys $merged | sortAlpha }}
-{{- $out = append $out (dict "input" $resource "strategy" "Replace" "outputs" (dict $.Values.kueue.resource (printf "%dm" (int (get $merged $resource))))) }}
+{{- $out = append $out (dict "input" $resource "strategy" "Replace" "outputs" (dict $.Values.kueue.resource (printf "%d" (int (get $merged $resource))))) }}
 {{- end }}
+{{- with .Values.kueue.hami }}{{ if .enabled }}
+{{- if or (hasKey $merged .countResource) (hasKey $merged .memoryResource) (eq .countResource .memoryResource) }}
+{{- fail (printf "kueue.hami.countResource: %s is also the resource of whole GPUs or MIG instances (or HAMi's memory), so Kueue would charge each HAMi share a whole GPU; give HAMi's resourceCountName (its chart's resourceName) a name of its own, e.g. nvidia.com/vgpu, and set it here" .countResource) }}
+{{- end }}
+{{- /* a share's memory in MiB -> thousandths of a GPU of gpuMemoryMiB: 1000/MiB per MiB, cut
+  to nano (a Quantity keeps 9 decimals and rounds up) and rounded down, so that Kueue never
+  charges more than the hub; the count is charged nothing */}}
+{{- $perMiB := printf "%dn" (div (int64 1000000000000) (int64 .gpuMemoryMiB)) }}
+{{- $out = append $out (dict "input" .countResource "strategy" "Replace" "outputs" (dict $.Values.kueue.resource "0")) }}
+{{- $out = append $out (dict "input" .memoryResource "strategy" "Replace" "outputs" (dict $.Values.kueue.resource $perMiB)) }}
+{{- end }}{{ end }}
 {{- toYaml $out -}}
 {{- end }}
 

@@ -10,7 +10,10 @@ Vocabulary
   offer, the offer does not come in that count, the request is larger than the team's limit
   or the user's cap, or larger than any node of the pool can ever hold, or, when a job's nodes
   must be different machines, it asks for more nodes than the pool has machines that can hold
-  one).
+  one), or more than Kueue's cohort can ever admit for the team.
+- *cohort*: with Kueue admitting GPU pods, its cohort rule too (:mod:`gpupool.core.cohort`): a
+  team may use beyond its guarantee only what the other teams leave unused of theirs, so a
+  request within the team's limit still *waits* (cause ``quota``) while the cohort is used up.
 - *scale-up*: a declared autoscaled node pool (:class:`gpupool.core.inventory.NodePool`) whose
   node could hold what no present node can: the request *waits* for it, with that reason and
   cause ``scale-up`` (after the quota's own waits: a request the quota holds back asks for no
@@ -30,9 +33,11 @@ of granting (``Ledger.allocate``), under the pool's lock; a verdict is a snapsho
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
+from gpupool.core.cohort import Cohort, cohort_verdict
 from gpupool.core.errors import (
     InvalidRequest,
     NoCapacity,
@@ -95,6 +100,10 @@ class Usage:
     outside: tuple[str, ...] = ()
     """Why devices that could serve the offer are not handed out now: each is in use by a
     process that does not hold it (:mod:`gpupool.core.holders`)."""
+    cohort: Cohort | None = None
+    """Kueue's cohort when Kueue admits GPU pods (``None``: the hub's quota alone)."""
+    cohort_used: Mapping[str, int] = field(default_factory=dict)
+    """What each team of the cohort holds, in thousandths."""
 
 
 def admit(team: Team, offer: Offer, count: int, nodes: int, usage: Usage) -> Admission:
@@ -117,6 +126,11 @@ def admit(team: Team, offer: Offer, count: int, nodes: int, usage: Usage) -> Adm
         return Admission("never", why, "quota")
     if cap is not None and cost > cap:
         return Admission("never", f"{need}; your cap in team {team.name} is {fmt(cap)}", "quota")
+    kueue, kueue_why = "now", ""
+    if usage.cohort is not None:
+        kueue, kueue_why = cohort_verdict(usage.cohort, team.name, usage.cohort_used, cost)
+        if kueue == "never":
+            return Admission("never", f"{need}; {kueue_why}", "quota")
     devices = offer.kind != "cpu"
     too_few = usage.machines is not None and usage.machines < nodes
     scale_up = None
@@ -141,6 +155,8 @@ def admit(team: Team, offer: Offer, count: int, nodes: int, usage: Usage) -> Adm
     if cost and cap is not None and usage.user_used + cost > cap:
         left = max(0, cap - usage.user_used)
         return Admission("wait", f"{need}; you have {fmt(left)} of your cap left", "quota")
+    if kueue == "wait":
+        return Admission("wait", f"{need}; {kueue_why}", "quota")
     if scale_up:
         return scale_up
     if devices and usage.free < count:

@@ -22,6 +22,9 @@ Vocabulary
   :mod:`gpupool.core.occupancy`), and such a fixed MIG instance is blocked (``outside``) while
   free, or as soon as its holder releases it. Capacity still counts them (a request waits for
   them); refusals and verdicts name them.
+- *cohort*: with Kueue admitting GPU pods (``cohort``: its cohort's name), a grant must also fit
+  Kueue's cohort rule over the same teams (:mod:`gpupool.core.cohort`), so the hub never grants
+  a pod Kueue would leave unadmitted.
 
 Invariants, checked by :meth:`Ledger.check_invariants` and kept by every operation:
 no slot has two owners; a whole GPU is never handed out while MIG instances or shares are on it
@@ -42,6 +45,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from gpupool.core.admission import Admission, Usage, admit
+from gpupool.core.cohort import Cohort, check_cohort
 from gpupool.core.errors import InvalidRequest, NoCapacity, QuotaExceeded, UnknownAllocation
 from gpupool.core.inventory import Inventory, Node, NodePool
 from gpupool.core.mig import GEOMETRIES, Profile
@@ -114,12 +118,19 @@ class Ledger:
         teams: Mapping[str, Team],
         everyone: Team | None = None,
         policy: PlacementPolicy | str = "gpupool",
+        cohort: str = "",
     ) -> None:
         self.inventory = inventory
         self.offers = dict(offers)
         self.teams = dict(teams)
         self.everyone = everyone or Team(EVERYONE, offers=frozenset({"cpu"}))
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        self.cohort_name = cohort
+        """The Kueue cohort of the teams' ClusterQueues when Kueue admits GPU pods ('': no
+        Kueue); then nothing is granted that Kueue's cohort rule would not admit."""
+        self.cohort = (
+            Cohort.of_teams(cohort, self.teams.values(), self.everyone) if cohort else None
+        )
         self.occ = Occupancy(inventory)
         self.allocations: dict[str, Allocation] = {}
         self.blocked: dict[tuple[str, int], Blocked] = {}
@@ -135,7 +146,10 @@ class Ledger:
 
     def clone(self) -> Ledger:
         """An independent copy with the same allocations (for what-if planning)."""
-        twin = Ledger(self.inventory, self.offers, self.teams, self.everyone, type(self.policy)())
+        policy = type(self.policy)()
+        twin = Ledger(
+            self.inventory, self.offers, self.teams, self.everyone, policy, self.cohort_name
+        )
         for b in self.blocked.values():
             twin.block(b)
         twin.restore(self.allocations.values())
@@ -303,6 +317,8 @@ class Ledger:
             (machines or 0) + sum(p.max_nodes for p, _ in growing),
             self.unit_cost_milli(offer),
             tuple(self.outside_for(offer)),
+            self.cohort,
+            dict(self.team_used) if self.cohort is not None else {},
         )
 
     def admit(
@@ -348,6 +364,8 @@ class Ledger:
         """``"2× 1g.10gb, 1× h100"``: what ``user`` could still get in ``team`` right now, within
         the team's quota and the user's cap; for refusal messages."""
         left = team.limit_milli - self.team_used[team.name]
+        if self.cohort is not None:
+            left = min(left, self.cohort.room(team.name, self.team_used))
         if team.user_cap_milli is not None:
             left = min(left, team.user_cap_milli - self.user_used[team.name, user])
         fits: list[str] = []
@@ -375,6 +393,8 @@ class Ledger:
         used = (self.team_used[team.name], self.user_used[team.name, request.user])
         try:
             check_quota(team, *used, self.unit_cost_milli(offer) * request.count, what)
+            cost = self.unit_cost_milli(offer) * request.count
+            check_cohort(self.cohort, team.name, self.team_used, cost, what)
         except QuotaExceeded as e:
             free = self.free_now(team, request.user)
             raise QuotaExceeded(f"{e.message} Free now: {free}.") from None
@@ -396,7 +416,9 @@ class Ledger:
             # what the placement really blocks (a profile name may mean other sizes on other
             # models, a share by size other fractions of other GPUs; the settings forbid the
             # first, a hand-built offer might not)
-            check_quota(team, *used, sum(self._pick_cost(p) for p in picks), what)
+            cost = sum(self._pick_cost(p) for p in picks)
+            check_quota(team, *used, cost, what)
+            check_cohort(self.cohort, team.name, self.team_used, cost, what)
         template = Allocation(
             alloc_id,
             request.user,

@@ -43,6 +43,7 @@ from gpupool.hub.reconcile import Reconciler
 from gpupool.hub.scopes import ADMIN_SCOPE, CUSTOM_SCOPES, JOBS_SCOPE, SERVER_ROLE_SCOPES
 from gpupool.kube.jobs import check_kube_settings
 from gpupool.kube.reconcile import KubeReconciler
+from gpupool.kube.settings import kueue_cohort, kueue_warnings
 from gpupool.pool import Pool
 from gpupool.usercode import check_shared_mode, spawner_setting
 
@@ -62,7 +63,9 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
     check_spawn_form(c)
     check_kube_settings(c)
     settings = GPUPool(config=c)
-    pool = Pool.from_config(settings, logger)
+    pool = Pool.from_config(settings, logger, kueue_cohort(c))
+    for warning in kueue_warnings(c, pool.inventory):
+        logger.warning("gpupool: %s", warning)
     check_profile_offers(c, pool.ledger.offers)
     refusals.install()
     hub_db = c.JupyterHub.get("db_url", "sqlite:///jupyterhub.sqlite")

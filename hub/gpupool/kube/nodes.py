@@ -192,7 +192,8 @@ def _node(obj: Mapping[str, Any], notes: list[str]) -> Node | None:
     whole = _count(allocatable.get(GPU_RESOURCE), f"{name}: {GPU_RESOURCE}", notes)
     replicas = _count(allocatable.get(SHARED_RESOURCE), f"{name}: {SHARED_RESOURCE}", notes)
     mig = _mig_counts(name, allocatable, notes)
-    if not whole and not mig and not replicas:
+    hami = HAMI_ANNOTATION in (meta.get("annotations") or {})  # its count may be renamed
+    if not whole and not mig and not replicas and not hami:
         return None
     taints = spec.get("taints") or []
     skip = not_ready_reason(obj) or _skip_reason(spec, taints, labels)

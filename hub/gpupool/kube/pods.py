@@ -775,6 +775,18 @@ def check_queue_template(value: str, key: str) -> str:
     return value
 
 
+def check_cohort_name(value: str, key: str) -> str:
+    """``value`` if it is a Kueue cohort name (a DNS subdomain), else a
+    :class:`gpupool.declarations.ConfigError` naming ``key``."""
+    from gpupool.declarations import ConfigError
+
+    if not re.fullmatch(DNS_SUBDOMAIN, value) or len(value) > 253:
+        raise ConfigError(
+            key, f"{value!r} is not a Kueue cohort name (a DNS subdomain), e.g. 'gpupool'"
+        )
+    return value
+
+
 def check_priority_class(value: str, key: str) -> str:
     """``value`` if it is empty or a valid Kueue ``WorkloadPriorityClass`` name to put in a label
     (a DNS subdomain that is also a label value: at most 63 characters), else a

@@ -188,7 +188,14 @@ def swap_inventory(pool: Pool, nodes: Iterable[Mapping[str, Any]]) -> dict[str, 
         inventory, draining = effective_inventory(nodes, ledger)
         if (inventory.nodes, inventory.notes) == (ledger.inventory.nodes, ledger.inventory.notes):
             return None
-        fresh = Ledger(inventory, ledger.offers, ledger.teams, ledger.everyone, ledger.policy)
+        fresh = Ledger(
+            inventory,
+            ledger.offers,
+            ledger.teams,
+            ledger.everyone,
+            ledger.policy,
+            ledger.cohort_name,
+        )
         fresh.set_outside_use(ledger.outside)  # the tenants' pods are followed on
         restored, lost = fresh.restore(ledger.allocations.values())
         if lost:

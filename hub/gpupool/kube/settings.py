@@ -53,7 +53,10 @@ from gpupool.kube.pods import (
     DEFAULT_GPU_TOLERATIONS,
     DEFAULT_HAMI_RESOURCES,
     DEFAULT_HAMI_SCHEDULER,
+    GPU_RESOURCE,
+    HAMI,
     ShareRequests,
+    check_cohort_name,
     check_hami_resources,
     check_priority_class,
     check_product_labels,
@@ -184,6 +187,18 @@ class KubeGPUSettings(Configurable):
         ``c.KubeGPUSpawner.kueue_priority_class = "gpupool-notebook"``""",
     )
 
+    kueue_cohort = Unicode(
+        "gpupool",
+        config=True,
+        help="""The Kueue cohort of the teams' ClusterQueues (the Helm chart's ``kueue.cohort``),
+        used only with ``kueue_queue_template``: then the hub grants GPUs only as Kueue's cohort
+        rule would admit them (a team borrows only what the others leave unused of their
+        guarantees; :mod:`gpupool.core.cohort`), and names the cohort when a request waits for
+        it. It assumes the chart's queues: one ClusterQueue per team in this cohort, nominal
+        quota = the team's guarantee, borrowing limit = its borrow limit. Example:
+        ``c.KubeGPUSettings.kueue_cohort = "gpupool"``""",
+    )
+
     def setting_key(self, name: str) -> str:
         """The *setting key* of ``name`` on this object."""
         for section in reversed(self.section_names()):
@@ -212,6 +227,10 @@ class KubeGPUSettings(Configurable):
     def _valid_queue_template(self, proposal: dict[str, Any]) -> str:
         key = self.setting_key("kueue_queue_template")
         return check_queue_template(str(proposal["value"]), key)
+
+    @validate("kueue_cohort")
+    def _valid_cohort(self, proposal: dict[str, Any]) -> str:
+        return check_cohort_name(str(proposal["value"]), self.setting_key("kueue_cohort"))
 
     @validate("kueue_priority_class")
     def _valid_priority_class(self, proposal: dict[str, Any]) -> str:
@@ -477,3 +496,32 @@ def notebook_pod(pods: list[dict[str, Any]], owner: str) -> dict[str, Any] | Non
         )
     )
     return mine[0] if mine else None
+
+
+def kueue_cohort(config: Config) -> str:
+    """The Kueue cohort the hub's admission follows under ``config``: ``kueue_cohort`` when a
+    Kueue queue template is set for notebooks or jobs, else '' (Kueue admits nothing of gpupool's).
+    A bad value raises :class:`gpupool.declarations.ConfigError` naming its setting key."""
+    notebooks = notebook_settings(config)
+    jobs = KubeJobSettings(config=config) if "KubeJobBackend" in config else None
+    for settings in (notebooks, jobs):
+        if settings is not None and settings.kueue_queue_template:
+            return str(settings.kueue_cohort)
+    return ""
+
+
+def kueue_warnings(config: Config, inventory: Inventory) -> list[str]:
+    """What Kueue would never admit under ``config`` on ``inventory``, one line each: HAMi
+    shares whose count is ``nvidia.com/gpu`` (Kueue charges them a whole GPU, and the chart's
+    ClusterQueues cover HAMi's memory only with ``kueue.hami``)."""
+    if not kueue_cohort(config) or not any(g.share_resource == HAMI for g in inventory.gpus):
+        return []
+    hami = notebook_settings(config)
+    if hami.hami_resources.get("count") != GPU_RESOURCE:
+        return []
+    key = hami.setting_key("hami_resources").replace(type(hami).__name__, "KubeGPUSpawner")
+    return [
+        f"{key}: HAMi's count is {GPU_RESOURCE}, which Kueue "
+        "charges as a whole GPU, so Kueue will not admit shares on HAMi nodes as the hub "
+        "grants them; give HAMi's resourceCountName a name of its own (the chart's kueue.hami)"
+    ]
