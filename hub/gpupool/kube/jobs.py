@@ -64,12 +64,14 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from traitlets.config import Config
 
+from gpupool.core.errors import InvalidRequest
 from gpupool.core.inventory import NodePool
-from gpupool.core.jobs import Job
+from gpupool.core.jobs import Job, JobSpec
 from gpupool.core.ledger import Allocation
 from gpupool.core.queue import ScaleUp
 from gpupool.jobs.backend import Observation
 from gpupool.kube.api import api_configuration
+from gpupool.kube.claims import DRA
 from gpupool.kube.job_status import (
     TERMINAL_PHASES,
     JobRef,
@@ -109,6 +111,22 @@ class KubeJobBackend(KubeJobSettings):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._configuration: Any = None
+
+    def validate(self, spec: JobSpec) -> None:
+        """The base checks; and under DRA (``device_allocation = "dra"``), a job asking for
+        devices is refused with the reason: an Indexed Job's pods share one template, so the
+        per-pod claims pinning each node's GPUs (a ResourceClaimTemplate whose selector lists
+        the job's UUIDs) are not built yet (see :mod:`gpupool.kube.claims`)."""
+        super().validate(spec)
+        offer = self.offer_named(spec.offer)
+        if self.device_allocation == DRA and (offer is None or offer.kind != "cpu"):
+            raise InvalidRequest(
+                f"Jobs on {spec.offer} cannot run on this hub yet: it gives GPUs through "
+                "Kubernetes Dynamic Resource Allocation (KubeGPUSettings.device_allocation = "
+                "'dra'), which gpupool supports for notebooks only. Run the script in a "
+                "notebook, or ask an admin to switch jobs to the device plugin "
+                "(c.KubeJobBackend.device_allocation = 'device-plugin')."
+            )
         self._stopped: dict[str, str] = {}
         """Why this hub deleted a job's Job (its stranded pods' reason), by job id."""
         self._admitted: set[str] = set()
