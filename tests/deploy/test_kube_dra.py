@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import kubernetes_asyncio.config.kube_config as kube_config
 import pytest
 from kubespawner import KubeSpawner
@@ -32,6 +34,7 @@ from gpupool.pool import Pool
 from gpupool.store import Store
 from gpupool_spawner.kube import KubeGPUSpawner
 from tests.conftest import a100_mixed_node, h100_node, kubeconfig
+from tests.deploy.chart_fixtures import CHART, merge, render_all
 from tests.deploy.kube_api import Served, served
 from tests.deploy.kube_dra import gpu_slice
 from tests.deploy.kube_fixtures import OFFERS, PROFILE_NS, profile_spawner, stop
@@ -383,3 +386,38 @@ def test_the_slices_read_back_name_the_nodes_gpus_in_pci_order() -> None:
     devices = slice_devices([h100_slice()])
     assert [d.name for d in node_gpus(devices, NODE)][:2] == ["gpu-7", "gpu-6"]
     assert {d.product for d in devices} == {PRODUCT}
+
+
+# -- the chart ----------------------------------------------------------------------------------
+def chart_objects(values: dict[str, Any]) -> list[dict[str, Any]]:
+    base = {"jupyterhub": {"enabled": False}, "rbac": {"hubServiceAccount": "hub"}}
+    with helm.Chart.load(CHART) as chart:
+        return render_all(chart, merge(base, values))
+
+
+def rules(objects: list[dict[str, Any]], kind: str) -> dict[str, list[str]]:
+    """Verbs by resource of the gpupool hub's Role or ClusterRole (``kind``)."""
+    (role,) = [o for o in objects if o["kind"] == kind and "gpupool" in o["metadata"]["name"]]
+    return {r: sorted(rule["verbs"]) for rule in role["rules"] for r in rule["resources"]}
+
+
+def test_the_charts_roles_allow_claims_and_slices_only_with_dra() -> None:
+    objects = chart_objects({"gpupool": {"deviceAllocation": "dra"}})
+    role, cluster_role = rules(objects, "Role"), rules(objects, "ClusterRole")
+    # what gpupool_spawner.dra does: create, read back, own (patch), delete; list slices
+    assert {"create", "get", "list", "watch", "patch", "delete"} <= set(role["resourceclaims"])
+    assert {"list"} <= set(cluster_role["resourceslices"])
+    (configmap,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    config = json.loads(configmap["data"]["gpupool.json"])
+    assert config["KubeGPUSpawner"]["device_allocation"] == "dra"
+    assert config["KubeJobBackend"]["device_allocation"] == "dra"
+    check_kube_settings(Config(config))  # the hub starts with it
+
+    plain = chart_objects({})
+    assert "resourceclaims" not in rules(plain, "Role")
+    assert "resourceslices" not in rules(plain, "ClusterRole")
+
+
+def test_the_chart_refuses_a_bad_device_allocation() -> None:
+    with pytest.raises(helm.HelmValuesError, match="deviceAllocation"):
+        chart_objects({"gpupool": {"deviceAllocation": "nvlink"}})
