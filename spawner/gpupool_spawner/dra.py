@@ -68,6 +68,7 @@ class DRAClaims:
     gpupool_dra_uuids: tuple[str, ...] = ()
     """The GPUs (UUIDs) the DRA driver gave this server's claim, as read back at start."""
     _gpupool_pinned: tuple[str, ...] = ()
+    _gpupool_owned = False
 
     # provided by the spawner classes this is mixed into
     api: Any
@@ -161,6 +162,9 @@ class DRAClaims:
                     task.cancel()
         if not start.cancelled() and start.done() and start.exception() is None:
             url = start.result()
+            if not self._gpupool_owned:  # the pod ran before the watch looked
+                key = f"{self.namespace}/{self.pod_name}"
+                await self._gpupool_own_claim(self.pod_reflector.pods[key])
             await self._gpupool_read_back()
             return url
         with contextlib.suppress(asyncio.CancelledError):
@@ -171,13 +175,13 @@ class DRAClaims:
     async def _gpupool_watch(self) -> None:
         """Own the claim once the pod exists; refuse the start when the pod is Unschedulable."""
         key = f"{self.namespace}/{self.pod_name}"
-        owned = False
+        self._gpupool_owned = False
         while True:
             reflector = getattr(self, "pod_reflector", None)
             pod = reflector.pods.get(key) if reflector is not None else None
-            if pod and not owned and (pod.get("metadata") or {}).get("uid"):
+            if pod and not self._gpupool_owned and (pod.get("metadata") or {}).get("uid"):
                 await self._gpupool_own_claim(pod)
-                owned = True
+                self._gpupool_owned = True
             message = unschedulable(pod)
             if message:
                 allocation = self.gpupool_allocation

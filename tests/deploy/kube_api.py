@@ -604,6 +604,8 @@ class StandIn:
             if index in existing and existing[index]["status"]["phase"] != "Failed":
                 continue
             pod = self._pod_from_template(job, index)
+            create = functools.partial(self.create, "resourceclaims", namespace)
+            self.dra.claims_from_templates(pod, self.objects["resourceclaimtemplates"], create)
             if unschedulable:
                 pod["status"]["conditions"] = [
                     {
@@ -1472,7 +1474,7 @@ class Served:
             ("/api/v1", "configmaps|services|pods"),
             ("/apis/batch/v1", "jobs"),
             ("/apis/networking.k8s.io/v1", "networkpolicies"),
-            ("/apis/resource.k8s.io/v1", "resourceclaims"),
+            ("/apis/resource.k8s.io/v1", "resourceclaims|resourceclaimtemplates"),
         ):
             many = f"{prefix}/namespaces/{{ns}}/{{plural:{plurals}}}"
             add("GET", many, self._list)

@@ -7,6 +7,9 @@ What it does as upstream does:
   their bodies are validated strictly against the 1.34 schemas (``resource.k8s.io/v1`` is GA
   there), so an unknown field is ``422 Invalid`` as the API server's strict field validation
   answers it. The garbage collector deletes a claim whose owner (its pod) is gone.
+- ResourceClaimTemplates likewise; a pod the Job controller makes (:meth:`StandIn.create_pods`)
+  whose ``spec.resourceClaims`` name a template gets a claim made from it, owned by the pod, as
+  the resourceclaim controller makes it (:meth:`DRA.claims_from_templates`).
 - ResourceSlices are what a DRA driver's kubelet plugin publishes per node
   (:func:`gpu_slice`: NVIDIA's ``gpu.nvidia.com`` driver, one pool per node named after it,
   devices ``gpu-<minor>`` with the attributes ``type``, ``uuid``, ``productName``,
@@ -36,15 +39,20 @@ What it does as upstream does:
 
 from __future__ import annotations
 
+import copy
 import re
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 GROUP = "resource.k8s.io"
 API_VERSION = "resource.k8s.io/v1"
-RESOURCES = {"resourceclaims": (GROUP, API_VERSION, "ResourceClaim")}
+RESOURCES = {
+    "resourceclaims": (GROUP, API_VERSION, "ResourceClaim"),
+    "resourceclaimtemplates": (GROUP, API_VERSION, "ResourceClaimTemplate"),
+}
 """The namespaced DRA resources the stand-in serves like its others."""
-VALIDATE_VERSIONS = {"resourceclaims": "1.34"}
+VALIDATE_VERSIONS = dict.fromkeys(RESOURCES, "1.34")
 """The schema version each DRA resource is validated with (``resource.k8s.io/v1`` is 1.34's)."""
 UNFIT = "cannot allocate all claims"
 NVIDIA = "gpu.nvidia.com"
@@ -115,6 +123,10 @@ class DRA:
 
     def __init__(self) -> None:
         self.slices: list[dict[str, Any]] = []
+        self.made: dict[tuple[str, str], dict[str, str]] = {}
+        """The claims made from templates, by pod (namespace, name): by the pod's claim name
+        (what ``status.resourceClaimStatuses`` says; kept here, as the stand-in's kubelet
+        rewrites a pod's status)."""
 
     def add_slice(self, resource_slice: dict[str, Any]) -> None:
         self.slices.append(resource_slice)
@@ -128,13 +140,63 @@ class DRA:
         }
 
     # -- the scheduler's plugin ---------------------------------------------------------------
-    @staticmethod
-    def claim_names(pod: Mapping[str, Any]) -> list[str]:
+    def claim_names(self, pod: Mapping[str, Any]) -> list[str]:
+        """The claims the pod uses: named, or made for it from a template (its
+        ``status.resourceClaimStatuses``)."""
+        meta = pod["metadata"]
+        made = self.made.get((meta.get("namespace", ""), meta["name"]), {})
         return [
-            r["resourceClaimName"]
+            r.get("resourceClaimName") or made.get(r["name"]) or f"{r['name']} (not made yet)"
             for r in pod["spec"].get("resourceClaims") or []
-            if r.get("resourceClaimName")
         ]
+
+    def claims_from_templates(
+        self,
+        pod: dict[str, Any],
+        templates: Mapping[tuple[str, str], Any],
+        create: Callable[[dict[str, Any]], tuple[int, Any]],
+    ) -> None:
+        """Kubernetes' resourceclaim controller (``pkg/controller/resourceclaim/controller.go``,
+        ``handleClaim``): for each ``resourceClaimTemplateName`` of a new pod, a claim made from
+        the template's ``spec`` (``generateName: <pod>-<claim>-``), owned by the pod
+        (``controller: true``, so the garbage collector deletes it with the pod), annotated
+        ``resource.kubernetes.io/pod-claim-name``, and recorded in the pod's
+        ``status.resourceClaimStatuses``."""
+        ns, meta = pod["metadata"].get("namespace", ""), pod["metadata"]
+        statuses = []
+        for ref in pod["spec"].get("resourceClaims") or []:
+            template_name = ref.get("resourceClaimTemplateName")
+            if not template_name:
+                continue
+            template = templates.get((ns, template_name))
+            if template is None:
+                continue  # the controller retries; the pod waits (not modelled further)
+            name = f"{meta['name']}-{ref['name']}-{uuid.uuid4().hex[:5]}"
+            body = {
+                "apiVersion": API_VERSION,
+                "kind": "ResourceClaim",
+                "metadata": {
+                    "name": name,
+                    "annotations": {"resource.kubernetes.io/pod-claim-name": ref["name"]},
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "v1",
+                            "kind": "Pod",
+                            "name": meta["name"],
+                            "uid": meta["uid"],
+                            "controller": True,
+                            "blockOwnerDeletion": True,
+                        }
+                    ],
+                },
+                "spec": copy.deepcopy(template["spec"]["spec"]),
+            }
+            code, reply = create(body)
+            assert code == 201, reply
+            statuses.append({"name": ref["name"], "resourceClaimName": name})
+        if statuses:
+            pod.setdefault("status", {})["resourceClaimStatuses"] = statuses
+            self.made[ns, meta["name"]] = {s["name"]: s["resourceClaimName"] for s in statuses}
 
     def missing(self, pod: Mapping[str, Any], claims: Mapping[tuple[str, str], Any]) -> str:
         """PreFilter: the message for a claim the pod names that does not exist, or ``""``."""
@@ -240,3 +302,20 @@ class DRA:
             reserved = status.setdefault("reservedFor", [])
             reserved.append({"resource": "pods", "name": meta["name"], "uid": meta["uid"]})
             touch(claim)
+
+
+def uuids_of(node: str, count: int = 8) -> list[str]:
+    """Made-up GPU UUIDs of ``node``, by device name (``gpu-<minor>``)."""
+    tag = sum(node.encode()) % 0xFFFF
+    return [f"GPU-{tag:04x}{i:04x}-1111-2222-3333-444455556666" for i in range(count)]
+
+
+def reversed_slice(node: str, product: str = "NVIDIA H100 80GB HBM3") -> dict[str, Any]:
+    """:func:`gpu_slice` of eight GPUs (:func:`uuids_of`) whose PCI bus order is the reverse of
+    their device names: the node's first GPU (NVML index 0, the ledger's ``gpu0``) is ``gpu-7``,
+    so an allocator that is not pinned (it takes the first free device, ``gpu-0``) would give
+    another GPU than the ledger's."""
+    body = gpu_slice(node, [(u, product) for u in uuids_of(node)])
+    for i, device in enumerate(body["spec"]["devices"]):
+        device["attributes"]["pcieBusID"]["string"] = f"0000:{8 - i:x}0:00.0"
+    return body

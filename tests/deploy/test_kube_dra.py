@@ -24,11 +24,9 @@ from tornado import web
 from traitlets.config import Config
 
 from gpupool.core import Ledger, Team
-from gpupool.core.errors import InvalidRequest
-from gpupool.core.jobs import JobSpec
 from gpupool.declarations import ConfigError
 from gpupool.kube.claims import node_gpus, slice_devices
-from gpupool.kube.jobs import KubeJobBackend, check_kube_settings
+from gpupool.kube.jobs import check_kube_settings
 from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.pool import Pool
 from gpupool.store import Store
@@ -351,16 +349,6 @@ def test_a_bad_device_allocation_stops_the_hub_naming_the_key(section: str) -> N
         check_kube_settings(config)
 
 
-def test_jobs_on_gpus_are_refused_under_dra_with_the_reason() -> None:
-    config = Config()
-    config.KubeGPUSettings.device_allocation = "dra"
-    backend = KubeJobBackend(config=config, offers=OFFERS)
-    assert backend.device_allocation == "dra"
-    with pytest.raises(InvalidRequest, match=r"Dynamic Resource Allocation.*notebooks only"):
-        backend.validate(JobSpec(script="print(1)", offer="h100", gpus=2))
-    backend.validate(JobSpec(script="print(1)", offer="cpu", gpus=1))  # CPU jobs run
-
-
 # -- the stand-in ----------------------------------------------------------------------------------
 def test_a_claim_with_an_unknown_field_is_invalid_as_the_api_server_says(
     cluster: tuple[Served, Pool],
@@ -406,6 +394,7 @@ def test_the_charts_roles_allow_claims_and_slices_only_with_dra() -> None:
     role, cluster_role = rules(objects, "Role"), rules(objects, "ClusterRole")
     # what gpupool_spawner.dra does: create, read back, own (patch), delete; list slices
     assert {"create", "get", "list", "watch", "patch", "delete"} <= set(role["resourceclaims"])
+    assert {"create", "delete"} <= set(role["resourceclaimtemplates"])
     assert {"list"} <= set(cluster_role["resourceslices"])
     (configmap,) = [o for o in objects if o["kind"] == "ConfigMap"]
     config = json.loads(configmap["data"]["gpupool.json"])

@@ -24,15 +24,24 @@ Vocabulary
 - *claim reference*: the pod's ``spec.resourceClaims`` entry :data:`CLAIM_REF` naming the claim
   (``resourceClaimName``) and the notebook container's ``resources.claims`` entry of that name
   (:func:`use_claim`); the container then asks for no ``nvidia.com/*`` resource.
+- *job claims*: an Indexed Job's pods share one pod template, so they cannot each name a
+  claim of their own: the job gets a ResourceClaimTemplate (:func:`make_claim_template`, owned
+  by the Job) from which Kubernetes' resourceclaim controller makes one claim per pod, owned by
+  the pod. Its selector lists the pinned UUIDs of every node of the job, and each claim asks for
+  one node's count: a pod is bound to its node (node affinity), where only that node's pinned
+  GPUs match, so each pod gets exactly the GPUs the ledger holds there. One claim shared by all
+  pods could not work: a claim is allocated on one node.
 - *allocation result*: ``status.allocation.devices.results`` of the claim (``driver``, ``pool``,
   ``device``) as the scheduler wrote it; :func:`allocated_uuids` maps it back to UUIDs through the
   slices, and :func:`unhonoured` says where it differs from the pinned UUIDs.
 
 Contract: no I/O; every function is pure over API JSON or ``kubernetes_asyncio`` models. The
 spawner creates the claim before its pod and owns it by the pod afterwards
-(``gpupool_spawner.kube``). Whole GPUs only: a MIG instance (DeviceClass ``mig.nvidia.com``,
-devices ``gpu-<minor>-mig-<profile id>-<start>-<size>``) or a share is refused under DRA with
-the reason (:func:`dra_refusal`), as are jobs (:mod:`gpupool.kube.jobs`).
+(``gpupool_spawner.dra``); the job backend creates the template with the (suspended) Job's other
+objects, owned by the Job, before it resumes the Job (:mod:`gpupool.kube.jobs`). Whole GPUs
+only: a MIG instance (DeviceClass ``mig.nvidia.com``, devices
+``gpu-<minor>-mig-<profile id>-<start>-<size>``) or a share is refused under DRA with the
+reason (:func:`dra_refusal`), for notebooks and jobs.
 """
 
 from __future__ import annotations
@@ -80,6 +89,11 @@ def check_device_allocation(value: Any, key: str) -> str:
             key, f"{value!r} is not one of {', '.join(repr(v) for v in DEVICE_ALLOCATIONS)}"
         )
     return str(value)
+
+
+def claim_template_name(job_name: str) -> str:
+    """The ResourceClaimTemplate of the Job named ``job_name`` (see *job claims*)."""
+    return f"{job_name}{CLAIM_SUFFIX}"
 
 
 def claim_name(pod_name: str) -> str:
@@ -190,6 +204,17 @@ def uuid_expression(uuids: Sequence[str]) -> str:
     return f"device.attributes['{NVIDIA_DRIVER}'].uuid in [{listed}]"
 
 
+def claim_spec(uuids: Sequence[str], count: int) -> dict[str, Any]:
+    """A claim's ``spec``: one request for ``count`` GPUs among ``uuids``."""
+    exactly = {
+        "deviceClassName": GPU_CLASS,
+        "allocationMode": "ExactCount",
+        "count": count,
+        "selectors": [{"cel": {"expression": uuid_expression(uuids)}}],
+    }
+    return {"devices": {"requests": [{"name": CLAIM_REF, "exactly": exactly}]}}
+
+
 def make_claim(
     name: str, namespace: str, uuids: Sequence[str], labels: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
@@ -198,22 +223,88 @@ def make_claim(
         "apiVersion": RESOURCE_API,
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": CLAIM_REF,
-                        "exactly": {
-                            "deviceClassName": GPU_CLASS,
-                            "allocationMode": "ExactCount",
-                            "count": len(uuids),
-                            "selectors": [{"cel": {"expression": uuid_expression(uuids)}}],
-                        },
-                    }
-                ]
-            }
-        },
+        "spec": claim_spec(uuids, len(uuids)),
     }
+
+
+def make_claim_template(
+    name: str,
+    namespace: str,
+    uuids: Sequence[str],
+    per_pod: int,
+    owner: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The ResourceClaimTemplate of a job (*job claims*): each pod's claim asks for ``per_pod``
+    GPUs among all of the job's pinned ``uuids``; owned by the Job ``owner`` (API JSON)."""
+    meta = owner["metadata"]
+    return {
+        "apiVersion": RESOURCE_API,
+        "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": dict(meta.get("labels") or {}),
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {"spec": claim_spec(uuids, per_pod)},
+    }
+
+
+def job_pinned_uuids(
+    allocations: Sequence[Allocation], inventory: Inventory, devices: Sequence[SliceDevice]
+) -> tuple[tuple[str, ...], int]:
+    """The *pinned UUIDs* of all of a job's allocations (one per node) and the GPUs each pod
+    asks for; a :class:`DRAError` where the nodes' counts differ (one template for all pods)."""
+    counts = {len(a.devices) for a in allocations}
+    if len(counts) != 1:
+        raise DRAError(
+            "the job's nodes hold different numbers of GPUs, and its pods share one claim template"
+        )
+    uuids = tuple(u for a in allocations for u in pinned_uuids(a, inventory, devices))
+    return uuids, counts.pop()
+
+
+def use_claim_template(job: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """A copy of the Job ``job`` (API JSON) whose pods get their GPUs from a claim made from
+    the template ``name`` (``resourceClaimTemplateName``) instead of ``nvidia.com/*``
+    resources (see *claim reference*)."""
+    out = copy.deepcopy(dict(job))
+    spec = out["spec"]["template"]["spec"]
+    for container in spec.get("containers") or []:
+        resources = container.get("resources") or {}
+        held = [
+            k
+            for kind in ("limits", "requests")
+            for k in resources.get(kind) or {}
+            if k.startswith("nvidia.com/")
+        ]
+        if not held:
+            continue
+        for kind in ("limits", "requests"):
+            quantities = {
+                k: v
+                for k, v in (resources.get(kind) or {}).items()
+                if not k.startswith("nvidia.com/")
+            }
+            if quantities:
+                resources[kind] = quantities
+            else:
+                resources.pop(kind, None)
+        claims = [c for c in resources.get("claims") or [] if c.get("name") != CLAIM_REF]
+        resources["claims"] = [*claims, {"name": CLAIM_REF}]
+        container["resources"] = resources
+    refs = [r for r in spec.get("resourceClaims") or [] if r.get("name") != CLAIM_REF]
+    spec["resourceClaims"] = [*refs, {"name": CLAIM_REF, "resourceClaimTemplateName": name}]
+    return out
 
 
 def owner_reference(pod: Mapping[str, Any]) -> dict[str, Any]:

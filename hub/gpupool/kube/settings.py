@@ -177,8 +177,8 @@ class KubeGPUSettings(Configurable):
         help="""How GPU pods get their GPUs: ``"device-plugin"`` (the default: extended
         resources such as ``nvidia.com/gpu``; the NVIDIA device plugin picks the GPU) or
         ``"dra"`` (Dynamic Resource Allocation, Kubernetes 1.34 or later with NVIDIA's DRA
-        driver: each notebook's GPUs are a ResourceClaim pinning the GPUs the pool chose by
-        UUID, and the pool reads back what was allocated; whole GPUs only, jobs are refused;
+        driver: a notebook's GPUs are a ResourceClaim, a job's a ResourceClaimTemplate, pinning
+        the GPUs the pool chose by UUID; whole GPUs only, MIG instances and shares are refused;
         see :mod:`gpupool.kube.claims`). Example:
         ``c.KubeGPUSettings.device_allocation = "dra"``""",
     )
