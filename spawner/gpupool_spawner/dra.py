@@ -15,8 +15,9 @@ KubeSpawner and only orchestrates I/O; the claim and the pod's reference to it a
   later retry of the scheduler's will find others), rather than at ``start_timeout``; the pod
   and the claim are deleted and the mixin releases the devices;
 - once the pod runs, the claim's allocation result is read back and compared with the pinned
-  UUIDs (:attr:`DRAClaims.gpupool_dra_uuids` then holds what the driver gave); a claim given
-  other GPUs fails the start (the ledger would count GPUs the pod does not hold);
+  UUIDs (:attr:`DRAClaims.gpupool_dra_uuids` then holds what the driver gave), and the
+  ledger's devices record their UUIDs (``instance``, persisted); a claim given other GPUs fails
+  the start (the ledger would count GPUs the pod does not hold);
 - ``stop`` deletes the claim after the pod (before the mixin releases the devices).
 The hub's Role must allow ``resourceclaims`` (create, get, patch, delete) in the namespace and
 its ClusterRole ``resourceslices`` (list) cluster-wide: the Helm chart grants both with
@@ -43,6 +44,7 @@ from gpupool.kube.claims import (
     pinned_uuids,
     slice_devices,
     unhonoured,
+    with_uuids,
 )
 
 WATCH_PERIOD_S = 0.2
@@ -214,6 +216,26 @@ class DRAClaims:
             )
         self.gpupool_dra_uuids = uuids
         self.log.info("gpupool: %s holds %s (%s)", self.pod_name, uuids, self.gpupool_claim_name)
+        self._gpupool_record(self._gpupool_pinned)
+
+    def _gpupool_record(self, uuids: tuple[str, ...]) -> None:
+        """The ledger's devices of this server's allocation get their UUIDs (persisted; the
+        ledger unchanged if the database refuses: logged)."""
+        pool, alloc_id = self.gpupool, self.gpupool_allocation.id
+
+        def record(ledger: Any) -> None:
+            current = ledger.allocations.get(alloc_id)
+            if current is None:
+                return
+            updated = with_uuids(current, uuids)
+            try:
+                pool.store.replace([updated])
+            except Exception as e:  # the UUIDs are bookkeeping: the server runs regardless
+                self.log.warning("gpupool: cannot record the GPUs of %s: %s", alloc_id, e)
+                return
+            ledger.allocations[alloc_id] = updated
+
+        pool.deciding(record)
 
     async def _gpupool_remove(self) -> None:
         """Delete the pod (as KubeSpawner's stop does) and the claim."""

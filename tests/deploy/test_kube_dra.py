@@ -153,6 +153,10 @@ def test_a_notebooks_gpus_are_a_claim_pinning_the_ledgers_gpus_by_uuid(
             assert sorted(s.gpupool_dra_uuids) == sorted(expected)
             (allocation,) = pool.ledger.allocations.values()
             assert [d.gpu for d in allocation.devices] == [f"k8s-{NODE}-gpu0", f"k8s-{NODE}-gpu1"]
+            # read back into the ledger (and its database): the devices name the real GPUs
+            assert allocation.visible_devices == ",".join(expected)
+            (stored,) = pool.store.load()
+            assert [d.instance for d in stored.devices] == expected
             # owned by the pod, so the garbage collector deletes it with the pod
             uid = server.api.objects["pods"][PROFILE_NS, s.pod_name]["metadata"]["uid"]
             assert claim["metadata"]["ownerReferences"] == [

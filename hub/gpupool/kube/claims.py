@@ -33,7 +33,9 @@ Vocabulary
   pods could not work: a claim is allocated on one node.
 - *allocation result*: ``status.allocation.devices.results`` of the claim (``driver``, ``pool``,
   ``device``) as the scheduler wrote it; :func:`allocated_uuids` maps it back to UUIDs through the
-  slices, and :func:`unhonoured` says where it differs from the pinned UUIDs.
+  slices, and :func:`unhonoured` says where it differs from the pinned UUIDs. Once it agrees,
+  the ledger's devices carry the UUIDs as their ``instance`` (:func:`with_uuids`; their
+  ``visible_id``), persisted: the admin page, metrics and the reconciler name the real GPUs.
 
 Contract: no I/O; every function is pure over API JSON or ``kubernetes_asyncio`` models. The
 spawner creates the claim before its pod and owns it by the pod afterwards
@@ -49,7 +51,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kubernetes_asyncio.client import (
@@ -344,6 +346,15 @@ def allocated_uuids(
         return None
     by_name = {(d.pool, d.name): d.uuid for d in devices}
     return tuple(by_name.get((pool, dev)) or f"{pool}/{dev}" for _, pool, dev in results)
+
+
+def with_uuids(allocation: Allocation, uuids: Sequence[str]) -> Allocation:
+    """``allocation`` with each whole GPU's UUID as its device's ``instance`` (its
+    ``visible_id``), in the order of its devices (the *pinned UUIDs*' order)."""
+    if len(uuids) != len(allocation.devices):
+        raise DRAError(f"{len(uuids)} UUID(s) for {len(allocation.devices)} device(s)")
+    devices = tuple(replace(d, instance=u) for d, u in zip(allocation.devices, uuids, strict=True))
+    return replace(allocation, devices=devices)
 
 
 def unhonoured(pinned: Sequence[str], allocated: Sequence[str]) -> str | None:
