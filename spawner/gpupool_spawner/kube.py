@@ -20,6 +20,9 @@ Vocabulary
 - *GPU pod settings*: tolerations, priority class, scheduler, product labels, node binding, HAMi
   resources and Kueue labels are :class:`gpupool.kube.settings.KubeGPUSettings`, which this class
   and the job backend both inherit (``c.KubeGPUSettings.<name>`` sets both).
+- *DRA*: with ``device_allocation = "dra"`` the notebook's GPUs are a ResourceClaim pinning
+  them by UUID instead of ``nvidia.com/*`` resources (:mod:`gpupool_spawner.dra`,
+  :mod:`gpupool.kube.claims`); MIG instances and shares are refused (400) there.
 - *profiles*: KubeSpawner's ``profile_list`` (z2jh's ``singleuser.profileList``, which z2jh's
   ``jupyterhub_config.py`` sets on ``c.KubeSpawner`` and this subclass inherits) works as in
   KubeSpawner: the ``profile`` user option, a profile's ``profile_options`` and their
@@ -71,6 +74,7 @@ from gpupool.core.ledger import Allocation
 from gpupool.core.parse import clip
 from gpupool.hub.errors import refuse
 from gpupool.hub.form import PROFILE_OFFERS_KEY
+from gpupool.kube.claims import DRA, claim_name, dra_refusal, use_claim
 from gpupool.kube.nodes import not_ready_reason
 from gpupool.kube.pods import (
     HARDENING,
@@ -81,6 +85,7 @@ from gpupool.kube.pods import (
     product_values,
 )
 from gpupool.kube.settings import KubeGPUSettings
+from gpupool_spawner.dra import DRAClaims
 from gpupool_spawner.mixin import GPUSpawnerMixin, UnknownExit
 from gpupool_spawner.options import OfferLimit, others
 
@@ -88,7 +93,7 @@ PROFILE_FIELDS = ("profile", "profile-option-")
 """The spawn form fields KubeSpawner's profile form posts (the name, or its start)."""
 
 
-class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner, KubeGPUSettings):
+class KubeGPUSpawner(GPUSpawnerMixin, DRAClaims, KubeSpawner, KubeGPUSettings):
     """KubeSpawner with GPUs from the pool; the GPU pod settings are
     :class:`gpupool.kube.settings.KubeGPUSettings` (``c.KubeGPUSettings.<name>`` for notebooks
     and jobs, ``c.KubeGPUSpawner.<name>`` for notebooks)."""
@@ -163,6 +168,8 @@ class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner, KubeGPUSettings):
 
     # -- the mixin's hook and KubeSpawner's manifest -------------------------------------------
     def gpupool_check_allocation(self, allocation: Allocation) -> None:
+        if self.device_allocation == DRA and (why := dra_refusal(allocation)):
+            raise refuse(400, f"Your {allocation.offer} cannot be given to this server: {why}.")
         offer = self.gpupool.ledger.offers.get(allocation.offer)
         if allocation.devices and offer is not None and offer.model:
             try:
@@ -179,7 +186,7 @@ class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner, KubeGPUSettings):
         allocation = self.gpupool_allocation
         self._gpupool_check_pins(pod, allocation)
         pod = harden_notebook(pod, self.pod_hardening)
-        return apply_allocation(
+        pod = apply_allocation(
             pod,
             allocation,
             self.gpupool_offer,
@@ -192,6 +199,9 @@ class KubeGPUSpawner(GPUSpawnerMixin, KubeSpawner, KubeGPUSettings):
             bind_to_node=self.bind_to_node,
             shares=self.share_requests_for(self.gpupool.inventory),
         )
+        if self.gpupool_uses_dra():  # its GPUs come from a claim (gpupool_spawner.dra)
+            pod = use_claim(pod, claim_name(self.pod_name))
+        return pod
 
     def _gpupool_check_pins(self, pod: V1Pod, allocation: Allocation | None) -> None:
         """Refuse a GPU pod pinned by name to another node than the one the ledger chose."""

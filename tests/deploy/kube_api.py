@@ -93,6 +93,7 @@ import kubernetes_validate
 from aiohttp import web
 
 from tests.deploy.kube_hami import Schedulers
+from tests.deploy import kube_dra
 
 VALIDATE_VERSION = "1.33"
 RESOURCES: dict[str, tuple[str, str, str]] = {
@@ -106,6 +107,7 @@ RESOURCES: dict[str, tuple[str, str, str]] = {
     # are deleted once stale, by pkg/controlplane/controller/apiserverleasegc): whether one is
     # held is its readers' judgement from spec.renewTime (gpupool.kube.claim)
     "leases": ("coordination.k8s.io", "coordination.k8s.io/v1", "Lease"),
+    **kube_dra.RESOURCES,
 }
 RETURNS_OBJECT_ON_DELETE = ("pods", "services")
 PLURALS = {kind: plural for plural, (_, _, kind) in RESOURCES.items()} | {"Node": "nodes"}
@@ -166,6 +168,8 @@ class StandIn:
         self.forbidden: set[tuple[str, str]] = set()
         self.lost: set[str] = set()
         """Nodes whose kubelet is gone (:meth:`lose_node`): it confirms no deletion."""
+        self.dra = kube_dra.DRA()
+        """ResourceSlices and the scheduler's DRA plugin (:mod:`tests.deploy.kube_dra`)."""
         self.workloads: dict[tuple[str, str], list[dict[str, Any]]] = {}
         """Kueue's Workload of a Job (by the Job's namespace and name): its conditions, as
         :meth:`kueue_admit` and :meth:`kueue_preempt` leave them (not served)."""
@@ -338,7 +342,8 @@ class StandIn:
             )
             return self._status(400, "BadRequest", message)
         try:
-            kubernetes_validate.validate(body, VALIDATE_VERSION, strict=True)
+            version = kube_dra.VALIDATE_VERSIONS.get(plural, VALIDATE_VERSION)
+            kubernetes_validate.validate(body, version, strict=True)
         except kubernetes_validate.ValidationError as e:
             message = f'{kind} "{name}" is invalid: {e.message}'
             return self._status(422, "Invalid", message, plural, name)
@@ -608,6 +613,8 @@ class StandIn:
             if index in existing and existing[index]["status"]["phase"] != "Failed":
                 continue
             pod = self._pod_from_template(job, index)
+            create = functools.partial(self.create, "resourceclaims", namespace)
+            self.dra.claims_from_templates(pod, self.objects["resourceclaimtemplates"], create)
             if unschedulable:
                 pod["status"]["conditions"] = [
                     {
@@ -927,6 +934,7 @@ class StandIn:
                 return "Unschedulable"
             pod["spec"]["nodeName"] = node_name
             self.schedulers.bind(pod, self.nodes[node_name], self._bound_pods(exclude=pod))
+            self.dra.bind(pod, node_name, self.objects["resourceclaims"], self._touch)
             self.event(
                 pod,
                 "Normal",
@@ -977,6 +985,8 @@ class StandIn:
 
     def _pick_node(self, pod: dict[str, Any]) -> tuple[str | None, str]:
         """The node kube-scheduler would bind ``pod`` to, or None and the FitError message."""
+        if missing := self.dra.missing(pod, self.objects["resourceclaims"]):
+            return None, missing
         reasons: Counter[str] = Counter()
         feasible: list[tuple[float, str]] = []
         requests = self.schedulers.kube_requests(pod, pod_requests(pod))
@@ -1020,6 +1030,8 @@ class StandIn:
         ]
         if short:
             return short
+        if self.dra.pick(pod, node["metadata"]["name"], self.objects["resourceclaims"]) is None:
+            return [kube_dra.UNFIT]
         for constraint in spec.get("topologySpreadConstraints") or []:
             if constraint.get("whenUnsatisfiable") == "DoNotSchedule" and not self._spread_ok(
                 pod, node, constraint, eligible
@@ -1472,11 +1484,13 @@ class Served:
         add("GET", "/api/v1/nodes/{name}", self._get_node)
         add("GET", "/api/v1/pods", self._list_all_pods)
         add("GET", "/apis/coordination.k8s.io/v1/leases", self._list_all_leases)
+        add("GET", "/apis/resource.k8s.io/v1/resourceslices", self._list_slices)
         for prefix, plurals in (
             ("/api/v1", "configmaps|services|pods"),
             ("/apis/batch/v1", "jobs"),
             ("/apis/networking.k8s.io/v1", "networkpolicies"),
             ("/apis/coordination.k8s.io/v1", "leases"),
+            ("/apis/resource.k8s.io/v1", "resourceclaims|resourceclaimtemplates"),
         ):
             many = f"{prefix}/namespaces/{{ns}}/{{plural:{plurals}}}"
             add("GET", many, self._list)
@@ -1531,6 +1545,11 @@ class Served:
         with self.api.lock:
             reply = self.api.list_objects("leases", ALL, request.query.get("labelSelector", ""))
             return self._answer(request, copy.deepcopy(reply))
+    async def _list_slices(self, request: web.Request) -> web.Response:
+        self.api.requests.append((request.method, request.path, dict(request.query)))
+        with self.api.lock:
+            body = self.api.dra.list_slices(str(next(self.api._rv)))
+            return self._answer(request, (200, copy.deepcopy(body)))
 
     async def _get_node(self, request: web.Request) -> web.Response:
         self.api.requests.append((request.method, request.path, dict(request.query)))

@@ -5,6 +5,9 @@ Vocabulary
   (with ``network_policy``) the job's NetworkPolicy, all named from the job id and labelled
   ``gpupool.io/job`` (see :mod:`gpupool.kube.manifests`). The others are owned by the Job
   (``ownerReferences``), so they go when it goes (cancel, or ``ttlSecondsAfterFinished``).
+  Under DRA (``device_allocation = "dra"``) a ResourceClaimTemplate pinning the job's GPUs by
+  UUID is one of them, and the pods ask it for their GPUs (see *job claims* in
+  :mod:`gpupool.kube.claims`).
 - *handle*: JSON with the namespace, the three names and the Job's ``uid``. A restarted hub
   finds the objects from the handle alone, or from the names (which depend only on the job id)
   when the hub went down before the handle was saved.
@@ -64,12 +67,22 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from traitlets.config import Config
 
+from gpupool.core.errors import InvalidRequest
 from gpupool.core.inventory import NodePool
-from gpupool.core.jobs import Job
+from gpupool.core.jobs import Job, JobSpec
 from gpupool.core.ledger import Allocation
 from gpupool.core.queue import ScaleUp
 from gpupool.jobs.backend import Observation
 from gpupool.kube.api import api_configuration
+from gpupool.kube.claims import (
+    DRA,
+    DRAError,
+    claim_template_name,
+    job_pinned_uuids,
+    make_claim_template,
+    slice_devices,
+    use_claim_template,
+)
 from gpupool.kube.job_status import (
     TERMINAL_PHASES,
     JobRef,
@@ -120,6 +133,19 @@ class KubeJobBackend(KubeJobSettings):
             if self.network_policy
             else "shared: no NetworkPolicy per job (KubeJobBackend.network_policy is off)"
         )
+
+    def validate(self, spec: JobSpec) -> None:
+        """The base checks; and under DRA (``device_allocation = "dra"``), a job on MIG
+        instances or shares is refused with the reason (whole GPUs only: see
+        :mod:`gpupool.kube.claims`)."""
+        super().validate(spec)
+        offer = self.offer_named(spec.offer)
+        if self.device_allocation == DRA and offer is not None and offer.kind in ("mig", "share"):
+            raise InvalidRequest(
+                f"Jobs on {spec.offer} cannot run on this hub: it gives GPUs through "
+                "Kubernetes Dynamic Resource Allocation (KubeGPUSettings.device_allocation = "
+                "'dra'), where gpupool gives whole GPUs only. Choose a whole-GPU offer."
+            )
 
     @property
     def distinct_nodes(self) -> bool:  # type: ignore[override]
@@ -245,6 +271,10 @@ class KubeJobBackend(KubeJobSettings):
                     job.id,
                     ", ".join(str(a.node) for a in allocations),
                 )
+            pinned: tuple[tuple[str, ...], int] | None = None
+            if self.device_allocation == DRA and first is not None and first.devices:
+                pinned = await self._pinned(api, allocations)  # before anything is made
+                body = use_claim_template(body, claim_template_name(ref.job))
             created = await self._create(batch.create_namespaced_job, ref.namespace, body)
             owner = api.sanitize_for_serialization(created)
             ref = replace(ref, uid=owner["metadata"]["uid"])
@@ -255,6 +285,15 @@ class KubeJobBackend(KubeJobSettings):
                         networking.create_namespaced_network_policy,
                         networking.delete_namespaced_network_policy,
                         make_network_policy(job, ref.namespace, owner, dns=self.network_policy_dns),
+                    )
+                if pinned is not None:
+                    resource = client.ResourceV1Api(api)
+                    await self._replace(
+                        resource.create_namespaced_resource_claim_template,
+                        resource.delete_namespaced_resource_claim_template,
+                        make_claim_template(
+                            claim_template_name(ref.job), ref.namespace, *pinned, owner
+                        ),
                     )
                 await self._replace(
                     core.create_namespaced_config_map,
@@ -289,6 +328,25 @@ class KubeJobBackend(KubeJobSettings):
             f" (Kueue queue {queue})" if queue else "",
         )
         return ref.handle()
+
+    async def _pinned(self, api: Any, allocations: list[Allocation]) -> tuple[tuple[str, ...], int]:
+        """The job's *pinned UUIDs* and GPUs per pod, from the nodes' ResourceSlices (see
+        :func:`gpupool.kube.claims.job_pinned_uuids`); a :class:`KubeError` says why not."""
+        resource = client.ResourceV1Api(api)
+        try:
+            found = await resource.list_resource_slice(_request_timeout=self.request_timeout)
+        except ApiException as e:
+            raise KubeError(
+                f"Kubernetes refused to list ResourceSlices: {api_message(e)}"
+            ) from None
+        devices = slice_devices(api.sanitize_for_serialization(found.items))
+        inventory = getattr(self._pool(), "inventory", None)
+        try:
+            if inventory is None:
+                raise DRAError("the pool's inventory is not known to the job backend")
+            return job_pinned_uuids(allocations, inventory, devices)
+        except DRAError as e:
+            raise KubeError(f"The job's GPUs cannot be pinned through DRA: {e}") from None
 
     async def _create(self, create: Any, namespace: str, body: dict[str, Any]) -> Any:
         kind, name = body["kind"], body["metadata"]["name"]

@@ -42,6 +42,7 @@ from gpupool.core.ledger import Allocation
 from gpupool.core.offers import Offer
 from gpupool.declarations import ConfigError
 from gpupool.jobs.backend import JobBackend
+from gpupool.kube.claims import DEVICE_PLUGIN, check_device_allocation
 from gpupool.kube.job_status import TERMINAL_PHASES, phase
 from gpupool.kube.manifests import (
     DEFAULT_DNS_PEERS,
@@ -199,6 +200,18 @@ class KubeGPUSettings(Configurable):
         ``c.KubeGPUSettings.kueue_cohort = "gpupool"``""",
     )
 
+    device_allocation = Unicode(
+        DEVICE_PLUGIN,
+        config=True,
+        help="""How GPU pods get their GPUs: ``"device-plugin"`` (the default: extended
+        resources such as ``nvidia.com/gpu``; the NVIDIA device plugin picks the GPU) or
+        ``"dra"`` (Dynamic Resource Allocation, Kubernetes 1.34 or later with NVIDIA's DRA
+        driver: a notebook's GPUs are a ResourceClaim, a job's a ResourceClaimTemplate, pinning
+        the GPUs the pool chose by UUID; whole GPUs only, MIG instances and shares are refused;
+        see :mod:`gpupool.kube.claims`). Example:
+        ``c.KubeGPUSettings.device_allocation = "dra"``""",
+    )
+
     def setting_key(self, name: str) -> str:
         """The *setting key* of ``name`` on this object."""
         for section in reversed(self.section_names()):
@@ -209,6 +222,11 @@ class KubeGPUSettings(Configurable):
     @validate("gpu_tolerations")
     def _valid_tolerations(self, proposal: dict[str, Any]) -> list[dict[str, Any]]:
         return check_tolerations(proposal["value"], self.setting_key("gpu_tolerations"))
+
+    @validate("device_allocation")
+    def _valid_device_allocation(self, proposal: dict[str, Any]) -> str:
+        key = self.setting_key("device_allocation")
+        return check_device_allocation(proposal["value"], key)
 
     @validate("gpu_product_labels")
     def _valid_product_labels(self, proposal: dict[str, Any]) -> dict[str, list[str]]:
