@@ -92,8 +92,8 @@ from typing import Any, TypeVar
 import kubernetes_validate
 from aiohttp import web
 
-from tests.deploy.kube_hami import Schedulers
 from tests.deploy import kube_dra
+from tests.deploy.kube_hami import Schedulers
 
 VALIDATE_VERSION = "1.33"
 RESOURCES: dict[str, tuple[str, str, str]] = {
@@ -1545,6 +1545,7 @@ class Served:
         with self.api.lock:
             reply = self.api.list_objects("leases", ALL, request.query.get("labelSelector", ""))
             return self._answer(request, copy.deepcopy(reply))
+
     async def _list_slices(self, request: web.Request) -> web.Response:
         self.api.requests.append((request.method, request.path, dict(request.query)))
         with self.api.lock:
