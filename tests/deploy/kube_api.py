@@ -92,6 +92,8 @@ from typing import Any, TypeVar
 import kubernetes_validate
 from aiohttp import web
 
+from tests.deploy.kube_devices import DevicePlugin
+
 VALIDATE_VERSION = "1.33"
 RESOURCES: dict[str, tuple[str, str, str]] = {
     "configmaps": ("", "v1", "ConfigMap"),
@@ -162,6 +164,9 @@ class StandIn:
         self.workloads: dict[tuple[str, str], list[dict[str, Any]]] = {}
         """Kueue's Workload of a Job (by the Job's namespace and name): its conditions, as
         :meth:`kueue_admit` and :meth:`kueue_preempt` leave them (not served)."""
+        self.device_plugin: DevicePlugin | None = None
+        """NVIDIA's device plugin on the nodes, when a test sets one (:mod:`tests.deploy.
+        kube_devices`): it chooses each started pod's devices."""
 
     # -- bookkeeping --------------------------------------------------------------------------
     def now(self) -> str:
@@ -683,6 +688,9 @@ class StandIn:
 
     def _start(self, pod: dict[str, Any], pod_ip: str, host_ip: str) -> None:
         """The kubelet starts a bound pod's containers: phase Running."""
+        node = self.nodes.get(pod["spec"].get("nodeName") or "")
+        if self.device_plugin is not None and node is not None:  # the device manager allocates
+            self.device_plugin.allocate(pod, node, self._bound_pods(exclude=pod))
         started = self.now()
         pod["status"] = {
             "phase": "Running",

@@ -43,6 +43,7 @@ from gpupool.hub.reconcile import Reconciler
 from gpupool.hub.scopes import ADMIN_SCOPE, CUSTOM_SCOPES, JOBS_SCOPE, SERVER_ROLE_SCOPES
 from gpupool.kube.jobs import check_kube_settings
 from gpupool.kube.reconcile import KubeReconciler
+from gpupool.monitors.dcgm import DCGMSource
 from gpupool.pool import Pool
 from gpupool.usercode import check_shared_mode, spawner_setting
 
@@ -131,7 +132,11 @@ def _kube_reconciler(
         return None
     selector = inventory.partition(":")[2].strip() or None
     records = reconciler.hub_records
-    return KubeReconciler(pool, records=records, node_selector=selector, config=c, log=logger)
+    url = c.IdleReclaimer.get("dcgm_prometheus_url", "")  # the read-back's source, if any
+    dcgm = DCGMSource(url, c.IdleReclaimer.get("dcgm_timeout", 5.0), logger) if url else None
+    return KubeReconciler(
+        pool, records=records, node_selector=selector, config=c, log=logger, dcgm=dcgm
+    )
 
 
 def _add_spawn_gate(hub: HubObjects) -> None:

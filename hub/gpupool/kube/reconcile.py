@@ -81,6 +81,7 @@ from gpupool.core.inventory import GPU, Inventory, Node
 from gpupool.core.ledger import Allocation, Device, Ledger
 from gpupool.kube.api import ClusterAPI, Gone
 from gpupool.kube.nodes import inventory_from_nodes, not_ready_reason
+from gpupool.kube.readback import read_back
 from gpupool.kube.settings import default_namespace
 from gpupool.kube.tenants import digest, other_releases, tenant_use
 from gpupool.pool import Pool
@@ -464,6 +465,7 @@ class KubeReconciler(LoggingConfigurable):
         records: Records | None = None,
         node_selector: str | None = None,
         clock: Callable[[], float] = time.time,
+        dcgm: Any = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("log", pool.log)
@@ -472,6 +474,9 @@ class KubeReconciler(LoggingConfigurable):
         self.api: API = api or ClusterAPI(self.namespace, node_selector, TEAM_LABEL)
         self.records = records
         self.clock = clock
+        self.dcgm = dcgm
+        """Where the devices the nodes gave are read back from (a
+        :class:`gpupool.monitors.dcgm.DCGMSource`; :mod:`gpupool.kube.readback`), or ``None``."""
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.tenants: dict[tuple[str, str], dict[str, Any]] = {}
@@ -682,6 +687,8 @@ class KubeReconciler(LoggingConfigurable):
             self._act(f)
         self.reported &= keys
         self._unknown_since = {k: v for k, v in self._unknown_since.items() if k in keys}
+        if self.dcgm is not None:
+            await read_back(self.pool, self.dcgm, pods, self.log)
         return fresh
 
     def _act(self, f: Finding) -> None:
