@@ -17,6 +17,7 @@ import pytest
 from gpupool.core import Ledger, Offer, Team
 from gpupool.core.ledger import Allocation
 from gpupool.kube.api import ClusterAPI
+from gpupool.kube.manifests import configmap_name, job_name, make_job
 from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.kube.readback import parse_seen, plan_readback, seen_by_allocation
 from gpupool.kube.reconcile import KubeReconciler
@@ -27,6 +28,7 @@ from gpupool.store import Store
 from tests.conftest import h100_node, kubeconfig
 from tests.deploy.kube_api import Served, served
 from tests.deploy.kube_devices import DevicePlugin, node_devices
+from tests.deploy.kube_fixtures import a_job, notebook_pod
 from tests.prometheus import Prometheus
 
 NS = "jhub"
@@ -39,8 +41,10 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]
     with served() as server:
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "kubeconfig", server.url)))
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        node = h100_node(NODE)
+        node["metadata"]["labels"]["hub.jupyter.org/node-purpose"] = "user"  # z2jh's
         with server.api.lock:
-            server.api.add_node(h100_node(NODE))
+            server.api.add_node(node)
             server.api.device_plugin = DevicePlugin()
         yield server
 
@@ -110,6 +114,7 @@ def free_indexes(pool: Pool) -> set[int]:
 
 class Hub:
     def __init__(self, server: Served, tmp_path: Path, prom: Prometheus) -> None:
+        self.server = server
         with server.api.lock:
             nodes = list(server.api.nodes.values())
         ledger = Ledger(inventory_from_nodes(nodes), OFFERS, {"big": Team("big", 1_000_000)})
@@ -129,8 +134,14 @@ class Hub:
         return self.pool.allocate(user, ["big"], "h100", count, team="big", ref=f"{user}/")
 
     async def settled(self) -> None:
-        """A whole checker pass has run after now (the watches are quick here: one more)."""
+        """The reconciler's watch has every pod of the stand-in, and a whole checker pass has
+        run after that."""
         deadline = time.monotonic() + 10
+        with self.server.api.lock:
+            names = {k for k in self.server.api.objects["pods"] if k[0] == NS}
+        while not names <= set(self.reconciler.pods):
+            assert time.monotonic() < deadline, "the watch is behind"
+            await asyncio.sleep(0.02)
         n = self.reconciler.passes
         while self.reconciler.passes < n + 2:
             self.reconciler.nudge()
@@ -264,6 +275,42 @@ def test_an_allocation_on_a_gpu_the_node_gave_another_pod_is_moved_off_it(
         assert indexes(hub.pool, b) == [0]
         assert all(d.instance for d in hub.pool.ledger.allocations[b.id].devices)
         hub.pool.ledger.check_invariants()
+
+    run(hub, body)
+
+
+def test_a_job_pod_is_read_back_too(
+    cluster: Served, prometheus: Prometheus, tmp_path: Path
+) -> None:
+    """A DDP job's pod (its Job's, labelled with the job) is matched by job and node."""
+    hub = Hub(cluster, tmp_path, prometheus)
+    uuids = {d.index: d.gpu_uuid for d in node_devices(cluster.api.nodes[NODE])}
+
+    async def body() -> None:
+        job = a_job("h100", gpus=2)
+        a = hub.pool.allocate("alice", ["big"], "h100", 2, team="big", kind="job", ref=job.id)
+        obj = make_job(
+            job,
+            [a],
+            pod_template=notebook_pod(),
+            namespace=NS,
+            script_configmap=configmap_name(job),
+            offer=OFFERS["h100"],
+        )
+        obj["spec"]["suspend"] = False
+        with cluster.api.lock:
+            code, reply = cluster.api.create("jobs", NS, obj)
+            assert code == 201, reply
+            cluster.api.create_pods(job_name(job), NS)
+            cluster.api.run_pods(job_name(job), NS)
+            (pod,) = cluster.api.pods_of(job_name(job), NS).values()
+        assert node_given(cluster, pod["metadata"]["name"]) == [6, 7]
+        assert indexes(hub.pool, a) == [0, 1]
+        scrape(cluster, prometheus)
+        await hub.settled()
+        assert indexes(hub.pool, a) == [6, 7]
+        after = hub.pool.ledger.allocations[a.id]
+        assert sorted(d.visible_id for d in after.devices) == sorted([uuids[6], uuids[7]])
 
     run(hub, body)
 

@@ -668,6 +668,8 @@ class KubeReconciler(LoggingConfigurable):
                 )
         now = self.clock()
         pods = list(self.pods.values())
+        if self.dcgm is not None:  # the devices the nodes gave, before the drift is judged
+            await read_back(self.pool, self.dcgm, pods, self.log)
         not_ready = {n: why for n, obj in self.nodes.items() if (why := not_ready_reason(obj))}
         findings: list[Finding] = self.pool.deciding(  # type: ignore[assignment]
             lambda ledger: plan_drift(ledger, pods, records, now, self.grace, not_ready)
@@ -687,8 +689,6 @@ class KubeReconciler(LoggingConfigurable):
             self._act(f)
         self.reported &= keys
         self._unknown_since = {k: v for k, v in self._unknown_since.items() if k in keys}
-        if self.dcgm is not None:
-            await read_back(self.pool, self.dcgm, pods, self.log)
         return fresh
 
     def _act(self, f: Finding) -> None:
