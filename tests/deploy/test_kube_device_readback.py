@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from gpupool.core import Ledger, Offer, Team
+from gpupool.core import Ledger, Offer, Request, Team
 from gpupool.core.ledger import Allocation
+from gpupool.hub.pages_view import gpu_view
 from gpupool.kube.api import ClusterAPI
 from gpupool.kube.manifests import configmap_name, job_name, make_job
 from gpupool.kube.nodes import inventory_from_nodes
@@ -168,8 +170,6 @@ def run(hub: Hub, body: Callable[[], Awaitable[None]]) -> None:
 def test_the_device_plugin_chooses_other_gpus_than_the_ledger(cluster: Served) -> None:
     """A pod for the ledger's first two GPUs gets two others: the plugin's choice."""
     ledger = Ledger(inventory_from_nodes([h100_node(NODE)]), OFFERS, {"big": Team("big", 99000)})
-    from gpupool.core import Request
-
     a = ledger.allocate(Request("ada", "big", "h100", 2, "notebook", "ada/"), "a1")
     gpus = {g.uuid: g.index for n in ledger.inventory.nodes for g in n.gpus}
     assert sorted(gpus[d.gpu] for d in a.devices) == [0, 1]
@@ -193,8 +193,6 @@ def test_dcgm_maps_the_given_gpus_to_the_pod(cluster: Served) -> None:
     plugin = cluster.api.device_plugin
     assert plugin is not None
     ledger = Ledger(inventory_from_nodes([h100_node(NODE)]), OFFERS, {"big": Team("big", 99000)})
-    from gpupool.core import Request
-
     a = ledger.allocate(Request("ada", "big", "h100", 2, "notebook", "ada/"), "a1")
     pod = start_pod(cluster, a)
     series = plugin.dcgm_series(cluster.api.nodes.values(), cluster.api._bound_pods())
@@ -337,3 +335,16 @@ def test_gpu_use_goes_to_the_gpu_read_back() -> None:
     one, two = DeviceSample("GPU-b", 90, 0, 0, ()), DeviceSample("GPU-a", 5, 0, 0, ())
     got = by_ledger_device(["GPU-b", "k8s-n-gpu3"], {"GPU-b": one, "GPU-a": two})
     assert got == {"GPU-b": one, "k8s-n-gpu3": two}
+
+
+def test_the_admin_page_names_the_gpu_read_back() -> None:
+    """The admin page's cell of a held GPU carries the UUID the node reported, not the ledger's
+    bookkeeping name."""
+    ledger = Ledger(inventory_from_nodes([h100_node(NODE)]), OFFERS, {"big": Team("big", 99000)})
+    a = ledger.allocate(Request("ada", "big", "h100", 1, "notebook", "ada/"), "a1")
+    (gpu,) = [g for n in ledger.inventory.nodes for g in n.gpus if g.uuid == a.devices[0].gpu]
+    read = replace(a, devices=(replace(a.devices[0], instance="GPU-5a8e"),))
+    (cell,) = gpu_view(gpu, [(read.devices[0], read)], {"big": 0})["cells"]
+    assert cell["uuid"] == "GPU-5a8e"
+    (cell,) = gpu_view(gpu, [(a.devices[0], a)], {"big": 0})["cells"]
+    assert cell["uuid"] == gpu.uuid  # not read back (yet): the ledger's name
