@@ -67,27 +67,55 @@ def _uuid(*parts: object) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, "/".join(map(str, parts))))
 
 
+MIG_SLOTS = {"1g": 1, "2g": 2, "3g": 4, "4g": 4, "7g": 8}
+"""Memory slots (of 8) of a MIG profile by its compute part; a ``1g`` with double memory
+(``1g.20gb`` on an 80 GB GPU, ``1g.10gb`` on a 40 GB one) takes 2, see :func:`_slots`."""
+
+
+def _slots(profile: str) -> int:
+    compute, _, memory = profile.partition(".")
+    size = MIG_SLOTS.get(compute, 8)
+    if compute == "1g" and memory.rstrip("gb.me").isdigit() and int(memory.rstrip("gb.me")) >= 20:
+        size = 2
+    return size
+
+
 def node_devices(node: Mapping[str, Any]) -> list[NodeDevice]:
-    """The devices the plugin advertises on ``node`` (API JSON), MIG GPUs first."""
+    """The devices the plugin advertises on ``node`` (API JSON): its MIG instances laid out on
+    its first GPUs (``nvidia.com/gpu.count`` less the whole GPUs), largest first, each on the
+    emptiest GPU with room (8 memory slots, 7 compute slices; so ``all-balanced`` on an
+    A100-80GB gives each GPU 3g + 2g + 2 × 1g), GPU instance IDs from 1 per GPU; then its whole
+    GPUs."""
     name = node["metadata"]["name"]
     allocatable = (node.get("status") or {}).get("allocatable") or {}
+    wanted = [
+        resource[len(MIG_PREFIX) :]
+        for resource in sorted(r for r in allocatable if r.startswith(MIG_PREFIX))
+        for _ in range(int(allocatable[resource]))
+    ]
+    wanted.sort(key=lambda p: (-_slots(p), p))
+    labels = node["metadata"].get("labels") or {}
+    count = int(labels.get("nvidia.com/gpu.count", 0)) - int(allocatable.get(GPU, 0))
+    used: list[list[int]] = [[0, 0, 0] for _ in range(max(count, 0))]
     out: list[NodeDevice] = []
-    index = 0
-    for resource in sorted(r for r in allocatable if r.startswith(MIG_PREFIX)):
-        profile = resource[len(MIG_PREFIX) :]
-        slices = int(profile.split("g", 1)[0]) if profile[:1].isdigit() else 1
-        per_gpu = max(1, 7 // max(slices, 1))  # instances of this profile on one GPU
-        for k in range(int(allocatable[resource])):
-            gpu = index + k // per_gpu
-            parent = f"GPU-{_uuid(name, 'gpu', gpu)}"
-            gi = k % per_gpu + 1
-            out.append(
-                NodeDevice(f"MIG-{_uuid(name, gpu, gi)}", resource, gpu, parent, gi, profile)
-            )
-        index += -(-int(allocatable[resource]) // per_gpu)
+    for profile in wanted:
+        slots, compute = _slots(profile), int(profile.split("g", 1)[0])
+        room = [
+            (m - 8, i) for i, (m, c, _) in enumerate(used) if m + slots <= 8 and c + compute <= 7
+        ]
+        gpu = min(room)[1] if room else len(used)  # the emptiest GPU first
+        if gpu == len(used):
+            used.append([0, 0, 0])
+        used[gpu][0] += slots
+        used[gpu][1] += compute
+        used[gpu][2] += 1
+        gi = used[gpu][2]
+        parent = f"GPU-{_uuid(name, 'gpu', gpu)}"
+        resource = MIG_PREFIX + profile
+        out.append(NodeDevice(f"MIG-{_uuid(name, gpu, gi)}", resource, gpu, parent, gi, profile))
     for i in range(int(allocatable.get(GPU, 0))):
-        parent = f"GPU-{_uuid(name, 'gpu', index + i)}"
-        out.append(NodeDevice(parent, GPU, index + i, parent))
+        parent = f"GPU-{_uuid(name, 'gpu', len(used) + i)}"
+        out.append(NodeDevice(parent, GPU, len(used) + i, parent))
     return out
 
 

@@ -8,26 +8,30 @@ ledger's free GPUs are the node's free GPUs."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from traitlets.config import Config
 
 from gpupool.core import Ledger, Offer, Request, Team
 from gpupool.core.ledger import Allocation
+from gpupool.hub import _kube_reconciler
 from gpupool.hub.pages_view import gpu_view
+from gpupool.hub.reconcile import Reconciler
 from gpupool.kube.api import ClusterAPI
 from gpupool.kube.manifests import configmap_name, job_name, make_job
 from gpupool.kube.nodes import inventory_from_nodes
-from gpupool.kube.readback import parse_seen, plan_readback, seen_by_allocation
+from gpupool.kube.readback import Seen, parse_seen, plan_readback, seen_by_allocation
 from gpupool.kube.reconcile import KubeReconciler
 from gpupool.monitors.activity import DeviceSample
 from gpupool.monitors.dcgm import DCGMSource, by_ledger_device
 from gpupool.pool import Pool
 from gpupool.store import Store
-from tests.conftest import h100_node, kubeconfig
+from tests.conftest import a100_mixed_node, h100_node, kubeconfig
 from tests.deploy.kube_api import Served, served
 from tests.deploy.kube_devices import DevicePlugin, node_devices
 from tests.deploy.kube_fixtures import a_job, notebook_pod
@@ -348,3 +352,35 @@ def test_the_admin_page_names_the_gpu_read_back() -> None:
     assert cell["uuid"] == "GPU-5a8e"
     (cell,) = gpu_view(gpu, [(a.devices[0], a)], {"big": 0})["cells"]
     assert cell["uuid"] == gpu.uuid  # not read back (yet): the ledger's name
+
+
+def test_on_a_mixed_node_the_uuid_is_recorded_without_re_keying() -> None:
+    """Where the node's GPU index is not a whole GPU of the inventory (the hub packs a mixed
+    node's whole GPUs first, the node numbers them as they are), the UUID is recorded on the
+    allocation's own GPU and nothing moves."""
+    offers = {"a100": Offer("a100", "gpu", model="A100-80GB")}
+    ledger = Ledger(inventory_from_nodes([a100_mixed_node()]), offers, {"big": Team("big", 9000)})
+    a = ledger.allocate(Request("ada", "big", "a100", 1, "notebook", "ada/"), "a1")
+    node = a100_mixed_node()
+    (whole,) = [d for d in node_devices(node) if d.resource == "nvidia.com/gpu"]
+    assert whole.index == 7  # the stand-in's node: its MIG GPUs first
+    (after,) = plan_readback(ledger, "a1", [Seen(whole.index, whole.gpu_uuid)])
+    assert [d.gpu for d in after.devices] == [d.gpu for d in a.devices]
+    assert after.visible_devices == whole.gpu_uuid
+
+
+def test_the_hub_reads_back_where_it_reads_dcgm(tmp_path: Path) -> None:
+    """The reconciler the hub builds for a Kubernetes inventory reads back through the
+    Prometheus of ``IdleReclaimer.dcgm_prometheus_url``, and without it reads nothing back."""
+    ledger = Ledger(inventory_from_nodes([h100_node(NODE)]), OFFERS, {"big": Team("big", 9000)})
+    pool = Pool(ledger, Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}"))
+    c = Config()
+    c.KubeReconciler.namespace = NS
+    log = logging.getLogger("test")
+    without = _kube_reconciler(pool, "kubernetes", Reconciler(pool, "sqlite://", config=c), c, log)
+    assert without is not None and without.dcgm is None
+    c.IdleReclaimer.dcgm_prometheus_url = "http://prometheus-operated.monitoring:9090"
+    c.IdleReclaimer.dcgm_timeout = 2.0
+    made = _kube_reconciler(pool, "kubernetes", Reconciler(pool, "sqlite://", config=c), c, log)
+    assert made is not None and made.dcgm is not None
+    assert (made.dcgm.url, made.dcgm.timeout) == ("http://prometheus-operated.monitoring:9090", 2.0)
