@@ -93,6 +93,7 @@ import kubernetes_validate
 from aiohttp import web
 
 from tests.deploy import kube_dra
+from tests.deploy.kube_devices import DevicePlugin
 from tests.deploy.kube_hami import Schedulers
 
 VALIDATE_VERSION = "1.33"
@@ -175,6 +176,9 @@ class StandIn:
         :meth:`kueue_admit` and :meth:`kueue_preempt` leave them (not served)."""
         self.schedulers = Schedulers()
         """Which schedulers run, and HAMi (:mod:`tests.deploy.kube_hami`)."""
+        self.device_plugin: DevicePlugin | None = None
+        """NVIDIA's device plugin on the nodes, when a test sets one (:mod:`tests.deploy.
+        kube_devices`): it chooses each started pod's devices."""
 
     # -- bookkeeping --------------------------------------------------------------------------
     def now(self) -> str:
@@ -701,6 +705,9 @@ class StandIn:
 
     def _start(self, pod: dict[str, Any], pod_ip: str, host_ip: str) -> None:
         """The kubelet starts a bound pod's containers: phase Running."""
+        node = self.nodes.get(pod["spec"].get("nodeName") or "")
+        if self.device_plugin is not None and node is not None:  # the device manager allocates
+            self.device_plugin.allocate(pod, node, self._bound_pods(exclude=pod))
         started = self.now()
         pod["status"] = {
             "phase": "Running",

@@ -3,9 +3,10 @@
 Vocabulary
 - *allocation*: a granted request: id, owner, team, offer, what it is for (``kind``/``ref``), the
   devices it holds and what it costs in GPU-equivalents (thousandths).
-- *device*: one held GPU (``profile is None`` and ``share_milli is None``), MIG instance
-  (profile, start slot, and the ``MIG-…`` UUID once the instance exists), or share of a GPU with
-  MIG off (``share_milli``: thousandths of its memory; ``visible_id`` is the GPU's UUID).
+- *device*: one held GPU (``profile is None`` and ``share_milli is None``; ``instance``: the
+  GPU's UUID as its node reported it, where the GPU's id is bookkeeping, on Kubernetes), MIG
+  instance (profile, start slot, and the ``MIG-…`` UUID once the instance exists), or share of
+  a GPU with MIG off (``share_milli``: thousandths of its memory; ``visible_id`` is the GPU's UUID).
 - *cost* of a share: its milli (its memory fraction); a share offer by size costs what it takes
   on the GPU it lands on, so the quota is checked with the least it may cost on this inventory
   (:meth:`Ledger.unit_cost_milli`) before placing and with the real cost after.
@@ -563,7 +564,7 @@ class Ledger:
                 devices.append(Device(gpu.uuid, share_milli=pick.share))
             elif pick.profile is None:
                 occ.take_whole(pick.gpu)
-                devices.append(Device(gpu.uuid))
+                devices.append(Device(gpu.uuid, instance=pick.instance))
             else:
                 assert pick.start is not None
                 occ.take_slots(pick.gpu, pick.profile, pick.start)
@@ -611,7 +612,7 @@ class Ledger:
                 if not occ.whole_empty(g) or g in taken or g in shared:
                     return None
                 taken[g] = occ.full(g)
-                picks.append(Pick(g))
+                picks.append(Pick(g, instance=d.instance))  # a read-back UUID stays
                 continue
             geo = occ.geometry[g]
             p = geo.resolve(d.profile) if geo else None

@@ -44,6 +44,7 @@ from gpupool.hub.scopes import ADMIN_SCOPE, CUSTOM_SCOPES, JOBS_SCOPE, SERVER_RO
 from gpupool.kube.jobs import check_kube_settings
 from gpupool.kube.reconcile import KubeReconciler
 from gpupool.kube.settings import kueue_cohort, kueue_warnings
+from gpupool.monitors.dcgm import DCGMSource
 from gpupool.pool import Pool
 from gpupool.usercode import check_shared_mode, spawner_setting
 
@@ -134,7 +135,11 @@ def _kube_reconciler(
         return None
     selector = inventory.partition(":")[2].strip() or None
     records = reconciler.hub_records
-    kube = KubeReconciler(pool, records=records, node_selector=selector, config=c, log=logger)
+    url = c.IdleReclaimer.get("dcgm_prometheus_url", "")  # the read-back's source, if any
+    dcgm = DCGMSource(url, c.IdleReclaimer.get("dcgm_timeout", 5.0), logger) if url else None
+    kube = KubeReconciler(
+        pool, records=records, node_selector=selector, config=c, log=logger, dcgm=dcgm
+    )
     kube.claim_nodes()  # another release on these nodes stops the hub here (gpupool.kube.claim)
     return kube
 

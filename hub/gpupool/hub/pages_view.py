@@ -132,7 +132,8 @@ def gpu_view(
         label = "whole GPU" if gpu.mig_mode in ("off", "flex") or whole else "MIG"
         if gpu.mig_mode == "flex" and not whole:
             label = "whole GPU or MIG"
-        cells.append(_cell(0, slots, label, gpu.uuid, holder))
+        shown = next((d.visible_id for d, _ in held if d.profile is None), gpu.uuid)
+        cells.append(_cell(0, slots, label, shown, holder))  # a read-back UUID, where known
     else:
         taken: set[int] = set()
         matched: set[int] = set()

@@ -83,6 +83,7 @@ from gpupool.core.ledger import Allocation, Device, Ledger
 from gpupool.kube.api import ClusterAPI, Gone
 from gpupool.kube.claim import NodeClaim
 from gpupool.kube.nodes import inventory_from_nodes, inventory_view, not_ready_reason
+from gpupool.kube.readback import read_back
 from gpupool.kube.settings import default_namespace
 from gpupool.kube.tenants import digest, other_releases, tenant_use
 from gpupool.pool import Pool
@@ -481,6 +482,7 @@ class KubeReconciler(LoggingConfigurable):
         records: Records | None = None,
         node_selector: str | None = None,
         clock: Callable[[], float] = time.time,
+        dcgm: Any = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("log", pool.log)
@@ -492,6 +494,9 @@ class KubeReconciler(LoggingConfigurable):
         """This release's claim on the pool's nodes, once :meth:`claim_nodes` made it."""
         self.records = records
         self.clock = clock
+        self.dcgm = dcgm
+        """Where the devices the nodes gave are read back from (a
+        :class:`gpupool.monitors.dcgm.DCGMSource`; :mod:`gpupool.kube.readback`), or ``None``."""
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.tenants: dict[tuple[str, str], dict[str, Any]] = {}
@@ -702,6 +707,8 @@ class KubeReconciler(LoggingConfigurable):
                 )
         now = self.clock()
         pods = list(self.pods.values())
+        if self.dcgm is not None:  # the devices the nodes gave, before the drift is judged
+            await read_back(self.pool, self.dcgm, pods, self.log)
         not_ready = {n: why for n, obj in self.nodes.items() if (why := not_ready_reason(obj))}
         findings: list[Finding] = self.pool.deciding(  # type: ignore[assignment]
             lambda ledger: plan_drift(ledger, pods, records, now, self.grace, not_ready)

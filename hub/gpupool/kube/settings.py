@@ -22,6 +22,12 @@ Vocabulary
   ReadWriteMany, and ``shared_volume_claim`` adds one for the job's outputs.
 - *notebook pod*: the owner's live notebook pod (KubeSpawner's labels and annotation), whose spec
   a job pod copies: the default server before named ones, a running pod before a pending one.
+- *MIG ranks*: a job on several MIG instances per node runs one rank per instance, each
+  taking its own from ``NVIDIA_VISIBLE_DEVICES`` (:mod:`gpupool_lab.rank_log`). Only the
+  device plugin's ``envvar`` strategy lists them there; under CDI (``cdi-cri``, the GPU
+  Operator's default since v25.10) the variable is ``void`` and a CUDA process sees only the
+  first instance, so :meth:`KubeJobSettings.validate` refuses such a job at submit (400, with
+  the reason and what to ask for instead) unless ``device_list_strategy`` is ``envvar``.
 
 Contract: no I/O but reading the service account's namespace file once, for the default
 namespace; the runtime (API calls) is :mod:`gpupool.kube.jobs`. A bad value stops the hub at
@@ -37,9 +43,11 @@ from typing import Any
 from traitlets import Bool, Callable, Dict, Float, Int, List, Unicode, default, validate
 from traitlets.config import Config, Configurable
 
+from gpupool.core.errors import InvalidRequest
 from gpupool.core.inventory import Inventory
+from gpupool.core.jobs import JobSpec
 from gpupool.core.ledger import Allocation
-from gpupool.core.offers import Offer
+from gpupool.core.offers import Offer, one_rank_per_instance
 from gpupool.declarations import ConfigError
 from gpupool.jobs.backend import JobBackend
 from gpupool.kube.claims import DEVICE_PLUGIN, check_device_allocation
@@ -455,6 +463,17 @@ class KubeJobSettings(JobBackend, KubeGPUSettings):
         help="""Offers by name, for the offer model's GPU product affinity (default: the
         manager's pool's offers)."""
     )
+    device_list_strategy = Unicode(
+        "cdi-cri",
+        config=True,
+        help="""How the NVIDIA device plugin on the GPU nodes hands a container its devices (its
+        ``deviceListStrategy``, env ``DEVICE_LIST_STRATEGY``): ``cdi-cri`` (the GPU Operator's
+        default since v25.10), ``cdi-annotations``, ``envvar`` or ``volume-mounts``. Only under
+        ``envvar`` does ``NVIDIA_VISIBLE_DEVICES`` list the MIG instances' UUIDs, which a job on
+        several MIG instances per node needs to give each rank its own; under the others such a
+        job is refused at submit (*MIG ranks*). Example:
+        ``c.KubeJobBackend.device_list_strategy = "envvar"``""",
+    )
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -478,6 +497,28 @@ class KubeJobSettings(JobBackend, KubeGPUSettings):
             )
         return value
 
+    @validate("device_list_strategy")
+    def _valid_device_list_strategy(self, proposal: dict[str, Any]) -> str:
+        value = str(proposal["value"])
+        if value not in DEVICE_LIST_STRATEGIES:
+            raise ConfigError(
+                self.setting_key("device_list_strategy"),
+                f"{value!r} is not one of {', '.join(DEVICE_LIST_STRATEGIES)}",
+            )
+        return value
+
+    def validate(self, spec: JobSpec) -> None:
+        """Refuse what the base refuses, and (*MIG ranks*) several MIG instances per node
+        unless the device plugin lists them in ``NVIDIA_VISIBLE_DEVICES``."""
+        super().validate(spec)
+        offer = self.offer_named(spec.offer)
+        if offer is None or not one_rank_per_instance(offer, spec.gpus):
+            return
+        if self.device_list_strategy != "envvar":
+            raise InvalidRequest(
+                mig_ranks_refusal(offer, spec.gpus, self.setting_key("device_list_strategy"))
+            )
+
     def _pool(self) -> Any:
         return getattr(self.parent, "pool", None)
 
@@ -496,6 +537,23 @@ class KubeJobSettings(JobBackend, KubeGPUSettings):
     def product_labels(self) -> dict[str, tuple[str, ...]]:
         """The *product labels* in force over the pool's inventory."""
         return self.product_labels_for(getattr(self._pool(), "inventory", None))
+
+
+DEVICE_LIST_STRATEGIES = ("cdi-cri", "cdi-annotations", "envvar", "volume-mounts")
+"""The NVIDIA device plugin's device-list strategies (``api/config/v1`` in
+NVIDIA/k8s-device-plugin)."""
+
+
+def mig_ranks_refusal(offer: Offer, count: int, key: str) -> str:
+    """Why a job on ``count`` instances of MIG ``offer`` per node cannot run under CDI."""
+    return (
+        f"A job on {count}× {offer.label} per node cannot run on this cluster: the NVIDIA device "
+        f"plugin hands out devices through CDI ({key} is not 'envvar'; CDI is the GPU "
+        "Operator's default since v25.10), so the container's NVIDIA_VISIBLE_DEVICES is 'void' "
+        "and its ranks cannot tell the instances apart, while CUDA shows a process only the "
+        "first MIG instance: every rank would run on the same one. Ask for 1 instance per node "
+        "(a job's nodes run on different machines), or for whole GPUs."
+    )
 
 
 def notebook_pod(pods: list[dict[str, Any]], owner: str) -> dict[str, Any] | None:

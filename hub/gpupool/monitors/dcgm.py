@@ -28,7 +28,8 @@ Vocabulary
   activity × 100) and the engine activity × 100 for a MIG instance; ``None`` where neither is
   there. The device plugin, not gpupool, picks the physical device, so an allocation's ledger
   devices (synthetic ``k8s-<node>-gpu<i>`` IDs) are paired with its DCGM devices in order
-  (:func:`by_ledger_device`).
+  (:func:`by_ledger_device`), except those whose UUIDs were read back (:mod:`gpupool.kube.
+  readback`), which take their own.
 
 Contract: :func:`query`, :func:`parse_reply`, :func:`parse_response` and
 :func:`by_ledger_device` are pure. :class:`DCGMSource` is the one seam to Prometheus: one instant
@@ -190,11 +191,16 @@ def _order(key: str) -> tuple[str, int]:
 def by_ledger_device(
     ledger_ids: Iterable[str], samples: Mapping[str, DeviceSample]
 ) -> dict[str, DeviceSample]:
-    """An allocation's DCGM devices as its ledger devices: both sorted, paired in order (the
-    device plugin chose the physical devices; the ledger counts them). Devices DCGM does not
-    report yet are left out."""
-    keys = sorted(samples, key=_order)
-    return dict(zip(sorted(ledger_ids), (samples[k] for k in keys), strict=False))
+    """An allocation's DCGM devices as its ledger devices: a ledger device read back
+    (:mod:`gpupool.kube.readback`: its id is the DCGM device's key) takes its own; the others,
+    both sorted, are paired in order (the device plugin chose them; the ledger counts them).
+    Devices DCGM does not report yet are left out."""
+    ids = sorted(ledger_ids)
+    out = {i: samples[i] for i in ids if i in samples}
+    keys = sorted((k for k in samples if k not in out), key=_order)
+    rest = [i for i in ids if i not in out]
+    out.update(zip(rest, (samples[k] for k in keys), strict=False))
+    return out
 
 
 def shown_url(url: str) -> str:
@@ -251,6 +257,27 @@ class DCGMSource:
         self.failing = None
         self.answered = True
         return samples
+
+    async def answer(self, promql: str) -> Any:
+        """Prometheus's JSON answer to the instant query ``promql``, bounded by the timeout;
+        raises :class:`PrometheusError`, ``HTTPClientError``, ``OSError`` or ``TimeoutError``
+        (the read-back of :mod:`gpupool.kube.readback` parses it itself)."""
+        request = HTTPRequest(
+            f"{self.url}/api/v1/query?{urlencode({'query': promql})}",
+            method="GET",
+            headers={"Accept": "application/json"},
+            connect_timeout=self.timeout,
+            request_timeout=self.timeout,
+            follow_redirects=False,
+        )
+        response = await AsyncHTTPClient().fetch(request, raise_error=False)
+        try:
+            payload = json.loads(response.body or b"")
+        except ValueError:
+            raise PrometheusError(f"HTTP {response.code}, not Prometheus's JSON") from None
+        if response.code != 200:
+            raise PrometheusError(f"HTTP {response.code}: {str(payload)[:200]}")
+        return payload
 
     async def _query(self, promql: str) -> dict[str, dict[str, DeviceSample]]:
         request = HTTPRequest(
