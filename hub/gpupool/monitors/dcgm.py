@@ -262,24 +262,20 @@ class DCGMSource:
         """Prometheus's JSON answer to the instant query ``promql``, bounded by the timeout;
         raises :class:`PrometheusError`, ``HTTPClientError``, ``OSError`` or ``TimeoutError``
         (the read-back of :mod:`gpupool.kube.readback` parses it itself)."""
-        request = HTTPRequest(
-            f"{self.url}/api/v1/query?{urlencode({'query': promql})}",
-            method="GET",
-            headers={"Accept": "application/json"},
-            connect_timeout=self.timeout,
-            request_timeout=self.timeout,
-            follow_redirects=False,
-        )
-        response = await AsyncHTTPClient().fetch(request, raise_error=False)
+        code, body = await self._fetch(promql)
         try:
-            payload = json.loads(response.body or b"")
+            payload = json.loads(body)
         except ValueError:
-            raise PrometheusError(f"HTTP {response.code}, not Prometheus's JSON") from None
-        if response.code != 200:
-            raise PrometheusError(f"HTTP {response.code}: {str(payload)[:200]}")
+            raise PrometheusError(f"HTTP {code}, not Prometheus's JSON") from None
+        if code != 200:
+            raise PrometheusError(f"HTTP {code}: {str(payload)[:200]}")
         return payload
 
     async def _query(self, promql: str) -> dict[str, dict[str, DeviceSample]]:
+        return parse_reply(*await self._fetch(promql))
+
+    async def _fetch(self, promql: str) -> tuple[int, bytes]:
+        """The status and body of the instant query ``promql``, bounded by the timeout."""
         request = HTTPRequest(
             f"{self.url}/api/v1/query?{urlencode({'query': promql})}",
             method="GET",
@@ -289,4 +285,4 @@ class DCGMSource:
             follow_redirects=False,
         )
         response = await AsyncHTTPClient().fetch(request, raise_error=False)
-        return parse_reply(response.code, response.body or b"")
+        return response.code, response.body or b""
