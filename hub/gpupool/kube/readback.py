@@ -35,7 +35,9 @@ Vocabulary
 Contract: :func:`parse_seen`, :func:`seen_by_allocation` and :func:`plan_readback` are pure.
 :func:`apply_readback` changes the ledger under the pool's lock: every allocation of one plan is
 released and restored with its new devices, persisted, or nothing changes (logged by the
-caller). Quotas and costs are unchanged (the same count of the same kind on the same node).
+caller), then the pool's ``on_devices`` listeners hear the allocations rewritten (the job
+manager records a job's new devices: its record, the jobs API and the saved job name the GPUs
+read back). Quotas and costs are unchanged (the same count of the same kind on the same node).
 """
 
 from __future__ import annotations
@@ -184,10 +186,10 @@ def apply_readback(pool: Pool, plan: Sequence[Allocation]) -> bool:
     if not plan:
         return False
 
-    def decide(ledger: Ledger) -> bool:
+    def decide(ledger: Ledger) -> list[Allocation] | None:
         before = [ledger.allocations.get(a.id) for a in plan]
         if any(b is None for b in before):
-            return False
+            return None
         for a in plan:
             ledger.release(a.id)
         restored, lost = ledger.restore(plan)
@@ -195,7 +197,7 @@ def apply_readback(pool: Pool, plan: Sequence[Allocation]) -> bool:
             for a in restored:
                 ledger.release(a.id)
             ledger.restore([b for b in before if b is not None])
-            return False
+            return None
         try:
             pool.store.replace(restored)
         except Exception:
@@ -203,9 +205,14 @@ def apply_readback(pool: Pool, plan: Sequence[Allocation]) -> bool:
                 ledger.release(a.id)
             ledger.restore([b for b in before if b is not None])
             raise
-        return True
+        return restored
 
-    return bool(pool.deciding(decide))
+    restored: list[Allocation] | None = pool.deciding(decide)  # type: ignore[assignment]
+    if restored is None:
+        return False
+    for listener in pool.on_devices:  # a job's recorded devices follow (its manager listens)
+        listener(restored)
+    return True
 
 
 def _plan(ledger: Ledger, alloc_id: str, seen: Sequence[Seen]) -> list[Allocation]:
