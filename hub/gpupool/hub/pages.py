@@ -87,7 +87,9 @@ class AdminPage(_Page):
     async def get(self) -> None:
         self.require_pool_admin()
         hub = self.gpupool
-        view = admin_view(hub.pool, hub.jobs, hub.reclaimer, hub.pool.clock().timestamp())
+        reported = hub.kube.mig_reported if hub.kube is not None else None
+        now = hub.pool.clock().timestamp()
+        view = admin_view(hub.pool, hub.jobs, hub.reclaimer, now, reported)
         view["shares"] = hub.shares.view() if hub.shares is not None else None
         view["devices"] = hub.devices.view() if hub.devices is not None else None
         view["outside_pods"] = (  # Kubernetes: other namespaces' GPU pods, named for admins

@@ -85,7 +85,7 @@ from gpupool.core.ledger import Allocation, Device, Ledger
 from gpupool.kube.api import ClusterAPI, Gone
 from gpupool.kube.claim import NodeClaim
 from gpupool.kube.nodes import inventory_from_nodes, inventory_view, not_ready_reason
-from gpupool.kube.readback import read_back
+from gpupool.kube.readback import MigKey, Seen, read_back
 from gpupool.kube.settings import default_namespace
 from gpupool.kube.tenant_view import changed, public_reasons
 from gpupool.kube.tenants import digest, other_releases, tenant_use
@@ -505,6 +505,9 @@ class KubeReconciler(LoggingConfigurable):
         self.tenants: dict[tuple[str, str], dict[str, Any]] = {}
         """Every namespace's pods, as :func:`gpupool.kube.tenants.digest` keeps them."""
         self._other_releases: set[str] = set()
+        self.mig_reported: dict[MigKey, Seen] = {}
+        """The MIG instances the nodes report for the ledger's MIG devices (read back, for the
+        admin page only: :func:`gpupool.kube.readback.mig_reported`)."""
         self.outside_detail: dict[str, str] = {}
         """The devices tenant pods take -> why, naming the pod (admins and the log only; the
         ledger has the public reason, :mod:`gpupool.kube.tenant_view`)."""
@@ -718,7 +721,7 @@ class KubeReconciler(LoggingConfigurable):
         now = self.clock()
         pods = list(self.pods.values())
         if self.dcgm is not None:  # the devices the nodes gave, before the drift is judged
-            await read_back(self.pool, self.dcgm, pods, self.log)
+            await read_back(self.pool, self.dcgm, pods, self.log, self.mig_reported)
         not_ready = {n: why for n, obj in self.nodes.items() if (why := not_ready_reason(obj))}
         findings: list[Finding] = self.pool.deciding(  # type: ignore[assignment]
             lambda ledger: plan_drift(ledger, pods, records, now, self.grace, not_ready)
