@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime
 from functools import partial
@@ -134,6 +134,10 @@ class Pool:
         self.on_inventory: list[Callable[[], None]] = []
         """Called after the inventory changed (a Kubernetes node came, went or changed; the job
         queue listens: a queued job may fit a new node)."""
+        self.on_devices: list[Callable[[Sequence[Allocation]], None]] = []
+        """Called with allocations whose devices were renamed in place (read back from the node,
+        :mod:`gpupool.kube.readback`); the job manager listens: a job's devices are the ones its
+        allocations hold."""
         self._lock = threading.Lock()
 
     @classmethod

@@ -31,11 +31,12 @@ store or run, before anything is stored or granted.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from gpupool.core.errors import InvalidRequest
+from gpupool.core.ledger import Allocation
 from gpupool.core.parse import check_texts, quoted
 
 JobState = Literal["queued", "starting", "running", "succeeded", "failed", "cancelled", "lost"]
@@ -114,6 +115,12 @@ class Job:
     def ends_at(self) -> float:
         """When the time limit ends an active job (``inf`` for one that has not started)."""
         return (self.started or float("inf")) + self.spec.time_limit
+
+
+def job_devices(allocations: Iterable[Allocation]) -> tuple[str, ...]:
+    """A job's *devices*: what its allocations hold, in their order (each device's
+    ``visible_id``: a GPU or MIG UUID, the UUID read back from the node where one was)."""
+    return tuple(d.visible_id for a in allocations for d in a.devices)
 
 
 def transition(job: Job, state: JobState, reason: str, now: float, **changes: object) -> Job:

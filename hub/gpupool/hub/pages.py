@@ -31,6 +31,7 @@ from gpupool.hub.errors import status_of
 from gpupool.hub.objects import HubObjects, hub_objects
 from gpupool.hub.pages_view import admin_view, mine_view
 from gpupool.hub.scopes import ADMIN_SCOPE
+from gpupool.kube.tenant_view import outside_pods_rows
 
 OUTCOMES: dict[str, tuple[str, str]] = {
     "stopped": ("Stopped {}.", "Stopped the server."),
@@ -86,9 +87,16 @@ class AdminPage(_Page):
     async def get(self) -> None:
         self.require_pool_admin()
         hub = self.gpupool
-        view = admin_view(hub.pool, hub.jobs, hub.reclaimer, hub.pool.clock().timestamp())
+        reported = hub.kube.mig_reported if hub.kube is not None else None
+        now = hub.pool.clock().timestamp()
+        view = admin_view(hub.pool, hub.jobs, hub.reclaimer, now, reported)
         view["shares"] = hub.shares.view() if hub.shares is not None else None
         view["devices"] = hub.devices.view() if hub.devices is not None else None
+        view["outside_pods"] = (  # Kubernetes: other namespaces' GPU pods, named for admins
+            outside_pods_rows(hub.pool.inventory, hub.kube.outside_detail)
+            if hub.kube is not None
+            else None
+        )
         html = await self.render_template(
             "gpupool-admin.html", view=view, flash=self.flash(), pool_admin=True
         )

@@ -110,10 +110,14 @@ def gpu_view(
     held: Iterable[tuple[Device, Allocation]],
     colours: Mapping[str, int],
     blocked: Iterable[Blocked] = (),
+    reported: Mapping[tuple[str, str, int | None], Any] | None = None,
 ) -> dict[str, Any]:
     """One GPU: its facts, its memory slots as cells (sorted by start slot) and its holders;
     ``blocked``: its slots held by no allocation (a draining instance, one an admin made while
-    the hub runs), shown as taken, with why. On a GPU whose instances gpupool creates, the
+    the hub runs), shown as taken, with why; ``reported``: (allocation id, GPU, start slot) ->
+    the MIG instance the node reports for a held one (Kubernetes' read-back,
+    :func:`gpupool.kube.readback.mig_reported`: parent GPU index and UUID, GPU instance ID),
+    shown in its cell. On a GPU whose instances gpupool creates, the
     instances it already had are an admin's, handed out as they are (labelled so)."""
     held = list(held)
     blocks = {b.start: b for b in blocked}
@@ -161,6 +165,9 @@ def gpu_view(
             if gpu.mig_mode == "dynamic":  # an admin's, where gpupool makes the others
                 label = f"{label} ({BLOCKED_LABELS['admin']})"
             cell = _cell(inst.start, n, label, inst.uuid, holder, inst.profile)
+            if i is not None:
+                d, a = migs[i]
+                cell = _reported(cell, (reported or {}).get((a.id, d.gpu, d.start)))
             b = blocks.pop(inst.start, None)
             if b is not None and holder is None:
                 cell = _blocked_cell(cell, b)
@@ -170,7 +177,8 @@ def gpu_view(
             if i in matched or d.profile is None or d.start is None:
                 continue
             n = span(d.profile)
-            cells.append(_cell(d.start, n, d.profile, d.instance, _holder(a, colours), d.profile))
+            cell = _cell(d.start, n, d.profile, d.instance, _holder(a, colours), d.profile)
+            cells.append(_reported(cell, (reported or {}).get((a.id, d.gpu, d.start))))
             taken.update(range(d.start, d.start + n))
         for b in blocks.values():  # draining instances, slots MIG on demand may not use
             n = span(b.profile)
@@ -197,6 +205,14 @@ def gpu_view(
             for u, t, k, r in holders
         ],
     }
+
+
+def _reported(cell: dict[str, Any], seen: Any) -> dict[str, Any]:
+    """``cell`` with the MIG instance its node reports (a read-back ``Seen``), if any."""
+    if seen is None:
+        return cell
+    text = f"node reports GPU {seen.index} ({seen.uuid}), GPU instance {seen.gi}"
+    return {**cell, "reported": text, "title": f"{cell['title']} · {text}"}
 
 
 BLOCKED_LABELS = {
@@ -309,9 +325,14 @@ def _pool_header(pool: Pool) -> dict[str, Any]:
 
 
 def admin_view(
-    pool: Pool, jobs: JobManager, reclaimer: IdleReclaimer, now: float
+    pool: Pool,
+    jobs: JobManager,
+    reclaimer: IdleReclaimer,
+    now: float,
+    reported: Mapping[tuple[str, str, int | None], Any] | None = None,
 ) -> dict[str, Any]:
-    """Everything the admin page shows: the pool, each GPU's slots, allocations, teams, queue."""
+    """Everything the admin page shows: the pool, each GPU's slots, allocations, teams, queue;
+    ``reported``: the MIG instances the nodes report (see :func:`gpu_view`)."""
     ledger = pool.ledger
     teams = _teams(pool)
     colours = {t.name: i for i, t in enumerate(teams)}
@@ -327,7 +348,7 @@ def admin_view(
         {
             "name": node.name,
             "gpus": [
-                gpu_view(g, on_gpu.get(g.uuid, []), colours, blocked.get(g.uuid, ()))
+                gpu_view(g, on_gpu.get(g.uuid, []), colours, blocked.get(g.uuid, ()), reported)
                 for g in node.gpus
             ],
         }

@@ -45,7 +45,7 @@ from gpupool import metrics
 from gpupool.background import Periodic
 from gpupool.clock import utcnow
 from gpupool.core.errors import InvalidRequest, PoolError, UnknownAllocation
-from gpupool.core.jobs import Job, JobSpec, check_submission, transition
+from gpupool.core.jobs import Job, JobSpec, check_submission, job_devices, transition
 from gpupool.core.offers import check_ddp_backend
 from gpupool.core.paging import page
 from gpupool.core.parse import check_size, clip, clip_names, whole_number
@@ -184,6 +184,7 @@ class JobManager(LoggingConfigurable):
         """A pass every ``schedule_interval`` seconds, and soon after every :meth:`kick`."""
         self.starting: asyncio.Task[None] | None = None
         """The task running :meth:`start` in the hub (kept so it is not garbage-collected)."""
+        pool.on_devices.append(self._devices_renamed)
 
     def now(self) -> float:
         return self.clock().timestamp()
@@ -499,7 +500,7 @@ class JobManager(LoggingConfigurable):
                 )  # fmt: skip
                 taken.append(a.id)
                 held.append(a.node)
-                devices.extend(d.visible_id for d in a.devices)
+                devices.extend(job_devices([a]))
         except PoolError as e:
             for alloc_id in taken:
                 self.pool.release(alloc_id)
@@ -612,6 +613,26 @@ class JobManager(LoggingConfigurable):
                 self._finish(job_id, "failed", f"time limit of {job.spec.time_limit} s reached")
                 return True
             return False
+
+    def _devices_renamed(self, renamed: Iterable[Any]) -> None:
+        """Allocations' devices were renamed in place (read back from the node): each active
+        job holding one records the devices its allocations hold now (saved: the jobs API, the
+        pages and a restart show the GPUs the node gave, not the ledger's names at grant)."""
+        refs = {a.ref for a in renamed if a.kind == "job"}
+        for job_id in sorted(refs):
+            job = self.jobs.get(job_id)
+            if job is None or not job.active:
+                continue
+            held = [self.pool.ledger.allocations.get(a) for a in job.allocations]
+            devices = job_devices([a for a in held if a is not None])
+            if devices != job.devices:
+                self.log.info(
+                    "gpupool: job %s runs on %s (read back; granted as %s)",
+                    job_id,
+                    ",".join(devices),
+                    ",".join(job.devices),
+                )
+                self._save(replace(job, devices=devices))
 
     # -- state -------------------------------------------------------------------------------
     def _owner(self, job_id: str) -> asyncio.Lock:

@@ -30,12 +30,16 @@ Vocabulary
   them: the node says another pod does). The ledger's free GPUs are then the node's free GPUs,
   and the next placement is on a GPU the device plugin can really give. Where the node's
   indexes do not name whole GPUs of the inventory, only the UUIDs are recorded, paired in order.
-  MIG instances and shares are not re-keyed (see docs/kubernetes.md, section 4).
+  MIG instances and shares are not re-keyed (see docs/kubernetes.md, section 4); a MIG
+  instance's parent GPU and GPU instance ID, as the node reports them, are kept for the admin
+  page only (:func:`mig_reported`).
 
 Contract: :func:`parse_seen`, :func:`seen_by_allocation` and :func:`plan_readback` are pure.
 :func:`apply_readback` changes the ledger under the pool's lock: every allocation of one plan is
 released and restored with its new devices, persisted, or nothing changes (logged by the
-caller). Quotas and costs are unchanged (the same count of the same kind on the same node).
+caller), then the pool's ``on_devices`` listeners hear the allocations rewritten (the job
+manager records a job's new devices: its record, the jobs API and the saved job name the GPUs
+read back). Quotas and costs are unchanged (the same count of the same kind on the same node).
 """
 
 from __future__ import annotations
@@ -177,6 +181,31 @@ def plan_readback(ledger: Ledger, alloc_id: str, seen: Sequence[Seen]) -> list[A
     return [replace(a, devices=devices), *moved.values()]
 
 
+MigKey = tuple[str, str, int | None]
+"""A MIG device of an allocation: (allocation id, the ledger's GPU, start slot)."""
+
+
+def mig_reported(ledger: Ledger, found: Mapping[str, Sequence[Seen]]) -> dict[MigKey, Seen]:
+    """For display only (the admin page's cell): each MIG device of an allocation of ``found``
+    (:func:`seen_by_allocation`) with the instance its node reports (parent GPU index and UUID,
+    GPU instance ID), paired in order (the ledger's by GPU and slot, the node's by index and
+    GPU instance ID). Nothing is re-keyed: the ledger's layout of a MIG node is a packing of
+    its counts, not the node's. Where the counts differ nothing is paired."""
+    out: dict[MigKey, Seen] = {}
+    for alloc_id, seen in found.items():
+        a = ledger.allocations.get(alloc_id)
+        migs = sorted(
+            (d for d in a.devices if d.profile is not None) if a else (),
+            key=lambda d: (d.gpu, d.start or 0),
+        )
+        instances = sorted(s for s in seen if s.gi is not None)
+        if a is None or not migs or len(migs) != len(instances):
+            continue
+        for d, s in zip(migs, instances, strict=True):
+            out[a.id, d.gpu, d.start] = s
+    return out
+
+
 def apply_readback(pool: Pool, plan: Sequence[Allocation]) -> bool:
     """Rewrite the allocations of ``plan`` (:func:`plan_readback`) in the ledger and the store,
     under the pool's lock; all or nothing. False if they would not restore (then nothing
@@ -184,10 +213,10 @@ def apply_readback(pool: Pool, plan: Sequence[Allocation]) -> bool:
     if not plan:
         return False
 
-    def decide(ledger: Ledger) -> bool:
+    def decide(ledger: Ledger) -> list[Allocation] | None:
         before = [ledger.allocations.get(a.id) for a in plan]
         if any(b is None for b in before):
-            return False
+            return None
         for a in plan:
             ledger.release(a.id)
         restored, lost = ledger.restore(plan)
@@ -195,7 +224,7 @@ def apply_readback(pool: Pool, plan: Sequence[Allocation]) -> bool:
             for a in restored:
                 ledger.release(a.id)
             ledger.restore([b for b in before if b is not None])
-            return False
+            return None
         try:
             pool.store.replace(restored)
         except Exception:
@@ -203,9 +232,14 @@ def apply_readback(pool: Pool, plan: Sequence[Allocation]) -> bool:
                 ledger.release(a.id)
             ledger.restore([b for b in before if b is not None])
             raise
-        return True
+        return restored
 
-    return bool(pool.deciding(decide))
+    restored: list[Allocation] | None = pool.deciding(decide)  # type: ignore[assignment]
+    if restored is None:
+        return False
+    for listener in pool.on_devices:  # a job's recorded devices follow (its manager listens)
+        listener(restored)
+    return True
 
 
 def _plan(ledger: Ledger, alloc_id: str, seen: Sequence[Seen]) -> list[Allocation]:
@@ -217,11 +251,14 @@ async def read_back(
     source: Any,
     pods: Iterable[Mapping[str, Any]],
     log: logging.Logger,
+    mig: dict[MigKey, Seen] | None = None,
 ) -> list[str]:
     """One read-back pass: query ``source`` (a :class:`gpupool.monitors.dcgm.DCGMSource`),
     re-key every allocation of ``pods`` (gpupool's pods, API JSON) whose devices the node named
-    otherwise; returns the ids of the allocations rewritten (each logged). A failed query
-    changes nothing (one line in the log; :attr:`DCGMSource.failing` says why)."""
+    otherwise; returns the ids of the allocations rewritten (each logged). ``mig``, where given,
+    is refilled with the MIG instances the nodes report (:func:`mig_reported`, display only).
+    A failed query changes nothing (one line in the log; :attr:`DCGMSource.failing` says
+    why)."""
     try:
         seen = parse_seen(await source.answer(readback_query()))
     except (HTTPClientError, OSError, PrometheusError, TimeoutError) as e:
@@ -235,6 +272,12 @@ async def read_back(
     found: dict[str, list[Seen]] = pool.deciding(  # type: ignore[assignment]
         lambda ledger: seen_by_allocation(ledger, pods, seen)
     )
+    if mig is not None:
+        reported: dict[MigKey, Seen] = pool.deciding(  # type: ignore[assignment]
+            lambda ledger: mig_reported(ledger, found)
+        )
+        mig.clear()
+        mig.update(reported)
     done = []
     for alloc_id, devices in sorted(found.items()):
         before = pool.ledger.allocations.get(alloc_id)

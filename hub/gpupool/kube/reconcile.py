@@ -24,8 +24,10 @@ Vocabulary
   never confirm, so it stays Terminating while its server is gone. It counts as no pod.
 - *tenant pods* (:mod:`gpupool.kube.tenants`): a third reflector, ``tenants``, lists and watches
   every namespace's pods (kept as digests); the GPUs other pods use on the pool's nodes are in
-  *outside use* (:meth:`Pool.set_outside_use`, with "used by pod ns/name"), kept current on
-  every pod or node change. All pods are listed and filtered here rather than through a field
+  *outside use* (:meth:`Pool.set_outside_use`), kept current on every pod or node change; the
+  ledger (so every user) is told only "used outside gpupool", the pods' names ("used by pod
+  ns/name") are for the admin page and the log (:mod:`gpupool.kube.tenant_view`).
+  All pods are listed and filtered here rather than through a field
   selector (``spec.nodeName!=``): which pods matter is decided by their resource requests,
   which no selector can express, and one unfiltered watch never sees a pod appear or vanish
   because a field changed.
@@ -83,8 +85,9 @@ from gpupool.core.ledger import Allocation, Device, Ledger
 from gpupool.kube.api import ClusterAPI, Gone
 from gpupool.kube.claim import NodeClaim
 from gpupool.kube.nodes import inventory_from_nodes, inventory_view, not_ready_reason
-from gpupool.kube.readback import read_back
+from gpupool.kube.readback import MigKey, Seen, read_back
 from gpupool.kube.settings import default_namespace
+from gpupool.kube.tenant_view import changed, public_reasons
 from gpupool.kube.tenants import digest, other_releases, tenant_use
 from gpupool.pool import Pool
 
@@ -502,6 +505,12 @@ class KubeReconciler(LoggingConfigurable):
         self.tenants: dict[tuple[str, str], dict[str, Any]] = {}
         """Every namespace's pods, as :func:`gpupool.kube.tenants.digest` keeps them."""
         self._other_releases: set[str] = set()
+        self.mig_reported: dict[MigKey, Seen] = {}
+        """The MIG instances the nodes report for the ledger's MIG devices (read back, for the
+        admin page only: :func:`gpupool.kube.readback.mig_reported`)."""
+        self.outside_detail: dict[str, str] = {}
+        """The devices tenant pods take -> why, naming the pod (admins and the log only; the
+        ledger has the public reason, :mod:`gpupool.kube.tenant_view`)."""
         self.synced: set[str] = set()
         self.versions: dict[str, str] = {}
         """The resourceVersion each reflector's cache is at."""
@@ -640,11 +649,15 @@ class KubeReconciler(LoggingConfigurable):
         and open); nothing before the first list of every namespace's pods."""
         if "tenants" not in self.synced:
             return
-        reasons = self.pool.deciding(
+        detail: dict[str, str] = self.pool.deciding(  # type: ignore[assignment]
             lambda ledger: tenant_use(self.tenants.values(), ledger, self.namespace, TEAM_LABEL)
         )
+        reasons = public_reasons(detail)  # users are not told other namespaces' pods
         if reasons != self.pool.ledger.outside:
-            self.pool.set_outside_use(reasons)  # type: ignore[arg-type]
+            self.pool.set_outside_use(reasons)
+        for why in changed(self.outside_detail, detail):
+            self.log.info("gpupool: outside use: %s", why)
+        self.outside_detail = detail
         nodes = [n.name for n in self.pool.inventory.nodes]
         others = other_releases(self.tenants.values(), nodes, self.namespace, TEAM_LABEL)
         for ns, where in sorted(others.items()):
@@ -708,7 +721,7 @@ class KubeReconciler(LoggingConfigurable):
         now = self.clock()
         pods = list(self.pods.values())
         if self.dcgm is not None:  # the devices the nodes gave, before the drift is judged
-            await read_back(self.pool, self.dcgm, pods, self.log)
+            await read_back(self.pool, self.dcgm, pods, self.log, self.mig_reported)
         not_ready = {n: why for n, obj in self.nodes.items() if (why := not_ready_reason(obj))}
         findings: list[Finding] = self.pool.deciding(  # type: ignore[assignment]
             lambda ledger: plan_drift(ledger, pods, records, now, self.grace, not_ready)

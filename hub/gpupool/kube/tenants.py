@@ -13,11 +13,12 @@ Vocabulary:
   hub logs an error naming its namespace and the nodes, once per namespace while it lasts.
 
 Contract: :func:`tenant_use` maps the ledger's devices a node's tenant pods take to why
-(``"k8s-n-gpu0 is used by pod ml/train (2 GPUs on n)"``); the reconciler hands that to
-:meth:`gpupool.pool.Pool.set_outside_use`, the same *outside use* the local device watch sets,
-so nothing new is placed there. Which of a node's devices the pod has is the device plugin's
-choice, unknown here: devices no allocation holds are taken first (the count is what
-matters to the scheduler's NodeResourcesFit)."""
+(``"k8s-n-gpu0 is used by pod ml/train (2 GPUs on n)"``, for admins and the log); the
+reconciler puts those devices in :meth:`gpupool.pool.Pool.set_outside_use`, the same *outside
+use* the local device watch sets, so nothing new is placed there, with the words users may
+read ("used outside gpupool", :mod:`gpupool.kube.tenant_view`). Which of a node's devices
+the pod has is the device plugin's choice, unknown here: devices no allocation holds are taken
+first (the count is what matters to the scheduler's NodeResourcesFit)."""
 
 from __future__ import annotations
 
