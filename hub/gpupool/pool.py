@@ -30,7 +30,7 @@ from dataclasses import replace
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpupool import metrics
 from gpupool.clock import utcnow
@@ -101,6 +101,9 @@ def with_node_pools(inventory: Inventory, declared: Any, source: str) -> Invento
             KEY, f"is for a Kubernetes inventory (autoscaled node pools); inventory is {source!r}"
         )
     return replace(inventory, node_pools=parse_node_pools(declared))
+
+
+Decided = TypeVar("Decided")
 
 
 class Pool:
@@ -359,7 +362,7 @@ class Pool:
             return self.marker_of(f"sqlite:///:memory:{os.getpid()}:{id(self)}")
         return self.marker_of(url.render_as_string(hide_password=False))
 
-    def deciding(self, decide: Callable[[Ledger], object]) -> object:
+    def deciding(self, decide: Callable[[Ledger], Decided]) -> Decided:
         """``decide(ledger)`` with no allocate, release or adopt in between: reconciliation
         reads the ledger under the pool's lock, so what it finds unknown stays unknown."""
         with self._lock:

@@ -22,7 +22,10 @@ Vocabulary
   with why (:meth:`Ledger.set_outside_use`): nothing new is placed on such a GPU (*closed* in
   :mod:`gpupool.core.occupancy`), and such a fixed MIG instance is blocked (``outside``) while
   free, or as soon as its holder releases it. Capacity still counts them (a request waits for
-  them); refusals and verdicts name them.
+  them); refusals and verdicts name them. *Outside shares* (:meth:`Ledger.set_outside_shares`):
+  memory of a share-taking GPU a process uses without holding it (another tenant's HAMi pod,
+  whose GPU and memory its scheduler wrote down): taken from that GPU's shares, with why, so
+  only what is left is handed out there.
 - *cohort*: with Kueue admitting GPU pods (``cohort``: its cohort's name), a grant must also fit
   Kueue's cohort rule over the same teams (:mod:`gpupool.core.cohort`), so the hub never grants
   a pod Kueue would leave unadmitted.
@@ -51,7 +54,7 @@ from gpupool.core.errors import InvalidRequest, NoCapacity, QuotaExceeded, Unkno
 from gpupool.core.inventory import Inventory, Node, NodePool
 from gpupool.core.mig import GEOMETRIES, Profile
 from gpupool.core.occupancy import SHARE_MILLI, Occupancy
-from gpupool.core.offers import Offer, Request, fmt_mib
+from gpupool.core.offers import Offer, Request, fmt_mib, share_cost_milli
 from gpupool.core.parse import quoted
 from gpupool.core.placement import Demand, Pick, PlacementPolicy, make_policy
 from gpupool.core.quota import EVERYONE, Team, check_offer, check_quota
@@ -137,6 +140,9 @@ class Ledger:
         self.blocked: dict[tuple[str, int], Blocked] = {}
         self.outside: dict[str, str] = {}
         """Devices in outside use (GPU or MIG UUID -> why; see *outside use*)."""
+        self.outside_shares: dict[str, tuple[int, str]] = {}
+        """GPU UUID -> (MiB asked, why) of the *outside shares* (see *outside use*)."""
+        self._outside_milli: dict[int, int] = {}
         self.team_used: Counter[str] = Counter()
         self.user_used: Counter[tuple[str, str]] = Counter()
         self._capacity: dict[Offer, int] = {}
@@ -155,6 +161,7 @@ class Ledger:
             twin.block(b)
         twin.restore(self.allocations.values())
         twin.set_outside_use(self.outside)
+        twin.set_outside_shares(self.outside_shares)
         return twin
 
     # -- questions -------------------------------------------------------------------------
@@ -338,7 +345,7 @@ class Ledger:
 
     def outside_for(self, offer: Offer) -> list[str]:
         """Why devices that could serve ``offer`` are not handed out now (in outside use)."""
-        if not self.outside or offer.kind == "cpu":
+        if not (self.outside or self.outside_shares) or offer.kind == "cpu":
             return []
         gpus = {g.uuid: g for g in self.inventory.gpus}
         instances = {i.uuid: (g, i) for g in self.inventory.gpus for i in g.instances if i.uuid}
@@ -357,8 +364,13 @@ class Ledger:
                 serves = wanted is not None and gpu.mig_enabled
                 if inst is not None and geo is not None:
                     serves = serves and geo.resolve(inst.profile) == wanted
-            if serves:
+            if serves and reason not in reasons:  # one line for GPUs closed for one reason
                 reasons.append(reason)
+        if offer.kind == "share":
+            for device, (_mib, reason) in sorted(self.outside_shares.items()):
+                gpu = gpus.get(device)
+                if gpu is not None and offer.model in (None, gpu.model):
+                    reasons.append(reason)
         return reasons
 
     def free_now(self, team: Team, user: str) -> str:
@@ -469,6 +481,27 @@ class Ledger:
         for device in now:
             self._close(device)
         return now - before, before - now
+
+    def set_outside_shares(self, shares: Mapping[str, tuple[int, str]]) -> None:
+        """The *outside shares* from now on (GPU UUID -> (MiB, why)), in place of the last ones:
+        each takes its memory's thousandths (at least one share slot's worth, at most what the
+        ledger's shares leave free) of a share-taking GPU; other devices are ignored."""
+        occ = self.occ
+        for g, milli in self._outside_milli.items():
+            occ.free_share(g, milli)
+        self._outside_milli = {}
+        self.outside_shares = dict(shares)
+        for uuid, (mib, _why) in sorted(shares.items()):
+            index = occ.ordinal.get(uuid)
+            group = occ.share_group_of.get(index) if index is not None else None
+            if index is None or group is None or occ.whole[index] or mib <= 0:
+                continue
+            g = index
+            need = group.need(share_cost_milli(mib, group.memory_mib), mib)
+            milli = min(need, SHARE_MILLI - occ.share_used[g])
+            if milli > 0:
+                occ.take_share(g, milli)
+                self._outside_milli[g] = milli
 
     def _close(self, device: str) -> None:
         """Close a GPU, or block a free fixed MIG instance (one held now waits for its
@@ -719,6 +752,10 @@ class Ledger:
                         f"{a.id}: {d} overlaps an admin's instance"
                     )
                     masks[g] |= bits
+        for g, milli in self._outside_milli.items():
+            assert not whole[g], f"outside share on whole-held GPU {occ.gpus[g].uuid}"
+            shared[g] += milli
+            assert shared[g] <= SHARE_MILLI, f"shares of {occ.gpus[g].uuid} exceed it"
         assert masks == occ.mask, "occupancy differs from the allocations"
         closed = [g.uuid in self.outside for g in occ.gpus]
         assert closed == occ.closed, "closed GPUs differ from the devices in outside use"

@@ -26,7 +26,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 from traitlets import Float
@@ -198,7 +198,7 @@ class Reconciler(LoggingConfigurable):
                     ledger, records, procs, jobs, at_start=True, keep_unknown_jobs=keep
                 )
 
-            lost, actions = cast(tuple[list[Record], list[Action]], self.pool.deciding(decide))
+            lost, actions = self.pool.deciding(decide)
             if lost:
                 self._lost_database(lost)
                 self.kept_jobs = {p.job for p in procs if p.job and p.job not in jobs}
@@ -248,7 +248,7 @@ class Reconciler(LoggingConfigurable):
                 grace=self.holderless_grace,
             )
 
-        actions = cast(list[Action], self.pool.deciding(decide))
+        actions = self.pool.deciding(decide)
         await self._stop_soon([p for a in actions for p in a.stop])
         self._carry_out(actions)
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - began)

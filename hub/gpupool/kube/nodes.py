@@ -383,8 +383,14 @@ def _hami_node(
     model, memory_mib = product_model(product, memory)
     # deviceSplitCount: the most pods HAMi puts on one GPU, whatever their memory
     split = min((d[2] for d in devices), default=0) or whole // count
+    # HAMi's count resource renamed (resourceCountName, the chart's kueue.hami): no nvidia.com/gpu
+    virtual = (
+        f"{whole}× {GPU_RESOURCE} virtual"
+        if whole
+        else f"{count * split} virtual, under HAMi's own count resource"
+    )
     notes.append(
-        f"node {name}: {count}× {model} shared by HAMi ({whole}× {GPU_RESOURCE} virtual); "
+        f"node {name}: {count}× {model} shared by HAMi ({virtual}); "
         f"they take only shares, by memory (nvidia.com/gpumem), at most {split} per GPU"
     )
     labelled = labels.get(PRODUCT_LABEL, "")

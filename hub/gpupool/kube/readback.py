@@ -234,7 +234,7 @@ def apply_readback(pool: Pool, plan: Sequence[Allocation]) -> bool:
             raise
         return restored
 
-    restored: list[Allocation] | None = pool.deciding(decide)  # type: ignore[assignment]
+    restored: list[Allocation] | None = pool.deciding(decide)
     if restored is None:
         return False
     for listener in pool.on_devices:  # a job's recorded devices follow (its manager listens)
@@ -269,19 +269,17 @@ async def read_back(
         return []
     source.failing = None
     pods = list(pods)
-    found: dict[str, list[Seen]] = pool.deciding(  # type: ignore[assignment]
+    found: dict[str, list[Seen]] = pool.deciding(
         lambda ledger: seen_by_allocation(ledger, pods, seen)
     )
     if mig is not None:
-        reported: dict[MigKey, Seen] = pool.deciding(  # type: ignore[assignment]
-            lambda ledger: mig_reported(ledger, found)
-        )
+        reported: dict[MigKey, Seen] = pool.deciding(lambda ledger: mig_reported(ledger, found))
         mig.clear()
         mig.update(reported)
     done = []
     for alloc_id, devices in sorted(found.items()):
         before = pool.ledger.allocations.get(alloc_id)
-        plan: list[Allocation] = pool.deciding(  # type: ignore[assignment]
+        plan: list[Allocation] = pool.deciding(
             functools.partial(_plan, alloc_id=alloc_id, seen=devices)
         )
         if not plan or before is None:

@@ -47,6 +47,8 @@ Vocabulary
   ``lost_node``: a notebook allocation whose only pods are *lost* while JupyterHub still records
   its server: reported (KubeGPUSpawner's ``poll`` says the server stopped, JupyterHub forgets it,
   and it is released as above).
+  ``unexpected_gpu``: a gpupool HAMi share pod to which HAMi gave a GPU other than the ledger's
+  (:func:`gpupool.kube.hami.pin_disagreements`, naming both): reported.
   Each finding is logged and counted once while it lasts.
 
 Contract: every ledger change happens under the pool's lock (:meth:`Pool.deciding`): the
@@ -84,11 +86,12 @@ from gpupool.core.inventory import GPU, Inventory, Node
 from gpupool.core.ledger import Allocation, Device, Ledger
 from gpupool.kube.api import ClusterAPI, Gone
 from gpupool.kube.claim import NodeClaim
+from gpupool.kube.hami import pin_disagreements, unpriced_shares
 from gpupool.kube.nodes import inventory_from_nodes, inventory_view, not_ready_reason
 from gpupool.kube.readback import MigKey, Seen, read_back
-from gpupool.kube.settings import default_namespace
+from gpupool.kube.settings import default_namespace, kueue_hami_refusal
 from gpupool.kube.tenant_view import changed, public_reasons
-from gpupool.kube.tenants import digest, other_releases, tenant_use
+from gpupool.kube.tenants import digest, other_releases, tenant_shares, tenant_use
 from gpupool.pool import Pool
 
 log = logging.getLogger("gpupool")
@@ -100,7 +103,8 @@ JOB_LABEL = "gpupool.io/job"
 DRIFT = PromCounter(
     "gpupool_kube_drift",
     "Differences found between the pool's ledger and the cluster's pods, by kind (released, "
-    "notebook_without_pod, job_without_pods, unexpected_node, unknown_allocation, lost_node).",
+    "notebook_without_pod, job_without_pods, unexpected_node, unknown_allocation, lost_node, "
+    "unexpected_gpu).",
     ["kind"],
 )
 
@@ -209,6 +213,7 @@ def swap_inventory(pool: Pool, nodes: Iterable[Mapping[str, Any]]) -> dict[str, 
                 ", ".join(a.id for a in lost),
             )
             return None
+        fresh.set_outside_shares(ledger.outside_shares)  # after the ledger's own shares
         before = ledger.allocations
         changed = [a for a in restored if a != before[a.id]]
         if changed:
@@ -220,7 +225,7 @@ def swap_inventory(pool: Pool, nodes: Iterable[Mapping[str, Any]]) -> dict[str, 
     if draining is not None:
         for listener in pool.on_inventory:
             listener()
-    return draining  # type: ignore[return-value]
+    return draining
 
 
 # -- pure: drift between the ledger and the pods ---------------------------------------------------
@@ -334,6 +339,8 @@ def plan_drift(
                 f"{value}, which the pool does not know"
             )
             out.append(Finding("unknown_allocation", "report", message, value, key=f"u:{value}"))
+    for alloc_id, message, key in pin_disagreements(ledger, pods):
+        out.append(Finding("unexpected_gpu", "report", message, alloc_id, key=key))
     return out
 
 
@@ -420,7 +427,7 @@ def move_allocation(pool: Pool, alloc_id: str, node: str) -> Allocation | None:
             raise
         return restored[0]
 
-    return pool.deciding(decide)  # type: ignore[return-value]
+    return pool.deciding(decide)
 
 
 # -- the hub's watcher ----------------------------------------------------------------------------
@@ -530,6 +537,12 @@ class KubeReconciler(LoggingConfigurable):
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping: asyncio.Task[None] | None = None
         self.passes = 0
+        self.hami_refusal = kueue_hami_refusal(self.config)
+        """Why no HAMi share is handed out ('': they are; :func:`gpupool.kube.hami.unpriced_shares`
+        keeps HAMi's GPUs in outside use with it, from now on)."""
+        if self.hami_refusal:
+            unpriced = unpriced_shares(pool.inventory, self.hami_refusal)
+            pool.set_outside_use({**pool.ledger.outside, **unpriced})
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -649,15 +662,20 @@ class KubeReconciler(LoggingConfigurable):
         and open); nothing before the first list of every namespace's pods."""
         if "tenants" not in self.synced:
             return
-        detail: dict[str, str] = self.pool.deciding(  # type: ignore[assignment]
-            lambda ledger: tenant_use(self.tenants.values(), ledger, self.namespace, TEAM_LABEL)
+        detail, unpriced = self.pool.deciding(
+            lambda ledger: (
+                tenant_use(self.tenants.values(), ledger, self.namespace, TEAM_LABEL),
+                unpriced_shares(ledger.inventory, self.hami_refusal),
+            )
         )
-        reasons = public_reasons(detail)  # users are not told other namespaces' pods
+        # users are not told other namespaces' pods; the Kueue/HAMi refusal is theirs to read
+        reasons = {**public_reasons(detail), **unpriced}
         if reasons != self.pool.ledger.outside:
             self.pool.set_outside_use(reasons)
         for why in changed(self.outside_detail, detail):
             self.log.info("gpupool: outside use: %s", why)
         self.outside_detail = detail
+        self.apply_tenant_shares()
         nodes = [n.name for n in self.pool.inventory.nodes]
         others = other_releases(self.tenants.values(), nodes, self.namespace, TEAM_LABEL)
         for ns, where in sorted(others.items()):
@@ -671,6 +689,29 @@ class KubeReconciler(LoggingConfigurable):
                     ", ".join(sorted(where)),
                 )
         self._other_releases = set(others)
+
+    def apply_tenant_shares(self) -> None:
+        """Put the memory *HAMi tenant pods* have of the pool's HAMi GPUs in outside shares
+        (:func:`gpupool.kube.tenants.tenant_shares`); the ``on_inventory`` listeners hear when
+        some is given back (a queued job may fit)."""
+        Shares = dict[str, tuple[int, str]]
+
+        def decide(ledger: Ledger) -> tuple[Shares, Shares]:
+            shares = tenant_shares(self.tenants.values(), ledger, self.namespace, TEAM_LABEL)
+            before = ledger.outside_shares
+            if shares != before:
+                ledger.set_outside_shares(shares)
+            return before, shares
+
+        before: Shares
+        shares: Shares
+        before, shares = self.pool.deciding(decide)
+        for uuid, (mib, why) in sorted(shares.items()):
+            if before.get(uuid, (0, ""))[0] != mib:
+                self.log.warning("gpupool: not handed out: %s", why)
+        if any(uuid not in shares or shares[uuid][0] < m for uuid, (m, _) in before.items()):
+            for listener in self.pool.on_inventory:
+                listener()
 
     # -- nodes --------------------------------------------------------------------------------
     def apply_nodes(self) -> None:
@@ -723,7 +764,7 @@ class KubeReconciler(LoggingConfigurable):
         if self.dcgm is not None:  # the devices the nodes gave, before the drift is judged
             await read_back(self.pool, self.dcgm, pods, self.log, self.mig_reported)
         not_ready = {n: why for n, obj in self.nodes.items() if (why := not_ready_reason(obj))}
-        findings: list[Finding] = self.pool.deciding(  # type: ignore[assignment]
+        findings: list[Finding] = self.pool.deciding(
             lambda ledger: plan_drift(ledger, pods, records, now, self.grace, not_ready)
         )
         self.passes += 1

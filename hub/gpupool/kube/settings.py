@@ -586,10 +586,29 @@ def kueue_cohort(config: Config) -> str:
     return ""
 
 
+def kueue_hami_refusal(config: Config) -> str:
+    """Why no HAMi share is handed out under ``config`` ('' when they are): Kueue admits
+    gpupool's pods but HAMi's count is ``nvidia.com/gpu``, so the chart renders no ClusterQueue
+    quota for HAMi's memory (``kueue.hami`` off) and Kueue never admits a share pod."""
+    if not kueue_cohort(config):
+        return ""
+    hami = notebook_settings(config)
+    if hami.hami_resources.get("count") != GPU_RESOURCE:
+        return ""
+    key = hami.setting_key("hami_resources").replace(type(hami).__name__, "KubeGPUSpawner")
+    return (
+        f"Kueue admits GPU pods but no HAMi share: {key} counts HAMi shares as "
+        f"{GPU_RESOURCE} and the ClusterQueues cover no HAMi memory, so Kueue would never "
+        "admit the pod; set the chart's kueue.hami.enabled: true (HAMi's resourceCountName of "
+        "its own)"
+    )
+
+
 def kueue_warnings(config: Config, inventory: Inventory) -> list[str]:
     """What Kueue would never admit under ``config`` on ``inventory``, one line each: HAMi
     shares whose count is ``nvidia.com/gpu`` (Kueue charges them a whole GPU, and the chart's
-    ClusterQueues cover HAMi's memory only with ``kueue.hami``)."""
+    ClusterQueues cover HAMi's memory only with ``kueue.hami``); such shares are refused
+    (:func:`kueue_hami_refusal`, :func:`gpupool.kube.hami.unpriced_shares`)."""
     if not kueue_cohort(config) or not any(g.share_resource == HAMI for g in inventory.gpus):
         return []
     hami = notebook_settings(config)
@@ -599,5 +618,6 @@ def kueue_warnings(config: Config, inventory: Inventory) -> list[str]:
     return [
         f"{key}: HAMi's count is {GPU_RESOURCE}, which Kueue "
         "charges as a whole GPU, so Kueue will not admit shares on HAMi nodes as the hub "
-        "grants them; give HAMi's resourceCountName a name of its own (the chart's kueue.hami)"
+        "grants them; give HAMi's resourceCountName a name of its own (the chart's kueue.hami); "
+        "until then no share is handed out on HAMi nodes"
     ]

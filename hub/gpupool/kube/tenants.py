@@ -18,7 +18,13 @@ reconciler puts those devices in :meth:`gpupool.pool.Pool.set_outside_use`, the 
 use* the local device watch sets, so nothing new is placed there, with the words users may
 read ("used outside gpupool", :mod:`gpupool.kube.tenant_view`). Which of a node's devices
 the pod has is the device plugin's choice, unknown here: devices no allocation holds are taken
-first (the count is what matters to the scheduler's NodeResourcesFit)."""
+first (the count is what matters to the scheduler's NodeResourcesFit). A *HAMi tenant pod* (on
+a HAMi node's GPUs, with HAMi's allocation annotation, :mod:`gpupool.kube.hami`) is the
+exception: its GPUs and memory are known, so :func:`tenant_shares` gives them as *outside
+shares* (only that memory of only those GPUs,
+:meth:`gpupool.core.ledger.Ledger.set_outside_shares`) and :func:`tenant_use` leaves them out;
+before HAMi has written the annotation, it closes as many of the node's HAMi GPUs as the pod
+counts, whole."""
 
 from __future__ import annotations
 
@@ -27,9 +33,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpupool.core.ledger import Ledger
+from gpupool.core.offers import fmt_mib
+from gpupool.kube.hami import HAMI, allocated
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
+HAMI_SIDE_RESOURCES = ("nvidia.com/gpumem", "nvidia.com/gpucores", "nvidia.com/gpumem-percentage")
+"""HAMi's resources that count no GPU (its chart's ``resourceMem``, ``resourceCores``,
+``resourceMemPercentage``): on a HAMi node any other ``nvidia.com/…`` request is its count."""
 
 
 def gpu_requests(pod: Mapping[str, Any]) -> dict[str, int]:
@@ -55,9 +66,10 @@ def gpu_requests(pod: Mapping[str, Any]) -> dict[str, int]:
 
 def digest(pod: Mapping[str, Any]) -> dict[str, Any]:
     """What the reconciler keeps of a cluster-wide pod (all of a cluster's pods would be many):
-    its metadata's name, namespace, labels and deletionTimestamp, node, phase, GPU requests
-    (not its resourceVersion: a pod's status changes, where these stay, change nothing here,
-    and the reconciler skips them)."""
+    its metadata's name, namespace, labels and deletionTimestamp, node, phase, GPU requests,
+    HAMi's allocation (``hami``: ``[[uuid, MiB], …]``, empty without one; not its
+    resourceVersion: a pod's status changes, where these stay, change nothing here, and the
+    reconciler skips them)."""
     meta = pod.get("metadata") or {}
     return {
         "metadata": {
@@ -66,6 +78,7 @@ def digest(pod: Mapping[str, Any]) -> dict[str, Any]:
         "node": (pod.get("spec") or {}).get("nodeName") or "",
         "phase": (pod.get("status") or {}).get("phase") or "",
         "gpus": gpu_requests(pod),
+        "hami": [list(d) for d in allocated(meta.get("annotations"))],
     }
 
 
@@ -110,6 +123,8 @@ def tenant_use(
         node = nodes.get(pod["node"])
         if node is None or not is_tenant(pod, namespace, own_label):
             continue
+        if _hami_devices(pod, node.gpus):
+            continue  # tenant_shares has it
         who = f"pod {pod['metadata'].get('namespace', '')}/{pod['metadata']['name']}"
         for resource, count in sorted(pod["gpus"].items()):
             if resource.startswith(MIG_PREFIX):
@@ -130,6 +145,7 @@ def tenant_use(
                     and (
                         resource == (g.share_resource or GPU_RESOURCE)
                         or (resource == GPU_RESOURCE and g.share_resource is None)
+                        or (g.share_resource == HAMI and resource not in HAMI_SIDE_RESOURCES)
                     )
                 ]
                 what = f"{count} GPU{'s' * (count != 1)}"
@@ -137,3 +153,34 @@ def tenant_use(
             for device in devices[:count]:
                 out[device] = f"{device} is used by {who} ({what} on {node.name})"
     return out
+
+
+def _hami_devices(pod: Mapping[str, Any], gpus: Iterable[Any]) -> list[tuple[str, int]]:
+    """``(uuid, MiB)`` of a digest's HAMi allocation on the node's HAMi GPUs (``[]``: not a
+    *HAMi tenant pod* with its annotation, or it names none of them)."""
+    mine = {g.uuid for g in gpus if g.share_resource == HAMI}
+    return [(str(u), int(m)) for u, m in pod.get("hami") or () if u in mine]
+
+
+def tenant_shares(
+    pods: Iterable[Mapping[str, Any]], ledger: Ledger, namespace: str, own_label: str
+) -> dict[str, tuple[int, str]]:
+    """GPU UUID -> (MiB, why): the memory the *HAMi tenant pods* among ``pods`` (digests) have
+    of each of the pool's HAMi GPUs, as HAMi's scheduler wrote it on them."""
+    nodes = {n.name: n for n in ledger.inventory.nodes}
+    mib: dict[str, int] = defaultdict(int)
+    who: dict[str, list[str]] = defaultdict(list)
+    for pod in sorted(
+        pods, key=lambda p: (p["metadata"].get("namespace", ""), p["metadata"]["name"])
+    ):
+        node = nodes.get(pod["node"])
+        if node is None or not is_tenant(pod, namespace, own_label):
+            continue
+        name = f"{pod['metadata'].get('namespace', '')}/{pod['metadata']['name']}"
+        for uuid, used in _hami_devices(pod, node.gpus):
+            mib[uuid] += used
+            who[uuid].append(f"pod {name} ({fmt_mib(used)} on {node.name})")
+    return {
+        uuid: (used, f"{fmt_mib(used)} of {uuid} is used by {', '.join(who[uuid])}")
+        for uuid, used in mib.items()
+    }
