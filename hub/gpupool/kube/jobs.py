@@ -83,6 +83,7 @@ from gpupool.kube.claims import (
     slice_devices,
     use_claim_template,
 )
+from gpupool.kube.job_claims import unallocatable_pods
 from gpupool.kube.job_status import (
     TERMINAL_PHASES,
     JobRef,
@@ -451,9 +452,11 @@ class KubeJobBackend(KubeJobSettings):
     async def _stranded(self, api: Any, pods: Sequence[Mapping[str, Any]]) -> dict[str, str]:
         """The *stranded pods* of ``pods`` with why (reading the few nodes that decide it; a
         node that cannot be read is left out, logged)."""
+        # under DRA, a pod whose pinned GPUs are held elsewhere never starts: stopped at once
+        claims = unallocatable_pods(pods) if self.device_allocation == DRA else {}
         wanted = nodes_to_read(pods)
         if not wanted:
-            return {}
+            return claims
         _, core = self._apis(api)
         nodes: dict[str, dict[str, Any] | None] = {}
         for name in sorted(wanted):
@@ -465,7 +468,7 @@ class KubeJobBackend(KubeJobSettings):
                     nodes[name] = None
                 else:
                     self.log.warning("gpupool: cannot read node %s: %s", name, api_message(e))
-        return stranded_pods(pods, nodes)
+        return {**stranded_pods(pods, nodes), **claims}
 
     async def _gone(self, api: Any, job: Job, ref: JobRef) -> Observation:
         selector = f"{JOB_LABEL}={label_value(job.id)}"
