@@ -18,10 +18,13 @@ from typing import Any
 import pytest
 from traitlets.config import Config
 
+from gpupool.core import Ledger, Offer, Team
 from gpupool.hub import setup
+from gpupool.kube.api import ClusterAPI
 from gpupool.kube.dra_inventory import current_slices, inventory_from_slices, slice_view
 from gpupool.kube.reconcile import KubeReconciler
 from gpupool.pool import Pool
+from gpupool.store import Store
 from tests.conftest import h100_node, kubeconfig
 from tests.deploy.kube_api import Served, served
 from tests.deploy.kube_dra import dra_only, reversed_slice, uuids_of
@@ -167,3 +170,60 @@ def test_a_slice_change_the_inventory_does_not_read_leaves_the_view_alone() -> N
     assert slice_view(after) == slice_view(before)
     after["spec"]["devices"][0]["attributes"]["uuid"]["string"] = "GPU-other"
     assert slice_view(after) != slice_view(before)
+
+
+class CountingPool(Pool):
+    """A pool that counts how often its lock is taken to decide (:meth:`Pool.deciding`)."""
+
+    decisions = 0
+
+    def deciding(self, decide: Callable[[Ledger], object]) -> object:
+        self.decisions += 1
+        return super().deciding(decide)
+
+
+def test_a_slice_rewrite_the_inventory_does_not_read_does_not_take_the_pools_lock(
+    cluster: Served, tmp_path: Path
+) -> None:
+    """50 rewrites of a watched slice that change only what the inventory does not read
+    (labels, managed fields, the resourceVersion) take the pool's lock no time; a device that
+    goes does, and the inventory follows it."""
+    cluster.api.add_node(dra_only(h100_node(NODE)))
+    cluster.api.dra.add_slice(reversed_slice(NODE))
+    with cluster.api.lock:
+        nodes, slices = list(cluster.api.nodes.values()), cluster.api.dra.slices
+    offers = {"h100": Offer("h100", "gpu", model="H100-80GB", max_count=8)}
+    ledger = Ledger(inventory_from_slices(nodes, slices), offers, {"big": Team("big", 10**6)})
+    pool = CountingPool(ledger, Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}"))
+    reconciler = KubeReconciler(
+        pool, ClusterAPI(NS), namespace=NS, grace=0.0, period=3600.0, retry=0.1, dra=True
+    )
+
+    def caught_up() -> bool:
+        with cluster.api.lock:
+            latest = max(int(s["metadata"]["resourceVersion"]) for s in cluster.api.dra.slices)
+        return int(reconciler.versions.get("resourceslices") or 0) >= latest
+
+    async def main() -> None:
+        reconciler.start()
+        try:
+            await until(lambda: {"nodes", "resourceslices", "tenants"} <= reconciler.synced)
+            await until(caught_up)
+            before, inventory = pool.decisions - reconciler.passes, pool.ledger.inventory
+            for i in range(50):
+                body = reversed_slice(NODE)
+                body["metadata"]["labels"] = {"rewrite": str(i)}
+                body["metadata"]["managedFields"] = [{"manager": "gpu-kubelet-plugin"}]
+                cluster.api.dra.add_slice(body)
+            await until(caught_up)
+            assert pool.decisions - reconciler.passes == before
+            assert pool.ledger.inventory is inventory
+
+            body = reversed_slice(NODE)
+            body["spec"]["devices"] = body["spec"]["devices"][1:]  # gpu-0 fell off the bus
+            cluster.api.dra.add_slice(body)
+            await until(lambda: len(gpus_on(pool, NODE)) == 7)
+        finally:
+            await reconciler.stop()
+
+    asyncio.run(main())
