@@ -66,9 +66,13 @@ _TERM = re.compile(
 )
 
 
-def gpu_slice(node: str, gpus: Sequence[tuple[str, str]], memory: str = "80Gi") -> dict[str, Any]:
+def gpu_slice(
+    node: str, gpus: Sequence[tuple[str, str]], memory: str = "81559Mi"
+) -> dict[str, Any]:
     """The ResourceSlice NVIDIA's DRA driver publishes for ``node``: ``gpus`` as (UUID, product)
-    in PCI bus order (``gpu-<i>``, bus ``0000:<i+1>0:00.0``)."""
+    in PCI bus order (``gpu-<i>``, bus ``0000:<i+1>0:00.0``); ``memory`` as ``GetDevice`` writes
+    NVML's total memory, ``resource.NewQuantity(bytes, resource.BinarySI)`` (an H100 80GB's
+    81559 MiB serialises as ``81559Mi``)."""
     devices = [
         {
             "name": f"gpu-{i}",
@@ -323,8 +327,8 @@ class DRA:
 def current(slices: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The slices the structured allocator allocates from: per pool (driver, pool name), those
     of its newest ``spec.pool.generation`` (``GatherPools``/``addSlice`` in
-    ``staging/src/k8s.io/dynamic-resource-allocation/structured/pools.go``: an older one is
-    "out-dated" and ignored)."""
+    ``staging/src/k8s.io/dynamic-resource-allocation/structured/internal/stable/
+    pools_stable.go``, 1.34: an older one is "out-dated" and ignored)."""
     newest: dict[tuple[str, str], int] = {}
     for item in slices:
         spec = item["spec"]

@@ -106,6 +106,7 @@ def test_setup_under_dra_counts_the_drivers_gpus_by_uuid_and_follows_the_slices(
             assert gpus_on(hub.pool, NODE) == uuids_of(NODE)[::-1]
             (gpu, *_) = hub.pool.inventory.nodes[0].gpus
             assert (gpu.model, gpu.product_name) == ("H100-80GB", "NVIDIA-H100-80GB-HBM3")
+            assert gpu.memory_mib == 81559
             a = hub.pool.allocate("ada", ["big"], "h100", 2, team="big", ref="ada/")
             assert [d.gpu for d in a.devices] == uuids_of(NODE)[::-1][:2]
             await until(lambda: {"nodes", "resourceslices"} <= kube.synced)

@@ -13,10 +13,12 @@ Vocabulary
 - *current slices* (:func:`current_slices`): per pool (driver, pool name), the slices of its
   newest ``spec.pool.generation`` only, as the scheduler's structured allocator gathers them
   (``GatherPools``/``addSlice`` in ``staging/src/k8s.io/dynamic-resource-allocation/
-  structured/pools.go``, since 1.34 ``structured/internal/*/pools_*.go``: an older generation
-  is "out-dated" and ignored; a pool with fewer slices than ``resourceSliceCount`` is
-  incomplete). A driver updating a pool bumps its generation and rewrites its slices (the
-  ``ResourceSlice`` type's documentation in ``k8s.io/api/resource/v1``), so for a moment both
+  structured/internal/stable/pools_stable.go``, ``structured/pools.go`` before 1.34: an older
+  generation is "out-dated" and ignored; a pool with fewer slices than ``resourceSliceCount`` is
+  ``IsIncomplete``). A driver updating a pool bumps its generation and rewrites its slices (the
+  ``ResourceSlice`` type's documentation in ``k8s.io/api/resource/v1``; NVIDIA's driver
+  publishes one pool per node, named after it, devices by ``GetDevice`` in
+  ``cmd/gpu-kubelet-plugin/deviceinfo.go`` of NVIDIA/k8s-dra-driver-gpu), so for a moment both
   generations exist: only the newer counts. An incomplete pool's GPUs are counted as published
   so far, with a note.
 
