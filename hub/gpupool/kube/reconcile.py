@@ -29,6 +29,10 @@ Vocabulary
   selector (``spec.nodeName!=``): which pods matter is decided by their resource requests,
   which no selector can express, and one unfiltered watch never sees a pod appear or vanish
   because a field changed.
+- *slices*: under DRA (``device_allocation = "dra"``) a fourth reflector, ``resourceslices``,
+  lists and watches NVIDIA's DRA driver's ResourceSlices (kept as
+  :func:`gpupool.kube.dra_inventory.slice_view`); the nodes' GPUs are then theirs
+  (:func:`gpupool.kube.dra_inventory.inventory_from_slices`), recomputed on a node or slice change.
 - *drift* (:func:`plan_drift`, the metric ``gpupool_kube_drift_total{kind}``):
   ``released``: a notebook allocation older than ``grace`` whose pod is gone and whose server
   JupyterHub no longer records (neither its ``ref`` "user/server" nor its id): released;
