@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import pytest
 from traitlets.config import Config
 
@@ -26,6 +27,7 @@ from gpupool.kube.reconcile import KubeReconciler
 from gpupool.pool import Pool
 from gpupool.store import Store
 from tests.conftest import h100_node, kubeconfig
+from tests.deploy.chart_fixtures import CHART, render_all
 from tests.deploy.kube_api import Served, served
 from tests.deploy.kube_dra import dra_only, reversed_slice, uuids_of
 
@@ -228,3 +230,24 @@ def test_a_slice_rewrite_the_inventory_does_not_read_does_not_take_the_pools_loc
             await reconciler.stop()
 
     asyncio.run(main())
+
+
+def test_the_charts_cluster_role_lets_the_hub_list_and_watch_slices_under_dra() -> None:
+    """The reconciler's ``resourceslices`` reflector lists and watches them cluster-wide."""
+    values = {
+        "jupyterhub": {"enabled": False},
+        "rbac": {"hubServiceAccount": "hub"},
+        "gpupool": {"deviceAllocation": "dra"},
+    }
+    with helm.Chart.load(CHART) as chart:
+        objects = render_all(chart, values)
+    (role,) = [
+        o for o in objects if o["kind"] == "ClusterRole" and "gpupool" in o["metadata"]["name"]
+    ]
+    verbs = {
+        verb
+        for rule in role["rules"]
+        if "resource.k8s.io" in rule["apiGroups"] and "resourceslices" in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert {"list", "watch"} <= verbs

@@ -118,12 +118,7 @@ class ClusterAPI:
         pod_selector: str | None = "gpupool.io/team",
     ) -> None:
         self.namespace = namespace
-        self.selectors = {
-            "nodes": node_selector,
-            "pods": pod_selector,
-            "tenants": None,
-            "resourceslices": None,  # under DRA (gpupool.kube.dra_inventory)
-        }
+        self.selectors = {"nodes": node_selector, "pods": pod_selector, "tenants": None}
         self._api: Any = None
 
     async def _client(self) -> Any:
@@ -137,11 +132,11 @@ class ClusterAPI:
         self, core: Any, kind: str
     ) -> tuple[Callable[..., Any], tuple[str, ...], dict[str, Any]]:
         kwargs: dict[str, Any] = {}
-        if self.selectors[kind]:
+        if self.selectors.get(kind):
             kwargs["label_selector"] = self.selectors[kind]
         if kind == "nodes":
             return core.list_node, (), kwargs
-        if kind == "resourceslices":  # cluster-scoped, resource.k8s.io/v1
+        if kind == "resourceslices":  # under DRA (gpupool.kube.dra_inventory), cluster-wide
             from kubernetes_asyncio import client
 
             return client.ResourceV1Api(core.api_client).list_resource_slice, (), kwargs
