@@ -512,13 +512,13 @@ class KubeReconciler(LoggingConfigurable):
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.tenants: dict[tuple[str, str], dict[str, Any]] = {}
+        """Every namespace's pods, as :func:`gpupool.kube.tenants.digest` keeps them."""
         self.dra = dra
         """Whether GPUs are given through DRA: then a fourth reflector, ``resourceslices``,
         follows NVIDIA's DRA driver's slices, and the nodes' GPUs are theirs
         (:mod:`gpupool.kube.dra_inventory`)."""
         self.slices: dict[str, dict[str, Any]] = {}
         """Every ResourceSlice, as :func:`gpupool.kube.dra_inventory.slice_view` keeps it."""
-        """Every namespace's pods, as :func:`gpupool.kube.tenants.digest` keeps them."""
         self._other_releases: set[str] = set()
         self.synced: set[str] = set()
         self.versions: dict[str, str] = {}
