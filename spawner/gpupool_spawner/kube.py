@@ -21,7 +21,7 @@ Vocabulary
   resources and Kueue labels are :class:`gpupool.kube.settings.KubeGPUSettings`, which this class
   and the job backend both inherit (``c.KubeGPUSettings.<name>`` sets both).
 - *DRA*: with ``device_allocation = "dra"`` the notebook's GPUs are a ResourceClaim pinning
-  them by UUID instead of ``nvidia.com/*`` resources (:mod:`gpupool_spawner.dra`,
+  them by UUID instead of ``nvidia.com/*`` resources (:mod:`gpupool_spawner.kube_dra`,
   :mod:`gpupool.kube.claims`); MIG instances and shares are refused (400) there.
 - *profiles*: KubeSpawner's ``profile_list`` (z2jh's ``singleuser.profileList``, which z2jh's
   ``jupyterhub_config.py`` sets on ``c.KubeSpawner`` and this subclass inherits) works as in
@@ -85,7 +85,7 @@ from gpupool.kube.pods import (
     product_values,
 )
 from gpupool.kube.settings import KubeGPUSettings
-from gpupool_spawner.dra import DRAClaims
+from gpupool_spawner.kube_dra import DRAClaims
 from gpupool_spawner.mixin import GPUSpawnerMixin, UnknownExit
 from gpupool_spawner.options import OfferLimit, others
 
@@ -199,7 +199,7 @@ class KubeGPUSpawner(GPUSpawnerMixin, DRAClaims, KubeSpawner, KubeGPUSettings):
             bind_to_node=self.bind_to_node,
             shares=self.share_requests_for(self.gpupool.inventory),
         )
-        if self.gpupool_uses_dra():  # its GPUs come from a claim (gpupool_spawner.dra)
+        if self.gpupool_uses_dra():  # its GPUs come from a claim (gpupool_spawner.kube_dra)
             pod = use_claim(pod, claim_name(self.pod_name))
         return pod
 

@@ -34,7 +34,7 @@ from gpupool.store import Store
 from tests.conftest import a100_mixed_node, h100_node, kubeconfig
 from tests.deploy.kube_api import Served, served
 from tests.deploy.kube_devices import DevicePlugin, node_devices
-from tests.deploy.kube_fixtures import a_job, notebook_pod
+from tests.deploy.kube_fixtures import a_job, api_cluster, notebook_pod
 from tests.prometheus import Prometheus
 
 NS = "jhub"
@@ -369,9 +369,17 @@ def test_on_a_mixed_node_the_uuid_is_recorded_without_re_keying() -> None:
     assert after.visible_devices == whole.gpu_uuid
 
 
-def test_the_hub_reads_back_where_it_reads_dcgm(tmp_path: Path) -> None:
+def test_the_hub_reads_back_where_it_reads_dcgm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The reconciler the hub builds for a Kubernetes inventory reads back through the
     Prometheus of ``IdleReclaimer.dcgm_prometheus_url``, and without it reads nothing back."""
+    with api_cluster(tmp_path, monkeypatch) as cluster:  # the hub claims its nodes at start
+        cluster.api.add_node(h100_node(NODE))
+        hub_reconcilers(tmp_path)
+
+
+def hub_reconcilers(tmp_path: Path) -> None:
     ledger = Ledger(inventory_from_nodes([h100_node(NODE)]), OFFERS, {"big": Team("big", 9000)})
     pool = Pool(ledger, Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}"))
     c = Config()

@@ -397,7 +397,7 @@ def rules(objects: list[dict[str, Any]], kind: str) -> dict[str, list[str]]:
 def test_the_charts_roles_allow_claims_and_slices_only_with_dra() -> None:
     objects = chart_objects({"gpupool": {"deviceAllocation": "dra"}})
     role, cluster_role = rules(objects, "Role"), rules(objects, "ClusterRole")
-    # what gpupool_spawner.dra does: create, read back, own (patch), delete; list slices
+    # what gpupool_spawner.kube_dra does: create, read back, own (patch), delete; list slices
     assert {"create", "get", "list", "watch", "patch", "delete"} <= set(role["resourceclaims"])
     assert {"create", "delete"} <= set(role["resourceclaimtemplates"])
     assert {"list"} <= set(cluster_role["resourceslices"])

@@ -39,8 +39,8 @@ Vocabulary
 
 Contract: no I/O; every function is pure over API JSON or ``kubernetes_asyncio`` models. The
 spawner creates the claim before its pod and owns it by the pod afterwards
-(``gpupool_spawner.dra``); the job backend creates the template with the (suspended) Job's other
-objects, owned by the Job, before it resumes the Job (:mod:`gpupool.kube.jobs`). Whole GPUs
+(``gpupool_spawner.kube_dra``); the job backend creates the template with the (suspended) Job's
+other objects, owned by the Job, before it resumes the Job (:mod:`gpupool.kube.jobs`). Whole GPUs
 only: a MIG instance (DeviceClass ``mig.nvidia.com``, devices
 ``gpu-<minor>-mig-<profile id>-<start>-<size>``) or a share is refused under DRA with the
 reason (:func:`dra_refusal`), for notebooks and jobs.
