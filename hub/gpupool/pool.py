@@ -55,7 +55,11 @@ log = logging.getLogger("gpupool")
 
 
 def load_inventory(
-    source: str, fallback: str = "", logger: logging.Logger = log, activity_file: str = ""
+    source: str,
+    fallback: str = "",
+    logger: logging.Logger = log,
+    activity_file: str = "",
+    dra: bool = False,
 ) -> tuple[Inventory, DeviceMonitor]:
     """The inventory named by ``GPUPool.inventory`` (``nvml``, ``kubernetes[:<selector>]`` or
     ``simulated:<spec>``), and the monitor that reads its devices' activity through the same NVML
@@ -64,13 +68,15 @@ def load_inventory(
     keeps the MIG instances made on it beside that file (``<name>.mig-state.json``), so they
     outlive a hub restart as real ones do.
     Kubernetes nodes are read on a worker thread's own event loop (this may run inside the hub's
-    loop); an unreachable cluster raises ``RuntimeError`` saying so."""
+    loop); an unreachable cluster raises ``RuntimeError`` saying so. With ``dra`` (GPUs given
+    through Dynamic Resource Allocation), the nodes' GPUs are their ResourceSlices' devices
+    (:mod:`gpupool.kube.dra_inventory`)."""
     from gpupool.discovery import SimulatedNVML, discover, simulated_inventory
 
     if source == "kubernetes" or source.startswith("kubernetes:"):
         from gpupool.kube.api import load_kubernetes_inventory
 
-        found = load_kubernetes_inventory(source.partition(":")[2].strip() or None)
+        found = load_kubernetes_inventory(source.partition(":")[2].strip() or None, dra=dra)
         for note in found.notes:
             logger.warning("gpupool: %s", note)
         logger.info("gpupool: Kubernetes inventory: %s", found.label)
@@ -144,7 +150,9 @@ class Pool:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_config(cls, config: GPUPool, logger: logging.Logger = log, cohort: str = "") -> Pool:
+    def from_config(
+        cls, config: GPUPool, logger: logging.Logger = log, cohort: str = "", dra: bool = False
+    ) -> Pool:
         """Validate the config, open (and check) the store, discover the inventory, warn about
         settings that are odd for it (one line each), and restore the ledger (whose grants
         follow Kueue's ``cohort`` rule too when Kueue admits GPU pods; see
@@ -159,7 +167,7 @@ class Pool:
         except StoreError as e:
             raise ConfigError("GPUPool.db_url", str(e)) from None
         inventory, monitor = load_inventory(
-            config.inventory, config.simulated_fallback, logger, config.simulated_activity_file
+            config.inventory, config.simulated_fallback, logger, config.simulated_activity_file, dra
         )
         if config.node_pools:
             inventory = with_node_pools(inventory, config.node_pools, config.inventory)

@@ -169,7 +169,7 @@ class StandIn:
         self.forbidden: set[tuple[str, str]] = set()
         self.lost: set[str] = set()
         """Nodes whose kubelet is gone (:meth:`lose_node`): it confirms no deletion."""
-        self.dra = kube_dra.DRA()
+        self.dra = kube_dra.DRA(self)
         """ResourceSlices and the scheduler's DRA plugin (:mod:`tests.deploy.kube_dra`)."""
         self.workloads: dict[tuple[str, str], list[dict[str, Any]]] = {}
         """Kueue's Workload of a Job (by the Job's namespace and name): its conditions, as
@@ -1553,11 +1553,16 @@ class Served:
             reply = self.api.list_objects("leases", ALL, request.query.get("labelSelector", ""))
             return self._answer(request, copy.deepcopy(reply))
 
-    async def _list_slices(self, request: web.Request) -> web.Response:
+    async def _list_slices(self, request: web.Request) -> web.StreamResponse:
+        """``GET /apis/resource.k8s.io/v1/resourceslices``: cluster-scoped (list or watch)."""
         self.api.requests.append((request.method, request.path, dict(request.query)))
+        if request.query.get("watch", "").lower() in ("true", "1"):
+            return await self._watch(request, "resourceslices", "")
         with self.api.lock:
-            body = self.api.dra.list_slices(str(next(self.api._rv)))
-            return self._answer(request, (200, copy.deepcopy(body)))
+            reply = self.api.list_objects(
+                "resourceslices", "", request.query.get("labelSelector", "")
+            )
+            return self._answer(request, copy.deepcopy(reply))
 
     async def _get_node(self, request: web.Request) -> web.Response:
         self.api.requests.append((request.method, request.path, dict(request.query)))

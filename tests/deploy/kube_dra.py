@@ -50,8 +50,11 @@ API_VERSION = "resource.k8s.io/v1"
 RESOURCES = {
     "resourceclaims": (GROUP, API_VERSION, "ResourceClaim"),
     "resourceclaimtemplates": (GROUP, API_VERSION, "ResourceClaimTemplate"),
+    "resourceslices": (GROUP, API_VERSION, "ResourceSlice"),
 }
-"""The namespaced DRA resources the stand-in serves like its others."""
+"""The DRA resources the stand-in stores like its others (claims and templates namespaced and
+served like its others; slices cluster-scoped, namespace ``""``, listed and watched at
+``/apis/resource.k8s.io/v1/resourceslices``)."""
 VALIDATE_VERSIONS = dict.fromkeys(RESOURCES, "1.34")
 """The schema version each DRA resource is validated with (``resource.k8s.io/v1`` is 1.34's)."""
 UNFIT = "cannot allocate all claims"
@@ -63,9 +66,13 @@ _TERM = re.compile(
 )
 
 
-def gpu_slice(node: str, gpus: Sequence[tuple[str, str]], memory: str = "80Gi") -> dict[str, Any]:
+def gpu_slice(
+    node: str, gpus: Sequence[tuple[str, str]], memory: str = "81559Mi"
+) -> dict[str, Any]:
     """The ResourceSlice NVIDIA's DRA driver publishes for ``node``: ``gpus`` as (UUID, product)
-    in PCI bus order (``gpu-<i>``, bus ``0000:<i+1>0:00.0``)."""
+    in PCI bus order (``gpu-<i>``, bus ``0000:<i+1>0:00.0``); ``memory`` as ``GetDevice`` writes
+    NVML's total memory, ``resource.NewQuantity(bytes, resource.BinarySI)`` (an H100 80GB's
+    81559 MiB serialises as ``81559Mi``)."""
     devices = [
         {
             "name": f"gpu-{i}",
@@ -119,25 +126,38 @@ DEVICE_CLASSES = {
 
 
 class DRA:
-    """The slices, and the scheduler's DRA plugin over the stand-in's claims."""
+    """The slices, and the scheduler's DRA plugin over the stand-in's claims. ``api``: the
+    stand-in (:class:`tests.deploy.kube_api.StandIn`), whose store keeps the slices, so they are
+    listed and watched (``ADDED``/``MODIFIED``/``DELETED`` at their resourceVersions) as the
+    API server serves them."""
 
-    def __init__(self) -> None:
-        self.slices: list[dict[str, Any]] = []
+    def __init__(self, api: Any) -> None:
+        self.api = api
         self.made: dict[tuple[str, str], dict[str, str]] = {}
         """The claims made from templates, by pod (namespace, name): by the pod's claim name
         (what ``status.resourceClaimStatuses`` says; kept here, as the stand-in's kubelet
         rewrites a pod's status)."""
 
-    def add_slice(self, resource_slice: dict[str, Any]) -> None:
-        self.slices.append(resource_slice)
+    @property
+    def slices(self) -> list[dict[str, Any]]:
+        with self.api.lock:
+            return list(self.api.objects["resourceslices"].values())
 
-    def list_slices(self, resource_version: str) -> dict[str, Any]:
-        return {
-            "kind": "ResourceSliceList",
-            "apiVersion": API_VERSION,
-            "metadata": {"resourceVersion": resource_version},
-            "items": self.slices,
-        }
+    def add_slice(self, resource_slice: dict[str, Any]) -> None:
+        """The driver publishes (or rewrites) a slice: stored, one watch event."""
+        obj = copy.deepcopy(resource_slice)
+        obj |= {"kind": "ResourceSlice", "apiVersion": API_VERSION}
+        with self.api.lock:
+            known = self.api.objects["resourceslices"].get(("", obj["metadata"]["name"]))
+            obj["metadata"]["uid"] = known["metadata"]["uid"] if known else str(uuid.uuid4())
+            self.api.objects["resourceslices"]["", obj["metadata"]["name"]] = obj
+            self.api._touch(obj)
+
+    def remove_slice(self, name: str) -> None:
+        """The driver (or its plugin's cleanup) deletes a slice: one ``DELETED``."""
+        with self.api.lock:
+            obj = self.api.objects["resourceslices"].pop(("", name))
+            self.api._deleted("resourceslices", obj)
 
     # -- the scheduler's plugin ---------------------------------------------------------------
     def claim_names(self, pod: Mapping[str, Any]) -> list[str]:
@@ -263,7 +283,7 @@ class DRA:
             return []
         selectors = [s["cel"]["expression"] for s in exactly.get("selectors") or [] if "cel" in s]
         out = []
-        for item in self.slices:
+        for item in current(self.slices):
             spec = item["spec"]
             if spec.get("nodeName") != node:
                 continue
@@ -302,6 +322,39 @@ class DRA:
             reserved = status.setdefault("reservedFor", [])
             reserved.append({"resource": "pods", "name": meta["name"], "uid": meta["uid"]})
             touch(claim)
+
+
+def current(slices: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The slices the structured allocator allocates from: per pool (driver, pool name), those
+    of its newest ``spec.pool.generation`` (``GatherPools``/``addSlice`` in
+    ``staging/src/k8s.io/dynamic-resource-allocation/structured/internal/stable/
+    pools_stable.go``, 1.34: an older one is "out-dated" and ignored)."""
+    newest: dict[tuple[str, str], int] = {}
+    for item in slices:
+        spec = item["spec"]
+        pool = (spec["driver"], spec["pool"]["name"])
+        newest[pool] = max(newest.get(pool, 0), int(spec["pool"].get("generation", 0)))
+    return [
+        i
+        for i in slices
+        if int(i["spec"]["pool"].get("generation", 0))
+        == newest[i["spec"]["driver"], i["spec"]["pool"]["name"]]
+    ]
+
+
+def dra_only(node: Mapping[str, Any]) -> dict[str, Any]:
+    """``node`` (API JSON) as it is where NVIDIA's DRA driver gives the GPUs and its device
+    plugin does not run: no ``nvidia.com/*`` capacity or allocatable (extended resources are
+    only what a device plugin registers with the kubelet; the DRA driver's kubelet plugin
+    publishes ResourceSlices instead, NVIDIA/k8s-dra-driver-gpu's chart installs no device
+    plugin), its GFD labels kept."""
+    out = copy.deepcopy(dict(node))
+    status = out.setdefault("status", {})
+    for field in ("capacity", "allocatable"):
+        status[field] = {
+            k: v for k, v in (status.get(field) or {}).items() if not k.startswith("nvidia.com/")
+        }
+    return out
 
 
 def uuids_of(node: str, count: int = 8) -> list[str]:

@@ -305,7 +305,8 @@ def test_a_node_without_the_drivers_slices_is_refused_before_any_pod(
 ) -> None:
     server, pool = cluster
     with server.api.lock:
-        server.api.dra.slices.clear()
+        for item in server.api.dra.slices:
+            server.api.dra.remove_slice(item["metadata"]["name"])
 
     async def go() -> web.HTTPError:
         s = dra_spawner(pool)

@@ -185,7 +185,7 @@ def test_a_node_without_the_drivers_slices_fails_the_job_before_anything_is_made
 ) -> None:
     server, ledger = cluster
     allocations = two_nodes(ledger)
-    server.api.dra.slices.pop(0)
+    server.api.dra.remove_slice(server.api.dra.slices[0]["metadata"]["name"])
     b = dra_backend(server, ledger)
     with pytest.raises(KubeError, match=r"publishes 0 GPU\(s\) of driver gpu\.nvidia\.com"):
         asyncio.run(b.start(a_job("h100", gpus=2, nodes=2), allocations))

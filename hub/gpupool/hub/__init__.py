@@ -41,6 +41,7 @@ from gpupool.hub.pages import pages
 from gpupool.hub.reclaim import SERVICE, SERVICE_SCOPES, hub_urls
 from gpupool.hub.reconcile import Reconciler
 from gpupool.hub.scopes import ADMIN_SCOPE, CUSTOM_SCOPES, JOBS_SCOPE, SERVER_ROLE_SCOPES
+from gpupool.kube.dra_inventory import uses_dra
 from gpupool.kube.jobs import check_kube_settings
 from gpupool.kube.reconcile import KubeReconciler
 from gpupool.kube.settings import kueue_cohort, kueue_warnings
@@ -64,7 +65,7 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
     check_spawn_form(c)
     check_kube_settings(c)
     settings = GPUPool(config=c)
-    pool = Pool.from_config(settings, logger, kueue_cohort(c))
+    pool = Pool.from_config(settings, logger, kueue_cohort(c), dra=uses_dra(c))
     for warning in kueue_warnings(c, pool.inventory):
         logger.warning("gpupool: %s", warning)
     check_profile_offers(c, pool.ledger.offers)
@@ -138,7 +139,13 @@ def _kube_reconciler(
     url = c.IdleReclaimer.get("dcgm_prometheus_url", "")  # the read-back's source, if any
     dcgm = DCGMSource(url, c.IdleReclaimer.get("dcgm_timeout", 5.0), logger) if url else None
     kube = KubeReconciler(
-        pool, records=records, node_selector=selector, config=c, log=logger, dcgm=dcgm
+        pool,
+        records=records,
+        node_selector=selector,
+        config=c,
+        log=logger,
+        dcgm=dcgm,
+        dra=uses_dra(c),
     )
     kube.claim_nodes()  # another release on these nodes stops the hub here (gpupool.kube.claim)
     return kube

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gpupool.core.inventory import Inventory
+from gpupool.kube.dra_inventory import inventory_from_slices
 from gpupool.kube.nodes import inventory_from_nodes
 
 READ_TIMEOUT_S = 30.0
@@ -70,6 +71,26 @@ async def read_nodes(label_selector: str | None = None) -> list[dict[str, Any]]:
                 return nodes
 
 
+async def read_slices() -> list[dict[str, Any]]:
+    """Every ResourceSlice (``resource.k8s.io/v1``) as API JSON, as :func:`read_nodes` reads
+    nodes (the inventory under DRA, :mod:`gpupool.kube.dra_inventory`)."""
+    from kubernetes_asyncio import client
+
+    async with client.ApiClient(await api_configuration()) as api:
+        resource = client.ResourceV1Api(api)
+        slices: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": 500, "_request_timeout": READ_TIMEOUT_S}
+            if token:
+                kwargs["_continue"] = token
+            page = await resource.list_resource_slice(**kwargs)
+            slices += [api.sanitize_for_serialization(s) for s in page.items]
+            token = page.metadata._continue if page.metadata else None
+            if not token:
+                return slices
+
+
 # -- listing and watching (the reconciler's seam) --------------------------------------------
 class Gone(Exception):
     """The API server answered ``410 Gone``: the resourceVersion watched from is too old (it
@@ -111,10 +132,14 @@ class ClusterAPI:
         self, core: Any, kind: str
     ) -> tuple[Callable[..., Any], tuple[str, ...], dict[str, Any]]:
         kwargs: dict[str, Any] = {}
-        if self.selectors[kind]:
+        if self.selectors.get(kind):
             kwargs["label_selector"] = self.selectors[kind]
         if kind == "nodes":
             return core.list_node, (), kwargs
+        if kind == "resourceslices":  # under DRA (gpupool.kube.dra_inventory), cluster-wide
+            from kubernetes_asyncio import client
+
+            return client.ResourceV1Api(core.api_client).list_resource_slice, (), kwargs
         if kind == "tenants":  # every namespace's pods (gpupool.kube.tenants)
             return core.list_pod_for_all_namespaces, (), kwargs
         return core.list_namespaced_pod, (self.namespace,), kwargs
@@ -177,9 +202,12 @@ class ClusterAPI:
 
 
 async def kubernetes_inventory(
-    label_selector: str | None = None, reader: NodeReader = read_nodes
+    label_selector: str | None = None, reader: NodeReader = read_nodes, dra: bool = False
 ) -> Inventory:
-    """The inventory of the cluster's GPU nodes (``reader`` is the seam tests replace)."""
+    """The inventory of the cluster's GPU nodes (``reader`` is the seam tests replace); with
+    ``dra``, their GPUs are NVIDIA's DRA driver's ResourceSlices' devices."""
+    if dra:
+        return inventory_from_slices(await reader(label_selector), await read_slices())
     return inventory_from_nodes(await reader(label_selector))
 
 
@@ -187,13 +215,14 @@ def load_kubernetes_inventory(
     label_selector: str | None = None,
     timeout: float = 2 * READ_TIMEOUT_S,
     reader: NodeReader = read_nodes,
+    dra: bool = False,
 ) -> Inventory:
     """:func:`kubernetes_inventory` from synchronous code, even inside a running event loop
     (the hub's): it runs on its own loop in a worker thread. Raises ``RuntimeError`` saying
     what to fix when no cluster can be reached."""
     pool = ThreadPoolExecutor(1, thread_name_prefix="gpupool-k8s")
     try:
-        future = pool.submit(asyncio.run, kubernetes_inventory(label_selector, reader))
+        future = pool.submit(asyncio.run, kubernetes_inventory(label_selector, reader, dra))
         return future.result(timeout=timeout)
     except Exception as e:
         where = f" (nodes matching {label_selector!r})" if label_selector else ""

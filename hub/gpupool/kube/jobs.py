@@ -80,9 +80,11 @@ from gpupool.kube.claims import (
     claim_template_name,
     job_pinned_uuids,
     make_claim_template,
+    pinned_uuids,
     slice_devices,
     use_claim_template,
 )
+from gpupool.kube.job_claims import job_unhonoured, record_uuids, unallocatable_pods
 from gpupool.kube.job_status import (
     TERMINAL_PHASES,
     JobRef,
@@ -125,6 +127,8 @@ class KubeJobBackend(KubeJobSettings):
         self._stopped: dict[str, str] = {}
         """Why this hub deleted a job's Job (its stranded pods' reason), by job id."""
         self._admitted: set[str] = set()
+        self._read_back_done: set[str] = set()
+        """DRA jobs whose pods' claims were read back and their UUIDs recorded (job ids)."""
         """Jobs whose Job this hub saw resumed by Kueue (job ids; see *taken back*)."""
         self.private_network = bool(self.network_policy)
         self.network_note = (
@@ -417,6 +421,9 @@ class KubeJobBackend(KubeJobSettings):
                 if seen.ended:
                     return seen
                 stranded = await self._stranded(api, pods)
+                if not stranded and seen.state == "running" and self.device_allocation == DRA:
+                    wrong = await self._read_back(api, job, ref, pods)
+                    stranded = {"": wrong} if wrong else {}
                 if not stranded:
                     return seen
                 cause = "; ".join(sorted(set(stranded.values())))
@@ -451,9 +458,11 @@ class KubeJobBackend(KubeJobSettings):
     async def _stranded(self, api: Any, pods: Sequence[Mapping[str, Any]]) -> dict[str, str]:
         """The *stranded pods* of ``pods`` with why (reading the few nodes that decide it; a
         node that cannot be read is left out, logged)."""
+        # under DRA, a pod whose pinned GPUs are held elsewhere never starts: stopped at once
+        claims = unallocatable_pods(pods) if self.device_allocation == DRA else {}
         wanted = nodes_to_read(pods)
         if not wanted:
-            return {}
+            return claims
         _, core = self._apis(api)
         nodes: dict[str, dict[str, Any] | None] = {}
         for name in sorted(wanted):
@@ -465,7 +474,47 @@ class KubeJobBackend(KubeJobSettings):
                     nodes[name] = None
                 else:
                     self.log.warning("gpupool: cannot read node %s: %s", name, api_message(e))
-        return stranded_pods(pods, nodes)
+        return {**stranded_pods(pods, nodes), **claims}
+
+    async def _read_back(
+        self, api: Any, job: Job, ref: JobRef, pods: Sequence[Mapping[str, Any]]
+    ) -> str | None:
+        """Once a DRA job runs: its pods' claims read back, compared with the pinned UUIDs
+        (:func:`gpupool.kube.job_claims.job_unhonoured`) and recorded on the ledger's devices;
+        why the job must stop where they differ, else None (also while not readable yet)."""
+        pool = self._pool()
+        ledger = getattr(pool, "ledger", None)
+        if job.id in self._read_back_done or ledger is None:
+            return None
+        held = [ledger.allocations[i] for i in job.allocations if i in ledger.allocations]
+        if not held:
+            return None
+        resource = client.ResourceV1Api(api)
+        try:
+            found = await resource.list_resource_slice(_request_timeout=self.request_timeout)
+            listed = await resource.list_namespaced_resource_claim(
+                ref.namespace, _request_timeout=self.request_timeout
+            )
+        except ApiException as e:
+            self.log.warning("gpupool: job %s: cannot read its claims: %s", job.id, api_message(e))
+            return None
+        devices = slice_devices(api.sanitize_for_serialization(found.items))
+        claims = api.sanitize_for_serialization(listed.items)
+        try:
+            pinned = {a.id: pinned_uuids(a, pool.inventory, devices) for a in held}
+            wrong = job_unhonoured(held, pinned, pods, claims, devices)
+        except (DRAError, LookupError) as e:
+            self.log.info("gpupool: job %s: its claims are not read back yet: %s", job.id, e)
+            return None
+        self._read_back_done.add(job.id)
+        if wrong:
+            return (
+                f"the GPUs given to the job's pods are not the ones the pool holds for it "
+                f"({wrong}); an admin must check NVIDIA's DRA driver"
+            )
+        record_uuids(pool, pinned, self.log)
+        self.log.info("gpupool: job %s holds %s", job.id, dict(pinned))
+        return None
 
     async def _gone(self, api: Any, job: Job, ref: JobRef) -> Observation:
         selector = f"{JOB_LABEL}={label_value(job.id)}"

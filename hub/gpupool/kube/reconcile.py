@@ -31,6 +31,10 @@ Vocabulary
   selector (``spec.nodeName!=``): which pods matter is decided by their resource requests,
   which no selector can express, and one unfiltered watch never sees a pod appear or vanish
   because a field changed.
+- *slices*: under DRA (``device_allocation = "dra"``) a fourth reflector, ``resourceslices``,
+  lists and watches NVIDIA's DRA driver's ResourceSlices (kept as
+  :func:`gpupool.kube.dra_inventory.slice_view`); the nodes' GPUs are then theirs
+  (:func:`gpupool.kube.dra_inventory.inventory_from_slices`), recomputed on a node or slice change.
 - *drift* (:func:`plan_drift`, the metric ``gpupool_kube_drift_total{kind}``):
   ``released``: a notebook allocation older than ``grace`` whose pod is gone and whose server
   JupyterHub no longer records (neither its ``ref`` "user/server" nor its id): released;
@@ -86,6 +90,7 @@ from gpupool.core.inventory import GPU, Inventory, Node
 from gpupool.core.ledger import Allocation, Device, Ledger
 from gpupool.kube.api import ClusterAPI, Gone
 from gpupool.kube.claim import NodeClaim
+from gpupool.kube.dra_inventory import inventory_from_slices, slice_view
 from gpupool.kube.hami import pin_disagreements, unpriced_shares
 from gpupool.kube.nodes import inventory_from_nodes, inventory_view, not_ready_reason
 from gpupool.kube.readback import MigKey, Seen, read_back
@@ -130,13 +135,15 @@ Records = Callable[[], Awaitable[Iterable[HubRecord]]]
 
 # -- pure: the inventory the nodes give, keeping what allocations hold ----------------------------
 def effective_inventory(
-    nodes: Iterable[Mapping[str, Any]], ledger: Ledger
+    nodes: Iterable[Mapping[str, Any]],
+    ledger: Ledger,
+    build: Callable[[list[Mapping[str, Any]]], Inventory] = inventory_from_nodes,
 ) -> tuple[Inventory, dict[str, str]]:
     """The inventory of ``nodes`` with draining nodes kept (see the module docstring), and the
     draining nodes with why (``"gone"``, ``"not ready"``, or ``"changed"``: cordoned, shared or
-    relabelled)."""
+    relabelled). ``build`` makes the inventory of nodes (under DRA: with their slices)."""
     nodes = list(nodes)
-    target = inventory_from_nodes(nodes)
+    target = build(nodes)
     trial = Ledger(target, ledger.offers, ledger.teams, ledger.everyone)
     _restored, lost = trial.restore(ledger.allocations.values())
     named = {str((obj.get("metadata") or {}).get("name")): obj for obj in nodes}
@@ -185,7 +192,11 @@ def _held_part(gpu: GPU, devices: list[Device]) -> GPU | None:
     return replace(gpu, instances=tuple(i for i in gpu.instances if (i.profile, i.start) in taken))
 
 
-def swap_inventory(pool: Pool, nodes: Iterable[Mapping[str, Any]]) -> dict[str, str] | None:
+def swap_inventory(
+    pool: Pool,
+    nodes: Iterable[Mapping[str, Any]],
+    build: Callable[[list[Mapping[str, Any]]], Inventory] = inventory_from_nodes,
+) -> dict[str, str] | None:
     """Put the effective inventory of ``nodes`` under ``pool``, keeping every allocation, under
     the pool's lock, then tell the pool's ``on_inventory`` listeners. Returns the draining nodes,
     or ``None`` if nothing changed or the swap was refused (an allocation that would not
@@ -193,7 +204,7 @@ def swap_inventory(pool: Pool, nodes: Iterable[Mapping[str, Any]]) -> dict[str, 
     nodes = list(nodes)
 
     def decide(ledger: Ledger) -> dict[str, str] | None:
-        inventory, draining = effective_inventory(nodes, ledger)
+        inventory, draining = effective_inventory(nodes, ledger, build)
         if (inventory.nodes, inventory.notes) == (ledger.inventory.nodes, ledger.inventory.notes):
             return None
         fresh = Ledger(
@@ -493,6 +504,7 @@ class KubeReconciler(LoggingConfigurable):
         node_selector: str | None = None,
         clock: Callable[[], float] = time.time,
         dcgm: Any = None,
+        dra: bool = False,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("log", pool.log)
@@ -511,6 +523,12 @@ class KubeReconciler(LoggingConfigurable):
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.tenants: dict[tuple[str, str], dict[str, Any]] = {}
         """Every namespace's pods, as :func:`gpupool.kube.tenants.digest` keeps them."""
+        self.dra = dra
+        """Whether GPUs are given through DRA: then a fourth reflector, ``resourceslices``,
+        follows NVIDIA's DRA driver's slices, and the nodes' GPUs are theirs
+        (:mod:`gpupool.kube.dra_inventory`)."""
+        self.slices: dict[str, dict[str, Any]] = {}
+        """Every ResourceSlice, as :func:`gpupool.kube.dra_inventory.slice_view` keeps it."""
         self._other_releases: set[str] = set()
         self.mig_reported: dict[MigKey, Seen] = {}
         """The MIG instances the nodes report for the ledger's MIG devices (read back, for the
@@ -553,7 +571,7 @@ class KubeReconciler(LoggingConfigurable):
             loop = asyncio.get_running_loop()
             self._tasks = [
                 loop.create_task(self.reflect(kind), name=f"gpupool: watching {kind}")
-                for kind in ("nodes", "pods", "tenants")
+                for kind in ("nodes", "pods", "tenants", *(("resourceslices",) if self.dra else ()))
             ]
             if self.claim is not None:
                 renewing = self.claim.renewing(lambda: [n.name for n in self.pool.inventory.nodes])
@@ -602,12 +620,15 @@ class KubeReconciler(LoggingConfigurable):
             "nodes": self.nodes,
             "pods": self.pods,
             "tenants": self.tenants,
+            "resourceslices": self.slices,
         }
         cache = caches[kind]
-        key = _name if kind == "nodes" else _namespaced
+        key = _name if kind in ("nodes", "resourceslices") else _namespaced
         # what the cache keeps of an object: all of a gpupool pod, the part of a node the
         # inventory reads, what the tenants' count reads of any pod
-        keep = {"nodes": inventory_view, "tenants": digest}.get(kind, lambda o: o)
+        keep = {"nodes": inventory_view, "tenants": digest, "resourceslices": slice_view}.get(
+            kind, lambda o: o
+        )
         version = ""
         while True:
             try:
@@ -651,7 +672,7 @@ class KubeReconciler(LoggingConfigurable):
                 await asyncio.sleep(self.retry)
 
     def _changed(self, kind: str) -> None:
-        if kind == "nodes":
+        if kind in ("nodes", "resourceslices"):
             self.apply_nodes()
         if kind in ("nodes", "tenants"):
             self.apply_tenants()
@@ -716,10 +737,10 @@ class KubeReconciler(LoggingConfigurable):
     # -- nodes --------------------------------------------------------------------------------
     def apply_nodes(self) -> None:
         """Swap in the inventory the cached nodes give (see :func:`swap_inventory`)."""
-        if "nodes" not in self.synced:
+        if "nodes" not in self.synced or (self.dra and "resourceslices" not in self.synced):
             return
         before = {n.name for n in self.pool.inventory.nodes}
-        draining = swap_inventory(self.pool, self.nodes.values())
+        draining = swap_inventory(self.pool, self.nodes.values(), self._build)
         if draining is None:
             return
         inventory = self.pool.inventory
@@ -736,6 +757,12 @@ class KubeReconciler(LoggingConfigurable):
             ", ".join(sorted(before - after)) or "-",
             ", ".join(sorted(draining)) or "-",
         )
+
+    def _build(self, nodes: list[Mapping[str, Any]]) -> Inventory:
+        """The inventory of ``nodes`` (under DRA, with the cached slices)."""
+        if self.dra:
+            return inventory_from_slices(nodes, self.slices.values())
+        return inventory_from_nodes(nodes)
 
     def _released(self, allocation: Allocation) -> None:
         """After any release: a draining node may now go."""

@@ -1,0 +1,94 @@
+"""Issue 26 §4: a DRA job pod the scheduler cannot give its pinned GPUs (another pod's claim
+holds them) stays Pending with the DRA plugin's ``cannot allocate all claims`` (``Filter`` in
+``pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go``, Unschedulable and
+Unresolvable); the job fails at once with the scheduler's message and its Job is deleted,
+rather than holding its GPUs until the start timeout.
+
+The stand-in: :mod:`tests.deploy.kube_dra` (claims, templates, slices, the DRA plugin)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from traitlets.config import Configurable
+
+from gpupool.core import Ledger, Request, Team
+from gpupool.core.ledger import Allocation
+from gpupool.kube.jobs import KubeJobBackend
+from gpupool.kube.manifests import job_name
+from gpupool.kube.nodes import inventory_from_nodes
+from tests.conftest import h100_node
+from tests.deploy.kube_api import Served, served
+from tests.deploy.kube_dra import reversed_slice
+from tests.deploy.kube_fixtures import NS, OFFERS, a_job, backend, started
+
+NODES = ("dgx-h100-1", "dgx-h100-2")
+
+
+@pytest.fixture
+def cluster() -> Iterator[tuple[Served, Ledger]]:
+    nodes = [h100_node(n) for n in NODES]
+    with served() as server:
+        for name, obj in zip(NODES, nodes, strict=True):
+            server.api.add_node(obj)
+            server.api.dra.add_slice(reversed_slice(name))
+        ledger = Ledger(inventory_from_nodes(nodes), OFFERS, {"vision": Team("vision", 16000)})
+        yield server, ledger
+
+
+def two_nodes(ledger: Ledger) -> list[Allocation]:
+    first = ledger.allocate(Request("alice", "vision", "h100", 2, "job", "j1"), "alloc-0")
+    request = Request("alice", "vision", "h100", 2, "job", "j1", frozenset({first.node or ""}))
+    return [first, ledger.allocate(request, "alloc-1")]
+
+
+def dra_backend(server: Served, ledger: Ledger) -> KubeJobBackend:
+    holder = Configurable()
+    holder.pool = type("P", (), {"inventory": ledger.inventory})()  # type: ignore[attr-defined]
+    return backend(server, device_allocation="dra", parent=holder)
+
+
+def test_a_job_pod_whose_pinned_gpus_another_claim_holds_fails_the_job_at_once(
+    cluster: tuple[Served, Ledger],
+) -> None:
+    server, ledger = cluster
+    allocations = two_nodes(ledger)
+    job = a_job("h100", gpus=2, nodes=2)
+    name = job_name(job)
+    b = dra_backend(server, ledger)
+    job = started(job, asyncio.run(b.start(job, allocations)))
+    api = server.api
+    # another tenant's claim already holds gpu-7 (the ledger's gpu0) of the second node
+    other = allocations[1].node or ""
+    with api.lock:
+        api.objects["resourceclaims"]["other", "theirs"] = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "theirs", "namespace": "other", "uid": "u-theirs"},
+            "spec": {"devices": {"requests": []}},
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {
+                                "request": "gpus",
+                                "driver": "gpu.nvidia.com",
+                                "pool": other,
+                                "device": "gpu-7",
+                            }
+                        ]
+                    }
+                }
+            },
+        }
+    api.create_pods(name, NS)
+    verdicts = [api.schedule(NS, p["metadata"]["name"]) for p in api.pods_of(name, NS).values()]
+    assert "Unschedulable" in verdicts, verdicts
+
+    seen = asyncio.run(b.check(job))
+    assert seen.state == "failed", seen
+    assert "cannot allocate all claims" in seen.reason
+    assert "ResourceClaim pins GPUs another pod holds" in seen.reason
+    assert NS + "/" + name not in {f"{ns}/{n}" for ns, n in api.objects["jobs"]}
