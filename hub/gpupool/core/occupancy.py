@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right, insort
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 from gpupool.core.inventory import GPU, Inventory, MigInstance
 from gpupool.core.mig import Geometry, Profile
@@ -199,7 +199,12 @@ class ShareGroup:
 class Occupancy:
     """Mutable slot state over a fixed inventory."""
 
-    def __init__(self, inventory: Inventory) -> None:
+    def __init__(
+        self, inventory: Inventory, carry: tuple[Occupancy, Collection[str]] | None = None
+    ) -> None:
+        """``carry``: an occupancy and node names; the slot state (taken, whole, shares,
+        closed) of every GPU of ``inventory`` not on those nodes is copied from that occupancy,
+        where the GPU is the same (its UUID), before the indexes are built."""
         self.inventory = inventory
         self.gpus: list[GPU] = list(inventory.gpus)
         self.ordinal: dict[str, int] = {g.uuid: i for i, g in enumerate(self.gpus)}
@@ -221,6 +226,8 @@ class Occupancy:
         """GPUs in outside use (see *closed*)."""
         self._share_index: list[int | None] = [None] * len(self.gpus)
         """What each share-taking GPU's group index holds for it (``None``: unavailable)."""
+        if carry is not None:
+            self._carry(*carry)
         members: dict[ShareKey, list[int]] = {}
         for g, gpu in enumerate(self.gpus):
             if gpu.mig_mode == "off" and gpu.share_resource != "":
@@ -258,6 +265,17 @@ class Occupancy:
             self._reindex_gpu(g)
         for n in range(len(self.node_gpus)):
             self._reindex_node(n)
+
+    def _carry(self, old: Occupancy, skip: Collection[str]) -> None:
+        for g, gpu in enumerate(self.gpus):
+            o = old.ordinal.get(gpu.uuid)
+            node = self.node_names[self.node_of[g]]
+            if o is None or node in skip or old.gpus[o] != gpu:
+                continue
+            if old.node_names[old.node_of[o]] != node:
+                continue
+            self.mask[g], self.whole[g] = old.mask[o], old.whole[o]
+            self.share_used[g], self.closed[g] = old.share_used[o], old.closed[o]
 
     # -- questions -------------------------------------------------------------------------
     def full(self, g: int) -> int:
