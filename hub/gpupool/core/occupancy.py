@@ -226,8 +226,8 @@ class Occupancy:
         """GPUs in outside use (see *closed*)."""
         self._share_index: list[int | None] = [None] * len(self.gpus)
         """What each share-taking GPU's group index holds for it (``None``: unavailable)."""
-        if carry is not None:
-            self._carry(*carry)
+        carried = self._carry(*carry) if carry is not None else {}
+        resolved = carry[0].fixed_instances if carry is not None else {}
         members: dict[ShareKey, list[int]] = {}
         for g, gpu in enumerate(self.gpus):
             if gpu.mig_mode == "off" and gpu.share_resource != "":
@@ -244,7 +244,7 @@ class Occupancy:
                 self.share_group_of[g] = group
                 self._sync_share(g)
         self.fixed_instances: dict[int, list[tuple[Profile, MigInstance]]] = {
-            i: self._resolve_instances(i)
+            i: resolved[carried[i]] if i in carried else self._resolve_instances(i)
             for i, g in enumerate(self.gpus)
             if g.mig_mode == "fixed" or (g.mig_mode == "dynamic" and g.instances)
         }
@@ -266,7 +266,10 @@ class Occupancy:
         for n in range(len(self.node_gpus)):
             self._reindex_node(n)
 
-    def _carry(self, old: Occupancy, skip: Collection[str]) -> None:
+    def _carry(self, old: Occupancy, skip: Collection[str]) -> dict[int, int]:
+        """Copy the slot state of the GPUs carried over (see ``carry``); returns their old
+        ordinals by new."""
+        carried: dict[int, int] = {}
         for g, gpu in enumerate(self.gpus):
             o = old.ordinal.get(gpu.uuid)
             node = self.node_names[self.node_of[g]]
@@ -276,6 +279,8 @@ class Occupancy:
                 continue
             self.mask[g], self.whole[g] = old.mask[o], old.whole[o]
             self.share_used[g], self.closed[g] = old.share_used[o], old.closed[o]
+            carried[g] = o
+        return carried
 
     # -- questions -------------------------------------------------------------------------
     def full(self, g: int) -> int:

@@ -184,7 +184,10 @@ def kept_node(
     new: Node | None, old: Node | None, held: Iterable[Allocation], ledger: Ledger
 ) -> Node | None:
     """``None`` if the allocations ``held`` on a node all restore onto its ``new`` form (the
-    node may take it), else the node *draining*: ``old`` as far as they hold it."""
+    node may take it), else the node *draining*: ``old`` as far as they hold it. On a node as it
+    was they do (the ledger holds them there), so only a changed node is tried."""
+    if new == old:
+        return None
     trial = Ledger(Inventory((new,) if new else ()), ledger.offers, ledger.teams, ledger.everyone)
     _restored, lost = trial.restore(held)
     if not lost or old is None:
