@@ -48,9 +48,15 @@ Vocabulary
   Each finding is logged and counted once while it lasts.
 
 Contract: every ledger change happens under the pool's lock (:meth:`Pool.deciding`): the
-inventory swap builds a new :class:`Ledger` over the effective inventory and restores every
-allocation into it (quotas not re-checked, as at start), persisting those whose MIG instance
-UUIDs changed; if any allocation could not be restored, nothing is swapped (logged). Releases go
+inventory swap builds a new :class:`Ledger` over the effective inventory (:func:`plan_swap`).
+After a list it rebuilds every node and restores every allocation (quotas not re-checked, as at
+start; :meth:`Ledger.rebuilt`); after a watch event (or a release on a draining node) it builds
+that node's part of the inventory only (:class:`gpupool.kube.nodes.NodePart`) and restores only
+the allocations on the nodes that differ, carrying every other node's state over
+(:meth:`Ledger.replace_nodes`): the same ledger, by the same per-node judgement
+(:func:`kept_node`), which ``tests/unit/test_node_swap.py`` checks against the full rebuild.
+Allocations whose MIG instance UUIDs changed are persisted; if any allocation could not be
+restored, nothing is swapped (logged). Releases go
 through :meth:`Pool.release` (its listeners, the job queue, run). A pass that cannot read
 JupyterHub's records releases nothing. Nothing here deletes or changes a Kubernetes object.
 :meth:`KubeReconciler.stop` cancels its tasks and returns only once every one has ended (no
