@@ -199,3 +199,28 @@ NodeEvents.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestNodeEvents = NodeEvents.TestCase
+
+
+def test_a_held_instance_in_outside_use_survives_a_rebuild() -> None:
+    """A fixed MIG instance an allocation holds while another tenant's pod is counted on it
+    (outside use) is not blocked while held, and a rebuild keeps it so: outside use is applied
+    after the allocations are restored (before, the rebuild blocked it first, lost the
+    allocation and refused the new inventory)."""
+    obj = node_object("n0", "a100-mig", 1)
+    assert obj is not None
+    parts = {"n0": node_part(obj)}
+    ledger = Ledger(effective_parts(parts, _empty(), None)[0], OFFERS, TEAMS)
+    held = ledger.allocate(Request("ana", "all", "mig-3g", 1), alloc_id="a1")
+    instance = held.devices[0].instance
+    assert instance is not None
+    ledger.set_outside_use({instance: "used by pod other/p"})
+    assert not ledger.blocked
+    grown = node_object("n0", "a100-mig", 2)
+    assert grown is not None
+    parts["n0"] = node_part(grown)
+    for names in (None, ["n0"]):
+        swap = plan_swap(ledger, parts, names)
+        assert swap.lost == [] and swap.ledger is not None
+        assert swap.ledger.allocations["a1"] == held and not swap.ledger.blocked
+        swap.ledger.release("a1")  # then blocked, as the live ledger does
+        assert [b.instance for b in swap.ledger.blocked.values()] == [instance]
