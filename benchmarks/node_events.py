@@ -1,4 +1,5 @@
-"""What one node watch event costs the hub, before and after irrelevant changes were skipped.
+"""What one node watch event costs the hub: before irrelevant changes were skipped, before a
+relevant change rebuilt only its node, and now.
 
 Run as ``python -m benchmarks.node_events [--json] [--nodes N] [--allocations N] [--events N]``.
 
@@ -16,10 +17,13 @@ Vocabulary
   falls off the bus and comes back): the inventory changes and every allocation is restored
   onto the new one.
 - *before*: the reconciler's watch handler as it was (commit 4961726): cache the object, then
-  :meth:`KubeReconciler.apply_nodes` (a new effective inventory under the pool's lock) and
-  :meth:`KubeReconciler.apply_tenants` (the tenants' devices under it), for every event. *after*:
-  the handler now: :func:`gpupool.kube.nodes.inventory_view` of the object, compared with the
-  cached view; only a changed view goes on to the two calls. Both are the same calls the
+  :meth:`KubeReconciler.apply_nodes` over every node (a new effective inventory under the pool's
+  lock, every allocation restored) and :meth:`KubeReconciler.apply_tenants` (the tenants' devices
+  under it), for every event. *skip*: the handler at 6cf11cc: :func:`gpupool.kube.nodes.
+  inventory_view` of the object, compared with the cached view; only a changed view goes on to
+  the two calls, the first still over every node. *after*: the handler now: the same skip, then
+  ``apply_nodes([name])``: only the changed node's part of the inventory is built and only its
+  allocations restored (:meth:`gpupool.core.ledger.Ledger.replace_nodes`). All are the calls the
   reflector makes (``KubeReconciler.reflect``), without the HTTP watch around them.
 - *cost per event*: wall time (``time.perf_counter``) of the handler, mean and the largest, in ms.
 
@@ -158,13 +162,25 @@ def before(reconciler: KubeReconciler, obj: dict[str, Any]) -> bool:
     return True
 
 
-def after(reconciler: KubeReconciler, obj: dict[str, Any]) -> bool:
-    """The handler now (``KubeReconciler.reflect``): an unchanged view is skipped."""
+def skip(reconciler: KubeReconciler, obj: dict[str, Any]) -> bool:
+    """The handler at 6cf11cc: an unchanged view is skipped, a changed one rebuilds all."""
     name, kept = obj["metadata"]["name"], inventory_view(obj)
     if reconciler.nodes.get(name) == kept:
         return False
     reconciler.nodes[name] = kept
     reconciler.apply_nodes()
+    reconciler.apply_tenants()
+    return True
+
+
+def after(reconciler: KubeReconciler, obj: dict[str, Any]) -> bool:
+    """The handler now (``KubeReconciler.reflect``): an unchanged view is skipped, a changed
+    one rebuilds its node only."""
+    name, kept = obj["metadata"]["name"], inventory_view(obj)
+    if reconciler.nodes.get(name) == kept:
+        return False
+    reconciler.nodes[name] = kept
+    reconciler.apply_nodes([name])
     reconciler.apply_tenants()
     return True
 
@@ -190,8 +206,9 @@ def run_one(
 ) -> Result:
     with tempfile.TemporaryDirectory() as tmp:
         reconciler, objects = build(nodes, allocations, Path(tmp) / "pool.sqlite")
-        if handler is after:  # the cache holds views, as the reflector's does
+        if handler is not before:  # the cache holds views, as the reflector's does
             reconciler.nodes = {k: inventory_view(v) for k, v in reconciler.nodes.items()}
+        reconciler.apply_nodes()  # the list: every node's part built (no change: no swap)
         feed = events(kind, objects, n)
         times, recomputed = [], 0
         for obj in feed:
@@ -238,7 +255,7 @@ def format_table(results: Sequence[Result]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.node_events",
-        description="Cost of one node watch event, before and after skipping irrelevant ones.",
+        description="Cost of one node watch event: before, skipping irrelevant ones, and now.",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--nodes", type=int, default=1000, help="GPU nodes (default 1000)")
@@ -254,7 +271,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = []
     for kind in ("irrelevant", "relevant"):
-        for name, handler in (("before", before), ("after", after)):
+        handlers = [("before", before), ("skip", skip), ("after", after)]
+        if kind == "irrelevant":  # skip and after skip the same way
+            handlers = [("before", before), ("after", after)]
+        for name, handler in handlers:
             n = args.events * 100 if (kind, name) == ("irrelevant", "after") else args.events
             results.append(run_one(args.nodes, args.allocations, kind, name, handler, n))
             if not args.json:

@@ -123,6 +123,8 @@ class Ledger:
         everyone: Team | None = None,
         policy: PlacementPolicy | str = "gpupool",
         cohort: str = "",
+        *,
+        occupancy: Occupancy | None = None,
     ) -> None:
         self.inventory = inventory
         self.offers = dict(offers)
@@ -135,7 +137,7 @@ class Ledger:
         self.cohort = (
             Cohort.of_teams(cohort, self.teams.values(), self.everyone) if cohort else None
         )
-        self.occ = Occupancy(inventory)
+        self.occ = occupancy or Occupancy(inventory)
         self.allocations: dict[str, Allocation] = {}
         self.blocked: dict[tuple[str, int], Blocked] = {}
         self.outside: dict[str, str] = {}
@@ -503,17 +505,18 @@ class Ledger:
                 occ.take_share(g, milli)
                 self._outside_milli[g] = milli
 
-    def _close(self, device: str) -> None:
+    def _close(self, device: str, among: Iterable[int] | None = None) -> None:
         """Close a GPU, or block a free fixed MIG instance (one held now waits for its
-        release; any other device, an instance made for an allocation, has nothing to block)."""
+        release; any other device, an instance made for an allocation, has nothing to block);
+        ``among``: the GPUs (ordinals) whose instances it may be, else any."""
         occ = self.occ
         g = occ.ordinal.get(device)
         if g is not None:
             if not occ.closed[g]:
                 occ.close(g)
             return
-        for g, instances in occ.fixed_instances.items():
-            for p, inst in instances:
+        for g in occ.fixed_instances if among is None else among:
+            for p, inst in occ.fixed_instances.get(g, ()):
                 free = not occ.whole[g] and not occ.mask[g] & p.mask_at(inst.start)
                 if inst.uuid == device and free:
                     gpu = occ.gpus[g].uuid
@@ -582,6 +585,77 @@ class Ledger:
                 continue
             restored.append(self._apply(a, picks, keep_cost=True))
         return restored, lost
+
+    # -- a new inventory -------------------------------------------------------------------
+    def rebuilt(self, inventory: Inventory) -> tuple[Ledger, list[Allocation], list[Allocation]]:
+        """A new ledger over ``inventory`` with every allocation restored onto it (quotas not
+        re-checked, as at start), then this one's outside use; returns it with ``(restored,
+        lost)``. Blocked slots are not carried over (outside use blocks its instances anew)."""
+        fresh = Ledger(
+            inventory, self.offers, self.teams, self.everyone, self.policy, self.cohort_name
+        )
+        restored, lost = fresh.restore(self.allocations.values())
+        fresh.set_outside_use(self.outside)
+        fresh.set_outside_shares(self.outside_shares)  # after the ledger's own shares
+        return fresh, restored, lost
+
+    def replace_nodes(
+        self, inventory: Inventory, names: Iterable[str] = ()
+    ) -> tuple[Ledger, list[Allocation], list[Allocation]]:
+        """What :meth:`rebuilt` gives for ``inventory``, at the cost of the nodes that differ
+        from this ledger's inventory (``names``, and any other node not equal to this one's):
+        every other node's GPUs keep their slot state, blocked slots in outside use and
+        allocations as they are; only the allocations on the differing nodes are restored
+        (``restored``/``lost`` name only those), and only their GPUs' outside use is applied."""
+        before = {n.name: n for n in self.inventory.nodes}
+        now = {n.name for n in inventory.nodes}
+        changed = set(names) | {n for n in before if n not in now}
+        changed |= {n.name for n in inventory.nodes if before.get(n.name) != n}
+        occ = Occupancy(inventory, carry=(self.occ, changed))
+        fresh = Ledger(
+            inventory,
+            self.offers,
+            self.teams,
+            self.everyone,
+            self.policy,
+            self.cohort_name,
+            occupancy=occ,
+        )
+        fresh.outside = dict(self.outside)
+        for g_old, milli in self._outside_milli.items():  # taken again below, with the rest
+            g = occ.ordinal.get(self.occ.gpus[g_old].uuid)
+            if g is not None and occ.node_names[occ.node_of[g]] not in changed:
+                occ.free_share(g, milli)
+        for b in self.blocked.values():
+            g = occ.ordinal.get(b.gpu)
+            if g is None or occ.node_names[occ.node_of[g]] in changed:
+                continue
+            if b.reason == "outside":
+                fresh.blocked[b.gpu, b.start] = b
+                continue
+            geo = occ.geometry[g]  # any other block is not carried over, as in rebuilt()
+            p = geo.resolve(b.profile) if geo else None
+            assert p is not None
+            occ.free_slots(g, p, b.start)
+        moving = []
+        for a in self.allocations.values():
+            if a.node in changed:
+                moving.append(a)
+                continue
+            fresh.allocations[a.id] = a
+            fresh.team_used[a.team] += a.cost_milli
+            fresh.user_used[a.team, a.user] += a.cost_milli
+        restored, lost = fresh.restore(moving)
+        for node in inventory.nodes:
+            if node.name not in changed:
+                continue
+            gpus = [occ.ordinal[gpu.uuid] for gpu in node.gpus]
+            for gpu in node.gpus:
+                for device in (gpu.uuid, *(i.uuid for i in gpu.instances if i.uuid)):
+                    if device in fresh.outside:
+                        fresh._close(device, gpus)
+        fresh.set_outside_shares(self.outside_shares)  # after the ledger's own shares
+        return fresh, restored, lost
 
     # -- internals -------------------------------------------------------------------------
     def _apply(

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right, insort
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 from gpupool.core.inventory import GPU, Inventory, MigInstance
 from gpupool.core.mig import Geometry, Profile
@@ -199,7 +199,12 @@ class ShareGroup:
 class Occupancy:
     """Mutable slot state over a fixed inventory."""
 
-    def __init__(self, inventory: Inventory) -> None:
+    def __init__(
+        self, inventory: Inventory, carry: tuple[Occupancy, Collection[str]] | None = None
+    ) -> None:
+        """``carry``: an occupancy and node names; the slot state (taken, whole, shares,
+        closed) of every GPU of ``inventory`` not on those nodes is copied from that occupancy,
+        where the GPU is the same (its UUID), before the indexes are built."""
         self.inventory = inventory
         self.gpus: list[GPU] = list(inventory.gpus)
         self.ordinal: dict[str, int] = {g.uuid: i for i, g in enumerate(self.gpus)}
@@ -221,6 +226,8 @@ class Occupancy:
         """GPUs in outside use (see *closed*)."""
         self._share_index: list[int | None] = [None] * len(self.gpus)
         """What each share-taking GPU's group index holds for it (``None``: unavailable)."""
+        carried = self._carry(*carry) if carry is not None else {}
+        resolved = carry[0].fixed_instances if carry is not None else {}
         members: dict[ShareKey, list[int]] = {}
         for g, gpu in enumerate(self.gpus):
             if gpu.mig_mode == "off" and gpu.share_resource != "":
@@ -237,7 +244,7 @@ class Occupancy:
                 self.share_group_of[g] = group
                 self._sync_share(g)
         self.fixed_instances: dict[int, list[tuple[Profile, MigInstance]]] = {
-            i: self._resolve_instances(i)
+            i: resolved[carried[i]] if i in carried else self._resolve_instances(i)
             for i, g in enumerate(self.gpus)
             if g.mig_mode == "fixed" or (g.mig_mode == "dynamic" and g.instances)
         }
@@ -258,6 +265,22 @@ class Occupancy:
             self._reindex_gpu(g)
         for n in range(len(self.node_gpus)):
             self._reindex_node(n)
+
+    def _carry(self, old: Occupancy, skip: Collection[str]) -> dict[int, int]:
+        """Copy the slot state of the GPUs carried over (see ``carry``); returns their old
+        ordinals by new."""
+        carried: dict[int, int] = {}
+        for g, gpu in enumerate(self.gpus):
+            o = old.ordinal.get(gpu.uuid)
+            node = self.node_names[self.node_of[g]]
+            if o is None or node in skip or old.gpus[o] != gpu:
+                continue
+            if old.node_names[old.node_of[o]] != node:
+                continue
+            self.mask[g], self.whole[g] = old.mask[o], old.whole[o]
+            self.share_used[g], self.closed[g] = old.share_used[o], old.closed[o]
+            carried[g] = o
+        return carried
 
     # -- questions -------------------------------------------------------------------------
     def full(self, g: int) -> int:

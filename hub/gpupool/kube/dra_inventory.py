@@ -47,6 +47,7 @@ from gpupool.core.mig import GEOMETRIES
 from gpupool.kube.claims import NVIDIA_DRIVER, SliceDevice, node_gpus, slice_devices
 from gpupool.kube.nodes import (
     GPU_RESOURCE,
+    NodePart,
     _note_taints,
     _skip_reason,
     inventory_view,
@@ -139,6 +140,16 @@ def inventory_from_slices(
         if node is not None:
             built.append(node)
     return Inventory(tuple(built), source="kubernetes", simulated=False, notes=tuple(notes))
+
+
+def dra_node_part(obj: Mapping[str, Any], slices: Iterable[Mapping[str, Any]]) -> NodePart:
+    """The :class:`gpupool.kube.nodes.NodePart` of one node under DRA: its GPUs from its own
+    ResourceSlices (``slices``: those naming it), its facts from the node object, as
+    :func:`inventory_from_slices` builds it (a node watch event rebuilds this node alone)."""
+    view = inventory_view(obj)
+    inventory = inventory_from_slices([obj], slices)
+    node = inventory.nodes[0] if inventory.nodes else None
+    return NodePart(view["metadata"]["name"], node, inventory.notes, not not_ready_reason(view))
 
 
 def _dra_node(

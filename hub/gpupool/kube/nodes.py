@@ -58,7 +58,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
@@ -98,10 +98,35 @@ Layout = list[tuple[Profile, int]]
 # -- pure: node objects to an inventory ------------------------------------------------------
 def inventory_from_nodes(nodes: Iterable[Mapping[str, Any]]) -> Inventory:
     """The pool's inventory from node objects (see the module docstring), nodes by name."""
+    return assemble(node_part(obj) for obj in sorted(nodes, key=_name))
+
+
+@dataclass(frozen=True)
+class NodePart:
+    """What one node gives the inventory, built from that node alone (:func:`node_part`): its
+    GPUs (``None``: left out) and its notes, and whether it is ready (:func:`not_ready_reason`).
+    A node watch event rebuilds the changed node's part only; :func:`assemble` joins them."""
+
+    name: str
+    node: Node | None
+    notes: tuple[str, ...]
+    ready: bool
+
+
+def node_part(obj: Mapping[str, Any]) -> NodePart:
+    """The :class:`NodePart` of one node object (its :func:`inventory_view` is what is read)."""
+    view = inventory_view(obj)
     notes: list[str] = []
-    built = _distinct_uuids(
-        [_node(inventory_view(obj), notes) for obj in sorted(nodes, key=_name)], notes
-    )
+    node = _node(view, notes)
+    return NodePart(_name(view), node, tuple(notes), not_ready_reason(view) is None)
+
+
+def assemble(parts: Iterable[NodePart]) -> Inventory:
+    """The inventory of nodes' parts, given in name order: the nodes and their notes, then the
+    renaming of GPU UUIDs a node shares with an earlier one (the only rule across nodes)."""
+    parts = list(parts)
+    notes = [note for p in parts for note in p.notes]
+    built = _distinct_uuids([p.node for p in parts], notes)
     return Inventory(
         tuple(n for n in built if n is not None),
         source="kubernetes",

@@ -56,9 +56,15 @@ Vocabulary
   Each finding is logged and counted once while it lasts.
 
 Contract: every ledger change happens under the pool's lock (:meth:`Pool.deciding`): the
-inventory swap builds a new :class:`Ledger` over the effective inventory and restores every
-allocation into it (quotas not re-checked, as at start), persisting those whose MIG instance
-UUIDs changed; if any allocation could not be restored, nothing is swapped (logged). Releases go
+inventory swap builds a new :class:`Ledger` over the effective inventory (:func:`plan_swap`).
+After a list it rebuilds every node and restores every allocation (quotas not re-checked, as at
+start; :meth:`Ledger.rebuilt`); after a watch event (or a release on a draining node) it builds
+that node's part of the inventory only (:class:`gpupool.kube.nodes.NodePart`) and restores only
+the allocations on the nodes that differ, carrying every other node's state over
+(:meth:`Ledger.replace_nodes`): the same ledger, by the same per-node judgement
+(:func:`kept_node`), which ``tests/unit/test_node_swap.py`` checks against the full rebuild.
+Allocations whose MIG instance UUIDs changed are persisted; if any allocation could not be
+restored, nothing is swapped (logged). Releases go
 through :meth:`Pool.release` (its listeners, the job queue, run). A pass that cannot read
 JupyterHub's records releases nothing. Nothing here deletes or changes a Kubernetes object.
 :meth:`KubeReconciler.stop` cancels its tasks and returns only once every one has ended (no
@@ -90,9 +96,15 @@ from gpupool.core.inventory import GPU, Inventory, Node
 from gpupool.core.ledger import Allocation, Device, Ledger
 from gpupool.kube.api import ClusterAPI, Gone
 from gpupool.kube.claim import NodeClaim
-from gpupool.kube.dra_inventory import inventory_from_slices, slice_view
+from gpupool.kube.dra_inventory import dra_node_part, slice_view
 from gpupool.kube.hami import pin_disagreements, unpriced_shares
-from gpupool.kube.nodes import inventory_from_nodes, inventory_view, not_ready_reason
+from gpupool.kube.nodes import (
+    NodePart,
+    assemble,
+    inventory_view,
+    node_part,
+    not_ready_reason,
+)
 from gpupool.kube.readback import MigKey, Seen, read_back
 from gpupool.kube.settings import default_namespace, kueue_hami_refusal
 from gpupool.kube.tenant_view import changed, public_reasons
@@ -135,50 +147,74 @@ Records = Callable[[], Awaitable[Iterable[HubRecord]]]
 
 # -- pure: the inventory the nodes give, keeping what allocations hold ----------------------------
 def effective_inventory(
-    nodes: Iterable[Mapping[str, Any]],
-    ledger: Ledger,
-    build: Callable[[list[Mapping[str, Any]]], Inventory] = inventory_from_nodes,
+    nodes: Iterable[Mapping[str, Any]], ledger: Ledger
 ) -> tuple[Inventory, dict[str, str]]:
     """The inventory of ``nodes`` with draining nodes kept (see the module docstring), and the
     draining nodes with why (``"gone"``, ``"not ready"``, or ``"changed"``: cordoned, shared or
-    relabelled). ``build`` makes the inventory of nodes (under DRA: with their slices)."""
-    nodes = list(nodes)
-    target = build(nodes)
-    trial = Ledger(target, ledger.offers, ledger.teams, ledger.everyone)
-    _restored, lost = trial.restore(ledger.allocations.values())
-    named = {str((obj.get("metadata") or {}).get("name")): obj for obj in nodes}
+    relabelled)."""
+    parts = {p.name: p for p in map(node_part, nodes)}
+    return effective_parts(parts, ledger, None)
 
-    def why(node: str) -> str:
-        if node not in named:
-            return "gone"
-        return "not ready" if not_ready_reason(named[node]) else "changed"
 
-    draining = {a.node: why(a.node) for a in lost if a.node}
+def effective_parts(
+    parts: Mapping[str, NodePart], ledger: Ledger, names: Iterable[str] | None
+) -> tuple[Inventory, dict[str, str]]:
+    """:func:`effective_inventory` from the nodes' parts (:func:`gpupool.kube.nodes.node_part`),
+    judging the nodes ``names`` (``None``: every node) and every node whose part differs from
+    what the ledger's inventory has of it (a draining node always does), each on its own
+    (:func:`kept_node`); any other node is as the ledger has it. The same nodes and ledger give
+    the same answer whichever nodes are named."""
+    target = assemble(parts[name] for name in sorted(parts))
     target = replace(target, node_pools=ledger.inventory.node_pools)  # declared, not listed
+    before = {n.name: n for n in ledger.inventory.nodes}
+    after = {n.name: n for n in target.nodes}
+    judged = set(before) | set(after) if names is None else set(names)
+    judged |= {n for n in before.keys() | after.keys() if before.get(n) != after.get(n)}
+    held: dict[str, list[Allocation]] = defaultdict(list)
+    for a in ledger.allocations.values():
+        if a.node in judged:
+            held[a.node].append(a)
+    draining: dict[str, str] = {}
+    for name in judged & held.keys():
+        kept = kept_node(after.get(name), before.get(name), held[name], ledger)
+        if kept is not None:
+            part = parts.get(name)
+            draining[name] = "gone" if part is None else "changed" if part.ready else "not ready"
+            after[name] = kept
     if not draining:
         return target, {}
-    held: dict[str, list[Device]] = defaultdict(list)
-    for a in ledger.allocations.values():
-        for d in a.devices:
-            held[d.gpu].append(d)
-    kept = {n.name: n for n in target.nodes if n.name not in draining}
-    for old in ledger.inventory.nodes:
-        if old.name in draining:
-            gpus = tuple(g for g in (_held_part(g, held[g.uuid]) for g in old.gpus) if g)
-            kept[old.name] = Node(old.name, gpus)
     notes = tuple(
         f"node {name} is draining ({why}): only the devices its allocations hold are kept, "
         "until they are released"
         for name, why in sorted(draining.items())
     )
     inventory = Inventory(
-        tuple(kept[name] for name in sorted(kept)),
+        tuple(after[name] for name in sorted(after)),
         source=target.source,
         simulated=target.simulated,
         notes=target.notes + notes,
         node_pools=target.node_pools,
     )
     return inventory, draining
+
+
+def kept_node(
+    new: Node | None, old: Node | None, held: Iterable[Allocation], ledger: Ledger
+) -> Node | None:
+    """``None`` if the allocations ``held`` on a node all restore onto its ``new`` form (the
+    node may take it), else the node *draining*: ``old`` as far as they hold it. On a node as it
+    was they do (the ledger holds them there), so only a changed node is tried."""
+    if new == old:
+        return None
+    trial = Ledger(Inventory((new,) if new else ()), ledger.offers, ledger.teams, ledger.everyone)
+    _restored, lost = trial.restore(held)
+    if not lost or old is None:
+        return None
+    devices: dict[str, list[Device]] = defaultdict(list)
+    for a in held:
+        for d in a.devices:
+            devices[d.gpu].append(d)
+    return Node(old.name, tuple(g for g in (_held_part(g, devices[g.uuid]) for g in old.gpus) if g))
 
 
 def _held_part(gpu: GPU, devices: list[Device]) -> GPU | None:
@@ -192,45 +228,67 @@ def _held_part(gpu: GPU, devices: list[Device]) -> GPU | None:
     return replace(gpu, instances=tuple(i for i in gpu.instances if (i.profile, i.start) in taken))
 
 
-def swap_inventory(
-    pool: Pool,
-    nodes: Iterable[Mapping[str, Any]],
-    build: Callable[[list[Mapping[str, Any]]], Inventory] = inventory_from_nodes,
+@dataclass
+class Swap:
+    """What a new inventory does to a ledger (:func:`plan_swap`): the ``ledger`` to put in place
+    (``None``: nothing changed, or refused because of ``lost``), the ``draining`` nodes, the
+    allocations whose restore ``changed`` them (to persist), and the ones ``lost``."""
+
+    ledger: Ledger | None
+    draining: dict[str, str]
+    changed: list[Allocation]
+    lost: list[Allocation]
+
+
+def plan_swap(ledger: Ledger, parts: Mapping[str, NodePart], names: Iterable[str] | None) -> Swap:
+    """The ledger over the effective inventory of ``parts`` (:func:`effective_parts`), every
+    allocation kept. ``names``: the nodes whose parts changed (``None``: rebuild everything,
+    :meth:`Ledger.rebuilt`); otherwise only the nodes that differ are rebuilt and only their
+    allocations restored (:meth:`Ledger.replace_nodes`), with the same result."""
+    inventory, draining = effective_parts(parts, ledger, names)
+    if (inventory.nodes, inventory.notes) == (ledger.inventory.nodes, ledger.inventory.notes):
+        return Swap(None, draining, [], [])
+    if names is None:
+        fresh, restored, lost = ledger.rebuilt(inventory)
+    else:
+        fresh, restored, lost = ledger.replace_nodes(inventory, names)
+    if lost:
+        return Swap(None, draining, [], lost)
+    before = ledger.allocations
+    return Swap(fresh, draining, [a for a in restored if a != before[a.id]], [])
+
+
+def swap_inventory(pool: Pool, nodes: Iterable[Mapping[str, Any]]) -> dict[str, str] | None:
+    """Put the effective inventory of ``nodes`` under ``pool``, rebuilding everything (see
+    :func:`swap_parts`)."""
+    return swap_parts(pool, {p.name: p for p in map(node_part, nodes)}, None)
+
+
+def swap_parts(
+    pool: Pool, parts: Mapping[str, NodePart], names: Iterable[str] | None
 ) -> dict[str, str] | None:
-    """Put the effective inventory of ``nodes`` under ``pool``, keeping every allocation, under
-    the pool's lock, then tell the pool's ``on_inventory`` listeners. Returns the draining nodes,
-    or ``None`` if nothing changed or the swap was refused (an allocation that would not
-    restore; logged)."""
-    nodes = list(nodes)
+    """Put the effective inventory of the nodes' ``parts`` under ``pool``, keeping every
+    allocation, under the pool's lock (:func:`plan_swap`: ``names``, the nodes whose parts
+    changed, ``None`` for all), then tell the pool's ``on_inventory`` listeners. Returns the
+    draining nodes, or ``None`` if nothing changed or the swap was refused (an allocation that
+    would not restore; logged)."""
+    names = None if names is None else list(names)
 
     def decide(ledger: Ledger) -> dict[str, str] | None:
-        inventory, draining = effective_inventory(nodes, ledger, build)
-        if (inventory.nodes, inventory.notes) == (ledger.inventory.nodes, ledger.inventory.notes):
-            return None
-        fresh = Ledger(
-            inventory,
-            ledger.offers,
-            ledger.teams,
-            ledger.everyone,
-            ledger.policy,
-            ledger.cohort_name,
-        )
-        fresh.set_outside_use(ledger.outside)  # the tenants' pods are followed on
-        restored, lost = fresh.restore(ledger.allocations.values())
-        if lost:
+        swap = plan_swap(ledger, parts, names)
+        if swap.lost:
             pool.log.error(
                 "gpupool: the cluster's nodes changed, but allocation(s) %s would not fit the "
                 "new inventory; kept the old one",
-                ", ".join(a.id for a in lost),
+                ", ".join(a.id for a in swap.lost),
             )
             return None
-        fresh.set_outside_shares(ledger.outside_shares)  # after the ledger's own shares
-        before = ledger.allocations
-        changed = [a for a in restored if a != before[a.id]]
-        if changed:
-            pool.store.replace(changed)
-        pool.ledger = fresh
-        return draining
+        if swap.ledger is None:
+            return None
+        if swap.changed:
+            pool.store.replace(swap.changed)
+        pool.ledger = swap.ledger
+        return swap.draining
 
     draining = pool.deciding(decide)
     if draining is not None:
@@ -520,6 +578,8 @@ class KubeReconciler(LoggingConfigurable):
         """Where the devices the nodes gave are read back from (a
         :class:`gpupool.monitors.dcgm.DCGMSource`; :mod:`gpupool.kube.readback`), or ``None``."""
         self.nodes: dict[str, dict[str, Any]] = {}
+        self.parts: dict[str, NodePart] = {}
+        """What each cached node gives the inventory (:meth:`node_part`), kept with ``nodes``."""
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.tenants: dict[tuple[str, str], dict[str, Any]] = {}
         """Every namespace's pods, as :func:`gpupool.kube.tenants.digest` keeps them."""
@@ -638,7 +698,7 @@ class KubeReconciler(LoggingConfigurable):
                     cache.update({key(o): keep(o) for o in items})
                     self.versions[kind] = version
                     self.synced.add(kind)
-                    self._changed(kind)
+                    self._changed(kind)  # a new list: every node is rebuilt
                 # closed here, also when this task is cancelled or an event cannot be applied
                 async with contextlib.aclosing(
                     self.api.watch(kind, version, self.watch_timeout)
@@ -657,7 +717,7 @@ class KubeReconciler(LoggingConfigurable):
                                 # heartbeat, a pod's status): no new inventory, no lock taken
                                 continue
                             cache[key(obj)] = kept
-                        self._changed(kind)
+                        self._changed(kind, key(obj))
             except Gone as e:
                 self.log.info("gpupool: watching %s: %s; listing again", kind, e)
                 version = ""
@@ -671,8 +731,10 @@ class KubeReconciler(LoggingConfigurable):
                 )
                 await asyncio.sleep(self.retry)
 
-    def _changed(self, kind: str) -> None:
-        if kind in ("nodes", "resourceslices"):
+    def _changed(self, kind: str, key: Any = None) -> None:
+        if kind == "nodes":
+            self.apply_nodes(None if key is None else [key])
+        if kind == "resourceslices":  # under DRA: any node's GPUs may have moved
             self.apply_nodes()
         if kind in ("nodes", "tenants"):
             self.apply_tenants()
@@ -735,12 +797,25 @@ class KubeReconciler(LoggingConfigurable):
                 listener()
 
     # -- nodes --------------------------------------------------------------------------------
-    def apply_nodes(self) -> None:
-        """Swap in the inventory the cached nodes give (see :func:`swap_inventory`)."""
+    def apply_nodes(self, names: Iterable[str] | None = None) -> None:
+        """Swap in the inventory the cached nodes give (see :func:`swap_parts`): ``names``, the
+        nodes that changed (a watch event's), are rebuilt (:meth:`node_part`) and only their
+        allocations restored; ``None`` (after a list, or a ResourceSlice change) rebuilds every
+        node."""
         if "nodes" not in self.synced or (self.dra and "resourceslices" not in self.synced):
             return
+        if names is None or not self.parts:
+            names = None
+            self.parts = {name: self.node_part(name) for name in self.nodes}
+        else:
+            names = list(names)
+            for name in names:
+                if name in self.nodes:
+                    self.parts[name] = self.node_part(name)
+                else:
+                    self.parts.pop(name, None)
         before = {n.name for n in self.pool.inventory.nodes}
-        draining = swap_inventory(self.pool, self.nodes.values(), self._build)
+        draining = swap_parts(self.pool, self.parts, names)
         if draining is None:
             return
         inventory = self.pool.inventory
@@ -758,16 +833,18 @@ class KubeReconciler(LoggingConfigurable):
             ", ".join(sorted(draining)) or "-",
         )
 
-    def _build(self, nodes: list[Mapping[str, Any]]) -> Inventory:
-        """The inventory of ``nodes`` (under DRA, with the cached slices)."""
-        if self.dra:
-            return inventory_from_slices(nodes, self.slices.values())
-        return inventory_from_nodes(nodes)
+    def node_part(self, name: str) -> NodePart:
+        """What the cached node ``name`` gives the inventory, from that node's facts alone (under
+        DRA: and its ResourceSlices, :func:`gpupool.kube.dra_inventory.dra_node_part`)."""
+        if not self.dra:
+            return node_part(self.nodes[name])
+        own = [s for s in self.slices.values() if (s.get("spec") or {}).get("nodeName") == name]
+        return dra_node_part(self.nodes[name], own)
 
     def _released(self, allocation: Allocation) -> None:
         """After any release: a draining node may now go."""
         if allocation.node and allocation.node in self.draining:
-            self.apply_nodes()
+            self.apply_nodes([allocation.node])
 
     # -- pods ---------------------------------------------------------------------------------
     async def check(self) -> list[Finding]:
