@@ -58,3 +58,41 @@ def test_an_outside_share_takes_at_most_what_is_free_and_ignores_unknown_gpus() 
     led.set_outside_shares({"GPU-n-0": (30720, "x")})  # taken again in full on the next change
     assert led.occ.share_used[0] == 667
     led.check_invariants()
+
+
+def two_nodes() -> Ledger:
+    """Nodes m and n, each of two 45 GiB GPUs that take shares only (as HAMi's)."""
+    nodes = tuple(
+        Node(
+            name,
+            tuple(
+                replace(
+                    gpu(name, i, model="L40S-48GB"),
+                    memory_mib=46068,
+                    share_resource="hami",
+                    share_slots=10,
+                )
+                for i in range(2)
+            ),
+        )
+        for name in ("m", "n")
+    )
+    return Ledger(Inventory(nodes), OFFERS, {"t": Team("t", 10_000)})
+
+
+@pytest.mark.parametrize("changed", [(), ("m",), ("n",), ("m", "n")])
+def test_a_node_rebuild_keeps_outside_shares_as_a_full_rebuild_does(
+    changed: tuple[str, ...],
+) -> None:
+    """Both rebuilds of the inventory take the outside shares again, once, after the ledger's own
+    shares: rebuilding one node (``replace_nodes``) leaves the same occupancy as all of them."""
+    led = two_nodes()
+    led.allocate(Request("ada", "t", "share-8gb"), "a")
+    led.set_outside_shares({"GPU-m-1": (30720, "x"), "GPU-n-0": (8192, "y")})
+    full, _, lost = led.rebuilt(led.inventory)
+    part, _, lost_part = led.replace_nodes(led.inventory, changed)
+    assert lost == lost_part == []
+    for rebuilt in (full, part):
+        rebuilt.check_invariants()
+        assert rebuilt.outside_shares == led.outside_shares
+        assert rebuilt.occ.share_used == led.occ.share_used
