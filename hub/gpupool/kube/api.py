@@ -54,21 +54,8 @@ async def read_nodes(label_selector: str | None = None) -> list[dict[str, Any]]:
     with :func:`api_configuration`."""
     from kubernetes_asyncio import client
 
-    async with client.ApiClient(await api_configuration()) as api:
-        core = client.CoreV1Api(api)
-        nodes: list[dict[str, Any]] = []
-        token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"limit": 500, "_request_timeout": READ_TIMEOUT_S}
-            if label_selector:
-                kwargs["label_selector"] = label_selector
-            if token:
-                kwargs["_continue"] = token
-            page = await core.list_node(**kwargs)
-            nodes += [api.sanitize_for_serialization(n) for n in page.items]
-            token = page.metadata._continue if page.metadata else None
-            if not token:
-                return nodes
+    selector = {"label_selector": label_selector} if label_selector else {}
+    return await _read_all(lambda api: client.CoreV1Api(api).list_node, selector)
 
 
 async def read_slices() -> list[dict[str, Any]]:
@@ -76,19 +63,28 @@ async def read_slices() -> list[dict[str, Any]]:
     nodes (the inventory under DRA, :mod:`gpupool.kube.dra_inventory`)."""
     from kubernetes_asyncio import client
 
+    return await _read_all(lambda api: client.ResourceV1Api(api).list_resource_slice, {})
+
+
+async def _read_all(
+    lister: Callable[[Any], Callable[..., Awaitable[Any]]], kwargs: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Every object ``lister(api)`` lists, page by page (500 each), as API JSON."""
+    from kubernetes_asyncio import client
+
     async with client.ApiClient(await api_configuration()) as api:
-        resource = client.ResourceV1Api(api)
-        slices: list[dict[str, Any]] = []
+        list_page = lister(api)
+        objects: list[dict[str, Any]] = []
         token: str | None = None
         while True:
-            kwargs: dict[str, Any] = {"limit": 500, "_request_timeout": READ_TIMEOUT_S}
+            more: dict[str, Any] = {"limit": 500, "_request_timeout": READ_TIMEOUT_S}
             if token:
-                kwargs["_continue"] = token
-            page = await resource.list_resource_slice(**kwargs)
-            slices += [api.sanitize_for_serialization(s) for s in page.items]
+                more["_continue"] = token
+            page = await list_page(**kwargs, **more)
+            objects += [api.sanitize_for_serialization(o) for o in page.items]
             token = page.metadata._continue if page.metadata else None
             if not token:
-                return slices
+                return objects
 
 
 # -- listing and watching (the reconciler's seam) --------------------------------------------
