@@ -469,6 +469,14 @@ def gpu_quantities(pod: dict[str, Any], kind: str = "limits") -> dict[str, str]:
     return {k: v for k, v in quantities.items() if k.startswith("nvidia.com/")}
 
 
+def user_nodes(*nodes: dict[str, Any]) -> list[dict[str, Any]]:
+    """Copies of ``nodes`` labelled for z2jh's user pods (``hub.jupyter.org/node-purpose``)."""
+    out = copy.deepcopy(list(nodes))
+    for obj in out:
+        obj["metadata"]["labels"]["hub.jupyter.org/node-purpose"] = "user"
+    return out
+
+
 @contextlib.contextmanager
 def pooled_cluster(
     tmp_path: Path,
@@ -477,9 +485,11 @@ def pooled_cluster(
     offers: dict[str, Offer],
     teams: dict[str, Team],
     everyone: Team,
+    cohort: str = "",
 ) -> Iterator[tuple[Served, Pool]]:
     """The stand-in serving ``nodes``, KubeSpawner's and gpupool's clients pointed at it
-    (``KUBECONFIG`` and KubeSpawner's cached default), and the hub's pool over the same nodes."""
+    (``KUBECONFIG`` and KubeSpawner's cached default), and the hub's pool over the same nodes
+    (its ledger in Kueue's ``cohort`` when one is named)."""
     with served() as server:
         for obj in copy.deepcopy(nodes):
             server.api.add_node(obj)
@@ -488,7 +498,7 @@ def pooled_cluster(
         monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
         load_config.cache_clear()
-        ledger = Ledger(inventory_from_nodes(nodes), offers, teams, everyone)
+        ledger = Ledger(inventory_from_nodes(nodes), offers, teams, everyone, cohort=cohort)
         store = Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}")
         try:
             yield server, Pool(ledger, store)

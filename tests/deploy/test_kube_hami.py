@@ -22,11 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import helm_python as helm
-import kubernetes_asyncio.config.kube_config as kube_config
 import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient, Configuration
-from kubespawner.clients import load_config
 from traitlets.config import Config
 
 from gpupool.core import Ledger, Offer, Request, Team
@@ -39,10 +37,18 @@ from gpupool.kube.pods import ShareRequests, apply_allocation
 from gpupool.kube.settings import KubeGPUSettings, notebook_settings
 from gpupool.pool import Pool
 from gpupool.store import Store
-from tests.conftest import h100_node, hami_node, kubeconfig
+from tests.conftest import h100_node, hami_node
 from tests.deploy.chart_fixtures import CHART, RELEASE, dependency_version, render_all, z2jh_archive
 from tests.deploy.kube_api import Served, served
-from tests.deploy.kube_fixtures import IMAGE, run_job_pods, spawner_pod, stop, validate
+from tests.deploy.kube_fixtures import (
+    IMAGE,
+    pooled_cluster,
+    run_job_pods,
+    spawner_pod,
+    stop,
+    user_nodes,
+    validate,
+)
 from tests.deploy.kube_fixtures import NS as JOB_NS
 from tests.deploy.kube_fixtures import PROFILE_NS as NS
 from tests.deploy.kube_fixtures import profile_spawner as spawner
@@ -65,35 +71,15 @@ HAMI_UUIDS = [f"GPU-0000000{i}-1111-2222-3333-444444444444" for i in range(2)]
 """The UUIDs of the L40S GPUs in :func:`tests.conftest.hami_node`'s annotation."""
 
 
-def user_nodes(*nodes: dict[str, Any]) -> list[dict[str, Any]]:
-    out = copy.deepcopy(list(nodes))
-    for obj in out:
-        obj["metadata"]["labels"]["hub.jupyter.org/node-purpose"] = "user"
-    return out
-
-
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Served, Pool]]:
     """The stand-in with an H100 node and a HAMi node of two L40S, HAMi installed with its
     chart's defaults and z2jh's user-scheduler running; the hub's pool over the same nodes."""
     nodes = user_nodes(h100_node(), hami_node())
-    with served() as server:
-        for obj in copy.deepcopy(nodes):
-            server.api.add_node(obj)
+    with pooled_cluster(tmp_path, monkeypatch, nodes, OFFERS, TEAMS, EVERYONE) as (server, pool):
         server.api.schedulers.running.add(USER_SCHEDULER)
         server.api.schedulers.install_hami()
-        path = kubeconfig(tmp_path / "kubeconfig", server.url)
-        monkeypatch.setenv("KUBECONFIG", str(path))
-        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        load_config.cache_clear()
-        ledger = Ledger(inventory_from_nodes(nodes), OFFERS, TEAMS, EVERYONE)
-        store = Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}")
-        try:
-            yield server, Pool(ledger, store)
-        finally:
-            store.close()
-            load_config.cache_clear()
+        yield server, pool
 
 
 def share_pod(user: str, gib: int, scheduler: str = "") -> dict[str, Any]:

@@ -16,10 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kubernetes_asyncio.config.kube_config as kube_config
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
-from kubespawner.clients import load_config
 from traitlets import TraitError
 from traitlets.config import Config
 
@@ -37,16 +35,18 @@ from gpupool.kube.pods import (
 )
 from gpupool.pool import Pool
 from gpupool.store import Store
-from tests.conftest import h100_node, hami_node, kubeconfig, shared_node
+from tests.conftest import h100_node, hami_node, shared_node
 from tests.deploy.kube_api import Served, served
 from tests.deploy.kube_fixtures import (
     IMAGE,
     bound_to,
     hostnames,
+    pooled_cluster,
     run_job_pods,
     spawner_pod,
     start,
     stop,
+    user_nodes,
     validate,
 )
 from tests.deploy.kube_fixtures import NS as JOB_NS
@@ -66,13 +66,6 @@ TEAMS = {"vision": Team("vision", 16000)}
 EVERYONE = Team("everyone", offers=frozenset({"cpu"}))
 
 
-def user_nodes(*nodes: dict[str, Any]) -> list[dict[str, Any]]:
-    out = copy.deepcopy(list(nodes))
-    for obj in out:
-        obj["metadata"]["labels"]["hub.jupyter.org/node-purpose"] = "user"
-    return out
-
-
 @pytest.fixture
 def cluster(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -82,21 +75,8 @@ def cluster(
     pool over the same nodes."""
     renamed = getattr(request, "param", True)
     nodes = user_nodes(h100_node(), shared_node(renamed=renamed, strategy="mps"))
-    with served() as server:
-        for obj in copy.deepcopy(nodes):
-            server.api.add_node(obj)
-        path = kubeconfig(tmp_path / "kubeconfig", server.url)
-        monkeypatch.setenv("KUBECONFIG", str(path))
-        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        load_config.cache_clear()
-        ledger = Ledger(inventory_from_nodes(nodes), OFFERS, TEAMS, EVERYONE)
-        store = Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}")
-        try:
-            yield server, Pool(ledger, store)
-        finally:
-            store.close()
-            load_config.cache_clear()
+    with pooled_cluster(tmp_path, monkeypatch, nodes, OFFERS, TEAMS, EVERYONE) as cluster:
+        yield cluster
 
 
 def start_share(server: Served, pool: Pool, offer: str = "t4-quarter") -> dict[str, Any]:
