@@ -66,6 +66,21 @@ def dra_spawner(pool: Pool, offer: str = "h100", count: int = 1) -> KubeGPUSpawn
     return s
 
 
+def refused_start(pool: Pool, offer: str = "h100") -> web.HTTPError:
+    """The error a DRA start of ``offer`` is refused with before any pod (the start must fail)."""
+
+    async def go() -> web.HTTPError:
+        s = dra_spawner(pool, offer=offer)
+        try:
+            with pytest.raises(web.HTTPError) as e:
+                await s.start()
+            return e.value
+        finally:
+            await KubeSpawner._stop_all_reflectors()
+
+    return asyncio.run(go())
+
+
 async def until_pod(server: Served, s: KubeGPUSpawner, task: asyncio.Future[Any]) -> None:
     """Until the start has made its pod (a start refused before raises here)."""
     key = (PROFILE_NS, s.pod_name)
@@ -247,16 +262,7 @@ def test_a_mig_instance_under_dra_is_refused_with_the_reason(
 ) -> None:
     server, pool = cluster
 
-    async def go() -> web.HTTPError:
-        s = dra_spawner(pool, offer="mig-3g.40gb")
-        try:
-            with pytest.raises(web.HTTPError) as e:
-                await s.start()
-            return e.value
-        finally:
-            await KubeSpawner._stop_all_reflectors()
-
-    error = asyncio.run(go())
+    error = refused_start(pool, offer="mig-3g.40gb")
     assert error.status_code == 400
     assert "MIG instances (3g.40gb) cannot be given through DRA" in error.log_message
     assert pool.ledger.allocations == {}
@@ -271,16 +277,7 @@ def test_a_node_without_the_drivers_slices_is_refused_before_any_pod(
         for item in server.api.dra.slices:
             server.api.dra.remove_slice(item["metadata"]["name"])
 
-    async def go() -> web.HTTPError:
-        s = dra_spawner(pool)
-        try:
-            with pytest.raises(web.HTTPError) as e:
-                await s.start()
-            return e.value
-        finally:
-            await KubeSpawner._stop_all_reflectors()
-
-    error = asyncio.run(go())
+    error = refused_start(pool)
     assert error.status_code == 503
     assert f"node {NODE} publishes 0 GPU(s) of driver gpu.nvidia.com" in error.log_message
     assert pool.ledger.allocations == {}

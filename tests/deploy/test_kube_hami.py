@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from gpupool.kube.settings import KubeGPUSettings, notebook_settings
 from gpupool.pool import Pool
 from gpupool.store import Store
 from tests.conftest import h100_node, hami_node
-from tests.deploy.chart_fixtures import CHART, RELEASE, dependency_version, render_all, z2jh_archive
+from tests.deploy.chart_fixtures import RELEASE, render_all, z2jh_chart
 from tests.deploy.kube_api import Served, served
 from tests.deploy.kube_fixtures import (
     IMAGE,
@@ -101,14 +100,7 @@ def devices_of(pod: dict[str, Any]) -> list[str]:
 # -- z2jh's defaults, rendered ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def full_chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helm.Chart]:
-    archive = z2jh_archive()
-    if archive is None:
-        pytest.skip(f"the JupyterHub chart {dependency_version()} is not in charts/ nor shared/")
-    copy_ = tmp_path_factory.mktemp("chart") / "gpupool"
-    shutil.copytree(CHART, copy_, ignore=shutil.ignore_patterns("charts"))
-    (copy_ / "charts").mkdir()
-    shutil.copy(archive, copy_ / "charts")
-    with helm.Chart.load(copy_) as loaded:
+    with z2jh_chart(tmp_path_factory) as loaded:
         yield loaded
 
 
