@@ -49,6 +49,7 @@ from gpupool.core import Ledger, Offer, Request, Team
 from gpupool.core.jobs import Job, JobSpec
 from gpupool.core.ledger import Allocation
 from gpupool.hub.objects import SETTINGS_KEY, build
+from gpupool.jobs.manager import JobManager
 from gpupool.kube.jobs import KubeJobBackend
 from gpupool.kube.manifests import configmap_name, make_job
 from gpupool.kube.nodes import inventory_from_nodes
@@ -505,6 +506,30 @@ def pooled_cluster(
         finally:
             store.close()
             load_config.cache_clear()
+
+
+def job_config(server: Served) -> Config:
+    """The job manager's config: :class:`KubeJobBackend` on ``server``, namespace :data:`NS`,
+    image :data:`IMAGE`."""
+    c = Config()
+    c.JobManager.backend_class = "gpupool.kube.jobs.KubeJobBackend"
+    c.KubeJobBackend.namespace = NS  # where run_job_pods looks
+    c.KubeJobBackend.image = IMAGE
+    c.KubeJobBackend.api_client_factory = lambda: ApiClient(Configuration(host=server.url))
+    return c
+
+
+def one_job(pool: Pool, config: Config, spec: dict[str, Any]) -> Job:
+    """``alice`` of team ``vision`` submits ``spec`` to the job manager over ``pool``; the job
+    after one scheduling pass."""
+    m = JobManager(pool, config=config)
+
+    async def scenario() -> Job:
+        job = m.submit("alice", ["vision"], spec)
+        await m.schedule_pass()
+        return m.jobs[job.id]
+
+    return asyncio.run(scenario())
 
 
 @contextlib.contextmanager

@@ -23,14 +23,11 @@ from typing import Any
 import helm_python as helm
 import pytest
 import yaml
-from kubernetes_asyncio.client import ApiClient, Configuration
 from traitlets.config import Config
 
 from gpupool.core import Ledger, Offer, Request, Team
 from gpupool.core.inventory import Inventory
-from gpupool.core.jobs import Job
 from gpupool.declarations import ConfigError
-from gpupool.jobs.manager import JobManager
 from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.kube.pods import ShareRequests, apply_allocation
 from gpupool.kube.settings import KubeGPUSettings, notebook_settings
@@ -41,6 +38,8 @@ from tests.deploy.chart_fixtures import RELEASE, render_all, z2jh_chart
 from tests.deploy.kube_api import Served, served
 from tests.deploy.kube_fixtures import (
     IMAGE,
+    job_config,
+    one_job,
     pooled_cluster,
     run_job_pods,
     spawner_pod,
@@ -48,7 +47,6 @@ from tests.deploy.kube_fixtures import (
     user_nodes,
     validate,
 )
-from tests.deploy.kube_fixtures import NS as JOB_NS
 from tests.deploy.kube_fixtures import PROFILE_NS as NS
 from tests.deploy.kube_fixtures import profile_spawner as spawner
 from tests.deploy.kube_fixtures import serialise_now as serialise
@@ -256,27 +254,16 @@ def test_a_hami_share_job_runs_under_z2jhs_user_scheduler(tmp_path: Path) -> Non
             server.api.add_node(obj)
         server.api.schedulers.running.add(USER_SCHEDULER)
         server.api.schedulers.install_hami()
-        c = Config()
-        c.JobManager.backend_class = "gpupool.kube.jobs.KubeJobBackend"
-        c.KubeJobBackend.namespace = JOB_NS
-        c.KubeJobBackend.image = IMAGE
+        c = job_config(server)
         c.KubeJobBackend.use_notebook_pod = False
         c.KubeJobBackend.pod_template = {
             "schedulerName": USER_SCHEDULER,
             "containers": [{"name": "notebook", "image": IMAGE}],
         }
-        c.KubeJobBackend.api_client_factory = lambda: ApiClient(Configuration(host=server.url))
         ledger = Ledger(inventory_from_nodes(nodes), OFFERS, TEAMS, EVERYONE)
         pool = Pool(ledger, Store(f"sqlite:///{tmp_path / 'pool.sqlite'}"))
-        m = JobManager(pool, config=c)
         spec = {"script": "print(1)\n", "offer": "share-22gb", "gpus": 1, "nodes": 1}
-
-        async def scenario() -> Job:
-            job = m.submit("alice", ["vision"], spec)
-            await m.schedule_pass()
-            return m.jobs[job.id]
-
-        job = asyncio.run(scenario())
+        job = one_job(pool, c, spec)
         (alloc,) = [pool.ledger.allocations[a] for a in job.allocations]
         pods = run_job_pods(server.api, f"gpupool-{job.id}")
         assert [p["status"]["phase"] for p in pods.values()] == ["Running"], [

@@ -17,14 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.client import ApiClient
 from traitlets import TraitError
 from traitlets.config import Config
 
 from gpupool.core import Ledger, NoCapacity, Offer, Request, Team
-from gpupool.core.jobs import Job
 from gpupool.declarations import ConfigError
-from gpupool.jobs.manager import JobManager
 from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.kube.pods import (
     DEFAULT_HAMI_RESOURCES,
@@ -37,10 +35,13 @@ from gpupool.pool import Pool
 from gpupool.store import Store
 from tests.conftest import h100_node, hami_node, shared_node
 from tests.deploy.kube_api import Served, served
+from tests.deploy.kube_fixtures import NS as JOB_NS
+from tests.deploy.kube_fixtures import PROFILE_NS as NS
 from tests.deploy.kube_fixtures import (
-    IMAGE,
     bound_to,
     hostnames,
+    job_config,
+    one_job,
     pooled_cluster,
     run_job_pods,
     spawner_pod,
@@ -49,8 +50,6 @@ from tests.deploy.kube_fixtures import (
     user_nodes,
     validate,
 )
-from tests.deploy.kube_fixtures import NS as JOB_NS
-from tests.deploy.kube_fixtures import PROFILE_NS as NS
 from tests.deploy.kube_fixtures import gpu_quantities as nvidia
 from tests.deploy.kube_fixtures import profile_spawner as spawner
 from tests.deploy.kube_fixtures import serialise_now as serialise
@@ -180,22 +179,11 @@ def test_a_job_with_a_share_runs_on_the_shared_node(tmp_path: Path) -> None:
     with served() as server:
         for obj in copy.deepcopy(nodes):
             server.api.add_node(obj)
-        c = Config()
-        c.JobManager.backend_class = "gpupool.kube.jobs.KubeJobBackend"
-        c.KubeJobBackend.namespace = JOB_NS  # where run_job_pods looks
-        c.KubeJobBackend.image = IMAGE
-        c.KubeJobBackend.api_client_factory = lambda: ApiClient(Configuration(host=server.url))
+        c = job_config(server)
         ledger = Ledger(inventory_from_nodes(nodes), OFFERS, TEAMS, EVERYONE)
         pool = Pool(ledger, Store(f"sqlite:///{tmp_path / 'pool.sqlite'}"))
-        m = JobManager(pool, config=c)
         spec = {"script": "print(1)\n", "offer": "share-3gb", "gpus": 1, "nodes": 1}
-
-        async def scenario() -> Job:
-            job = m.submit("alice", ["vision"], spec)
-            await m.schedule_pass()
-            return m.jobs[job.id]
-
-        job = asyncio.run(scenario())
+        job = one_job(pool, c, spec)
         (alloc,) = [pool.ledger.allocations[a] for a in job.allocations]
         assert alloc.node == "t4-shared" and alloc.cost_milli == 250
         code, obj = server.api.get("jobs", JOB_NS, f"gpupool-{job.id}")
