@@ -508,6 +508,27 @@ def pooled_cluster(
             load_config.cache_clear()
 
 
+def kube_hub_config(tmp_path: Path, namespace: str) -> Config:
+    """A hub's config on a Kubernetes inventory (the stand-in's nodes), its pods in ``namespace``,
+    as ``setup(c)`` reads it."""
+    c = Config()
+    c.JupyterHub.db_url = f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}"  # no server recorded
+    c.JupyterHub.hub_port = 9  # the REST API answers nothing: JupyterHub's records unreadable
+    c.JupyterHub.spawner_class = "gpupool-kube"
+    c.JobManager.backend_class = "gpupool.kube.jobs.KubeJobBackend"
+    c.GPUPool.inventory = "kubernetes"
+    c.GPUPool.db_url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
+    c.GPUPool.offers = {"h100": {"kind": "gpu", "model": "H100-80GB", "max_count": 8}}
+    c.GPUPool.teams = {"big": {"guarantee": 16}}
+    c.KubeSpawner.namespace = namespace
+    c.Reconciler.period = 0
+    c.KubeReconciler.grace = 0.0
+    c.KubeReconciler.period = 0.2
+    c.KubeReconciler.watch_timeout = 1
+    c.KubeReconciler.retry = 0.1
+    return c
+
+
 def job_config(server: Served) -> Config:
     """The job manager's config: :class:`KubeJobBackend` on ``server``, namespace :data:`NS`,
     image :data:`IMAGE`."""

@@ -34,7 +34,7 @@ from gpupool.store import Store
 from tests.conftest import a100_mixed_node, h100_node, kubeconfig
 from tests.deploy.kube_api import Served, served
 from tests.deploy.kube_devices import DevicePlugin, node_devices
-from tests.deploy.kube_fixtures import a_job, api_cluster, notebook_pod
+from tests.deploy.kube_fixtures import a_job, api_cluster, notebook_pod, served_ledger
 from tests.prometheus import Prometheus
 
 NS = "jhub"
@@ -121,9 +121,7 @@ def free_indexes(pool: Pool) -> set[int]:
 class Hub:
     def __init__(self, server: Served, tmp_path: Path, prom: Prometheus) -> None:
         self.server = server
-        with server.api.lock:
-            nodes = list(server.api.nodes.values())
-        ledger = Ledger(inventory_from_nodes(nodes), OFFERS, {"big": Team("big", 1_000_000)})
+        ledger = served_ledger(server, OFFERS)
         self.pool = Pool(ledger, Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}"))
         self.reconciler = KubeReconciler(
             self.pool,

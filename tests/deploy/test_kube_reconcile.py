@@ -37,6 +37,7 @@ from gpupool.pool import Pool
 from gpupool.store import Store
 from tests.conftest import a100_mixed_node, h100_node, kubeconfig
 from tests.deploy.kube_api import Served, served
+from tests.deploy.kube_fixtures import kube_hub_config
 
 NS = "jhub"
 PODS = {"nodes": "", "pods": "gpupool.io/team"}  # what ClusterAPI(NS) watches, by selector
@@ -531,22 +532,7 @@ def test_pod_on_an_unexpected_node_is_logged_counted_and_moved_in_the_ledger(
 # -- wired into the hub ---------------------------------------------------------------------------
 def hub_config(tmp_path: Path) -> Config:
     """A hub's config on a Kubernetes inventory (the stand-in's nodes), as ``setup(c)`` reads it."""
-    c = Config()
-    c.JupyterHub.db_url = f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}"  # no server recorded
-    c.JupyterHub.hub_port = 9  # the REST API answers nothing: JupyterHub's records unreadable
-    c.JupyterHub.spawner_class = "gpupool-kube"
-    c.JobManager.backend_class = "gpupool.kube.jobs.KubeJobBackend"
-    c.GPUPool.inventory = "kubernetes"
-    c.GPUPool.db_url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
-    c.GPUPool.offers = {"h100": {"kind": "gpu", "model": "H100-80GB", "max_count": 8}}
-    c.GPUPool.teams = {"big": {"guarantee": 16}}
-    c.KubeSpawner.namespace = NS
-    c.Reconciler.period = 0
-    c.KubeReconciler.grace = 0.0
-    c.KubeReconciler.period = 0.2
-    c.KubeReconciler.watch_timeout = 1
-    c.KubeReconciler.retry = 0.1
-    return c
+    return kube_hub_config(tmp_path, NS)
 
 
 KUBE_TASKS = {
