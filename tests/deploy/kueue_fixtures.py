@@ -5,16 +5,20 @@ run to its end."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from traitlets.config import Config
 
+from gpupool.config import GPUPool
 from gpupool.hub.fileconfig import load_config_file
+from gpupool.kube.settings import kueue_cohort
 from gpupool.pool import Pool
 from tests.deploy.kube_api import Served
-from tests.deploy.kube_fixtures import PROFILE_NS, profile_spawner, stop
+from tests.deploy.kube_fixtures import PROFILE_NS, pooled_cluster, profile_spawner, stop
 from tests.deploy.kube_kueue import Kueue
 
 
@@ -26,6 +30,25 @@ def hub_config(objects: list[dict[str, Any]], tmp_path: Path) -> Config:
     c = Config()
     load_config_file(c, path)
     return c
+
+
+@contextlib.contextmanager
+def kueue_cluster(
+    c: Config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nodes: list[dict[str, Any]]
+) -> Iterator[tuple[Served, Pool]]:
+    """:func:`tests.deploy.kube_fixtures.pooled_cluster` over ``nodes`` with the offers, teams
+    and Kueue cohort of the hub's config ``c``."""
+    settings = GPUPool(config=c).settings()
+    with pooled_cluster(
+        tmp_path,
+        monkeypatch,
+        nodes,
+        settings.offers,
+        settings.teams,
+        settings.everyone,
+        cohort=kueue_cohort(c),
+    ) as cluster:
+        yield cluster
 
 
 async def refused_start(

@@ -23,14 +23,13 @@ from gpupool.core import Ledger, NoCapacity
 from gpupool.kube.api import ClusterAPI
 from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.kube.reconcile import KubeReconciler
-from gpupool.kube.settings import kueue_cohort
 from gpupool.pool import Pool
 from gpupool.store import Store
 from tests.conftest import hami_node
 from tests.deploy.chart_fixtures import CHART, render_all
-from tests.deploy.kube_fixtures import PROFILE_NS, pooled_cluster, user_nodes
+from tests.deploy.kube_fixtures import PROFILE_NS, user_nodes
 from tests.deploy.kube_kueue import Kueue
-from tests.deploy.kueue_fixtures import hub_config, refused_start
+from tests.deploy.kueue_fixtures import hub_config, kueue_cluster, refused_start
 
 VALUES: dict[str, Any] = {
     "jupyterhub": {"enabled": False},
@@ -56,17 +55,7 @@ def test_a_hami_share_kueue_would_never_admit_is_refused_at_once_naming_the_key(
     objects = render_all(chart, VALUES)
     kueue = Kueue.from_chart(objects)
     c = hub_config(objects, tmp_path)
-    settings = GPUPool(config=c).settings()
-    nodes = user_nodes(hami_node())
-    with pooled_cluster(
-        tmp_path,
-        monkeypatch,
-        nodes,
-        settings.offers,
-        settings.teams,
-        settings.everyone,
-        cohort=kueue_cohort(c),
-    ) as (server, pool):
+    with kueue_cluster(c, tmp_path, monkeypatch, user_nodes(hami_node())) as (server, pool):
         # the hub's reconciler, as the hub builds it from its config
         KubeReconciler(pool, ClusterAPI(PROFILE_NS), namespace=PROFILE_NS, config=c)
         template = c.KubeGPUSpawner.kueue_queue_template

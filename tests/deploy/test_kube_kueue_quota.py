@@ -33,9 +33,9 @@ from gpupool.store import Store
 from tests.conftest import h100_node, hami_node
 from tests.deploy.chart_fixtures import CHART, NAMESPACE, RELEASE, merge, render_all
 from tests.deploy.kube_api import served
-from tests.deploy.kube_fixtures import IMAGE, pooled_cluster, user_nodes
+from tests.deploy.kube_fixtures import IMAGE, user_nodes
 from tests.deploy.kube_kueue import Kueue
-from tests.deploy.kueue_fixtures import hub_config, refused_start
+from tests.deploy.kueue_fixtures import hub_config, kueue_cluster, refused_start
 
 NO_DEPENDENCY = {"jupyterhub": {"enabled": False}}
 H100 = {"kind": "gpu", "model": "H100-80GB", "max_count": 8}
@@ -135,17 +135,7 @@ def test_a_notebook_kueue_would_leave_gated_is_refused_at_once(
     objects = render_all(chart, VALUES)
     kueue = Kueue.from_chart(objects)
     c = hub_config(objects, tmp_path)
-    settings = GPUPool(config=c).settings()
-    nodes = user_nodes(h100_node("m1"))
-    with pooled_cluster(
-        tmp_path,
-        monkeypatch,
-        nodes,
-        settings.offers,
-        settings.teams,
-        settings.everyone,
-        cohort=kueue_cohort(c),
-    ) as (server, pool):
+    with kueue_cluster(c, tmp_path, monkeypatch, user_nodes(h100_node("m1"))) as (server, pool):
         pool.allocate("nina", ["nlp"], "h100", 1)
         pool.allocate("vic", ["vision"], "h100", 2)
         for team in ("nlp", "vision"):  # what Kueue admitted for them
