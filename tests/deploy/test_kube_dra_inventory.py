@@ -26,11 +26,11 @@ from gpupool.kube.dra_inventory import current_slices, inventory_from_slices, sl
 from gpupool.kube.reconcile import KubeReconciler
 from gpupool.pool import Pool
 from gpupool.store import Store
-from tests.conftest import h100_node, kubeconfig
+from tests.conftest import h100_node
 from tests.deploy.chart_fixtures import CHART, render_all
-from tests.deploy.kube_api import Served, served
+from tests.deploy.kube_api import Served
 from tests.deploy.kube_dra import dra_only, reversed_slice, uuids_of
-from tests.deploy.kube_fixtures import kube_hub_config
+from tests.deploy.kube_fixtures import api_cluster, kube_hub_config
 
 NS = "jhub"
 NODE = "dgx-h100-1"
@@ -38,9 +38,7 @@ NODE = "dgx-h100-1"
 
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
-    with served() as server:
-        monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "kubeconfig", server.url)))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with api_cluster(tmp_path, monkeypatch) as server:
         yield server
 
 
