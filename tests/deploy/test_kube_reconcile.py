@@ -35,9 +35,9 @@ from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.kube.reconcile import KubeReconciler
 from gpupool.pool import Pool
 from gpupool.store import Store
-from tests.conftest import a100_mixed_node, h100_node, kubeconfig
-from tests.deploy.kube_api import Served, served
-from tests.deploy.kube_fixtures import kube_hub_config
+from tests.conftest import a100_mixed_node, h100_node
+from tests.deploy.kube_api import Served
+from tests.deploy.kube_fixtures import api_cluster, kube_hub_config
 
 NS = "jhub"
 PODS = {"nodes": "", "pods": "gpupool.io/team"}  # what ClusterAPI(NS) watches, by selector
@@ -151,9 +151,7 @@ def api_pod(server: Served, name: str, labels: dict[str, str], node: str | None)
 
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
-    with served() as server:
-        monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "kubeconfig", server.url)))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with api_cluster(tmp_path, monkeypatch) as server:
         yield server
 
 
