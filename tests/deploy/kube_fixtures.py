@@ -49,6 +49,7 @@ from gpupool.core import Ledger, Offer, Request, Team
 from gpupool.core.jobs import Job, JobSpec
 from gpupool.core.ledger import Allocation
 from gpupool.hub.objects import SETTINGS_KEY, build
+from gpupool.jobs.manager import JobManager
 from gpupool.kube.jobs import KubeJobBackend
 from gpupool.kube.manifests import configmap_name, make_job
 from gpupool.kube.nodes import inventory_from_nodes
@@ -469,6 +470,14 @@ def gpu_quantities(pod: dict[str, Any], kind: str = "limits") -> dict[str, str]:
     return {k: v for k, v in quantities.items() if k.startswith("nvidia.com/")}
 
 
+def user_nodes(*nodes: dict[str, Any]) -> list[dict[str, Any]]:
+    """Copies of ``nodes`` labelled for z2jh's user pods (``hub.jupyter.org/node-purpose``)."""
+    out = copy.deepcopy(list(nodes))
+    for obj in out:
+        obj["metadata"]["labels"]["hub.jupyter.org/node-purpose"] = "user"
+    return out
+
+
 @contextlib.contextmanager
 def pooled_cluster(
     tmp_path: Path,
@@ -477,9 +486,11 @@ def pooled_cluster(
     offers: dict[str, Offer],
     teams: dict[str, Team],
     everyone: Team,
+    cohort: str = "",
 ) -> Iterator[tuple[Served, Pool]]:
     """The stand-in serving ``nodes``, KubeSpawner's and gpupool's clients pointed at it
-    (``KUBECONFIG`` and KubeSpawner's cached default), and the hub's pool over the same nodes."""
+    (``KUBECONFIG`` and KubeSpawner's cached default), and the hub's pool over the same nodes
+    (its ledger in Kueue's ``cohort`` when one is named)."""
     with served() as server:
         for obj in copy.deepcopy(nodes):
             server.api.add_node(obj)
@@ -488,13 +499,58 @@ def pooled_cluster(
         monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
         load_config.cache_clear()
-        ledger = Ledger(inventory_from_nodes(nodes), offers, teams, everyone)
+        ledger = Ledger(inventory_from_nodes(nodes), offers, teams, everyone, cohort=cohort)
         store = Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}")
         try:
             yield server, Pool(ledger, store)
         finally:
             store.close()
             load_config.cache_clear()
+
+
+def kube_hub_config(tmp_path: Path, namespace: str) -> Config:
+    """A hub's config on a Kubernetes inventory (the stand-in's nodes), its pods in ``namespace``,
+    as ``setup(c)`` reads it."""
+    c = Config()
+    c.JupyterHub.db_url = f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}"  # no server recorded
+    c.JupyterHub.hub_port = 9  # the REST API answers nothing: JupyterHub's records unreadable
+    c.JupyterHub.spawner_class = "gpupool-kube"
+    c.JobManager.backend_class = "gpupool.kube.jobs.KubeJobBackend"
+    c.GPUPool.inventory = "kubernetes"
+    c.GPUPool.db_url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
+    c.GPUPool.offers = {"h100": {"kind": "gpu", "model": "H100-80GB", "max_count": 8}}
+    c.GPUPool.teams = {"big": {"guarantee": 16}}
+    c.KubeSpawner.namespace = namespace
+    c.Reconciler.period = 0
+    c.KubeReconciler.grace = 0.0
+    c.KubeReconciler.period = 0.2
+    c.KubeReconciler.watch_timeout = 1
+    c.KubeReconciler.retry = 0.1
+    return c
+
+
+def job_config(server: Served) -> Config:
+    """The job manager's config: :class:`KubeJobBackend` on ``server``, namespace :data:`NS`,
+    image :data:`IMAGE`."""
+    c = Config()
+    c.JobManager.backend_class = "gpupool.kube.jobs.KubeJobBackend"
+    c.KubeJobBackend.namespace = NS  # where run_job_pods looks
+    c.KubeJobBackend.image = IMAGE
+    c.KubeJobBackend.api_client_factory = lambda: ApiClient(Configuration(host=server.url))
+    return c
+
+
+def one_job(pool: Pool, config: Config, spec: dict[str, Any]) -> Job:
+    """``alice`` of team ``vision`` submits ``spec`` to the job manager over ``pool``; the job
+    after one scheduling pass."""
+    m = JobManager(pool, config=config)
+
+    async def scenario() -> Job:
+        job = m.submit("alice", ["vision"], spec)
+        await m.schedule_pass()
+        return m.jobs[job.id]
+
+    return asyncio.run(scenario())
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ from gpupool.hub import _kube_reconciler
 from gpupool.hub.pages_view import gpu_view
 from gpupool.hub.reconcile import Reconciler
 from gpupool.kube.api import ClusterAPI
-from gpupool.kube.manifests import configmap_name, job_name, make_job
+from gpupool.kube.manifests import job_name
 from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.kube.readback import Seen, parse_seen, plan_readback, seen_by_allocation
 from gpupool.kube.reconcile import KubeReconciler
@@ -34,7 +34,7 @@ from gpupool.store import Store
 from tests.conftest import a100_mixed_node, h100_node, kubeconfig
 from tests.deploy.kube_api import Served, served
 from tests.deploy.kube_devices import DevicePlugin, node_devices
-from tests.deploy.kube_fixtures import a_job, api_cluster, notebook_pod
+from tests.deploy.kube_fixtures import a_job, api_cluster, build_job, served_ledger
 from tests.prometheus import Prometheus
 
 NS = "jhub"
@@ -121,9 +121,7 @@ def free_indexes(pool: Pool) -> set[int]:
 class Hub:
     def __init__(self, server: Served, tmp_path: Path, prom: Prometheus) -> None:
         self.server = server
-        with server.api.lock:
-            nodes = list(server.api.nodes.values())
-        ledger = Ledger(inventory_from_nodes(nodes), OFFERS, {"big": Team("big", 1_000_000)})
+        ledger = served_ledger(server, OFFERS)
         self.pool = Pool(ledger, Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}"))
         self.reconciler = KubeReconciler(
             self.pool,
@@ -291,14 +289,7 @@ def test_a_job_pod_is_read_back_too(
     async def body() -> None:
         job = a_job("h100", gpus=2)
         a = hub.pool.allocate("alice", ["big"], "h100", 2, team="big", kind="job", ref=job.id)
-        obj = make_job(
-            job,
-            [a],
-            pod_template=notebook_pod(),
-            namespace=NS,
-            script_configmap=configmap_name(job),
-            offer=OFFERS["h100"],
-        )
+        obj = build_job(job, [a], namespace=NS, offer=OFFERS["h100"])
         obj["spec"]["suspend"] = False
         with cluster.api.lock:
             code, reply = cluster.api.create("jobs", NS, obj)

@@ -16,26 +16,23 @@ from pathlib import Path
 from typing import Any
 
 import helm_python as helm
-import kubernetes_asyncio.config.kube_config as kube_config
 import pytest
 from kubespawner import KubeSpawner
-from kubespawner.clients import load_config
 from tornado import web
 from traitlets.config import Config
 
-from gpupool.core import Ledger, Team
+from gpupool.core import Team
 from gpupool.declarations import ConfigError
 from gpupool.kube.claims import node_gpus, slice_devices
 from gpupool.kube.jobs import check_kube_settings
-from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.pool import Pool
-from gpupool.store import Store
 from gpupool_spawner.kube import KubeGPUSpawner
-from tests.conftest import a100_mixed_node, h100_node, kubeconfig
+from tests.conftest import a100_mixed_node, h100_node
 from tests.deploy.chart_fixtures import CHART, merge, render_all
-from tests.deploy.kube_api import Served, served
+from tests.deploy.kube_api import Served
 from tests.deploy.kube_dra import gpu_slice
-from tests.deploy.kube_fixtures import OFFERS, PROFILE_NS, profile_spawner, stop
+from tests.deploy.kube_dra_fixtures import uuid_claim
+from tests.deploy.kube_fixtures import OFFERS, PROFILE_NS, pooled_cluster, profile_spawner, stop
 
 NODE = "dgx-h100-1"
 PRODUCT = "NVIDIA H100 80GB HBM3"
@@ -56,33 +53,32 @@ def h100_slice() -> dict[str, Any]:
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Served, Pool]]:
     nodes = [h100_node(NODE), a100_mixed_node()]
-    with served() as server:
-        for obj in copy.deepcopy(nodes):
-            server.api.add_node(obj)
+    teams = {"vision": Team("vision", 8000)}
+    everyone = Team("everyone", offers=frozenset({"cpu"}))
+    with pooled_cluster(tmp_path, monkeypatch, nodes, OFFERS, teams, everyone) as (server, pool):
         server.api.dra.add_slice(h100_slice())
-        path = kubeconfig(tmp_path / "kubeconfig", server.url)
-        monkeypatch.setenv("KUBECONFIG", str(path))
-        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        load_config.cache_clear()
-        ledger = Ledger(
-            inventory_from_nodes(nodes),
-            OFFERS,
-            {"vision": Team("vision", 8000)},
-            Team("everyone", offers=frozenset({"cpu"})),
-        )
-        store = Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}")
-        try:
-            yield server, Pool(ledger, store)
-        finally:
-            store.close()
-            load_config.cache_clear()
+        yield server, pool
 
 
 def dra_spawner(pool: Pool, offer: str = "h100", count: int = 1) -> KubeGPUSpawner:
     s = profile_spawner(pool, None, device_allocation="dra")
     s.user_options = {"offer": offer, "count": count, "team": "vision"}
     return s
+
+
+def refused_start(pool: Pool, offer: str = "h100") -> web.HTTPError:
+    """The error a DRA start of ``offer`` is refused with before any pod (the start must fail)."""
+
+    async def go() -> web.HTTPError:
+        s = dra_spawner(pool, offer=offer)
+        try:
+            with pytest.raises(web.HTTPError) as e:
+                await s.start()
+            return e.value
+        finally:
+            await KubeSpawner._stop_all_reflectors()
+
+    return asyncio.run(go())
 
 
 async def until_pod(server: Served, s: KubeGPUSpawner, task: asyncio.Future[Any]) -> None:
@@ -205,25 +201,7 @@ def test_the_claim_goes_with_its_pod(cluster: tuple[Served, Pool]) -> None:
 
 def another_tenants_claim(server: Served, uuid: str) -> None:
     """A pod of namespace ``ml`` holding the GPU ``uuid`` through its own claim."""
-    expression = f"device.attributes['gpu.nvidia.com'].uuid == '{uuid}'"
-    claim = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "train-gpu"},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": "gpu.nvidia.com",
-                            "selectors": [{"cel": {"expression": expression}}],
-                        },
-                    }
-                ]
-            }
-        },
-    }
+    claim = uuid_claim(uuid)
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -284,16 +262,7 @@ def test_a_mig_instance_under_dra_is_refused_with_the_reason(
 ) -> None:
     server, pool = cluster
 
-    async def go() -> web.HTTPError:
-        s = dra_spawner(pool, offer="mig-3g.40gb")
-        try:
-            with pytest.raises(web.HTTPError) as e:
-                await s.start()
-            return e.value
-        finally:
-            await KubeSpawner._stop_all_reflectors()
-
-    error = asyncio.run(go())
+    error = refused_start(pool, offer="mig-3g.40gb")
     assert error.status_code == 400
     assert "MIG instances (3g.40gb) cannot be given through DRA" in error.log_message
     assert pool.ledger.allocations == {}
@@ -308,16 +277,7 @@ def test_a_node_without_the_drivers_slices_is_refused_before_any_pod(
         for item in server.api.dra.slices:
             server.api.dra.remove_slice(item["metadata"]["name"])
 
-    async def go() -> web.HTTPError:
-        s = dra_spawner(pool)
-        try:
-            with pytest.raises(web.HTTPError) as e:
-                await s.start()
-            return e.value
-        finally:
-            await KubeSpawner._stop_all_reflectors()
-
-    error = asyncio.run(go())
+    error = refused_start(pool)
     assert error.status_code == 503
     assert f"node {NODE} publishes 0 GPU(s) of driver gpu.nvidia.com" in error.log_message
     assert pool.ledger.allocations == {}

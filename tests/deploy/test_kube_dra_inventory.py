@@ -26,10 +26,11 @@ from gpupool.kube.dra_inventory import current_slices, inventory_from_slices, sl
 from gpupool.kube.reconcile import KubeReconciler
 from gpupool.pool import Pool
 from gpupool.store import Store
-from tests.conftest import h100_node, kubeconfig
+from tests.conftest import h100_node
 from tests.deploy.chart_fixtures import CHART, render_all
-from tests.deploy.kube_api import Served, served
+from tests.deploy.kube_api import Served
 from tests.deploy.kube_dra import dra_only, reversed_slice, uuids_of
+from tests.deploy.kube_fixtures import api_cluster, kube_hub_config
 
 NS = "jhub"
 NODE = "dgx-h100-1"
@@ -37,9 +38,7 @@ NODE = "dgx-h100-1"
 
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
-    with served() as server:
-        monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "kubeconfig", server.url)))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with api_cluster(tmp_path, monkeypatch) as server:
         yield server
 
 
@@ -56,22 +55,8 @@ def jupyterhub_log() -> Iterator[logging.Logger]:
 
 def hub_config(tmp_path: Path) -> Config:
     """A hub on the stand-in's nodes whose GPUs are given through DRA."""
-    c = Config()
-    c.JupyterHub.db_url = f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}"
-    c.JupyterHub.hub_port = 9
-    c.JupyterHub.spawner_class = "gpupool-kube"
-    c.JobManager.backend_class = "gpupool.kube.jobs.KubeJobBackend"
-    c.GPUPool.inventory = "kubernetes"
-    c.GPUPool.db_url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
-    c.GPUPool.offers = {"h100": {"kind": "gpu", "model": "H100-80GB", "max_count": 8}}
-    c.GPUPool.teams = {"big": {"guarantee": 16}}
-    c.KubeSpawner.namespace = NS
+    c = kube_hub_config(tmp_path, NS)
     c.KubeGPUSettings.device_allocation = "dra"
-    c.Reconciler.period = 0
-    c.KubeReconciler.grace = 0.0
-    c.KubeReconciler.period = 0.2
-    c.KubeReconciler.watch_timeout = 1
-    c.KubeReconciler.retry = 0.1
     return c
 
 

@@ -12,42 +12,18 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
-from traitlets.config import Configurable
 
-from gpupool.core import Ledger, Request, Team
-from gpupool.core.ledger import Allocation
-from gpupool.kube.jobs import KubeJobBackend
+from gpupool.core import Ledger
 from gpupool.kube.manifests import job_name
-from gpupool.kube.nodes import inventory_from_nodes
-from tests.conftest import h100_node
-from tests.deploy.kube_api import Served, served
-from tests.deploy.kube_dra import reversed_slice
-from tests.deploy.kube_fixtures import NS, OFFERS, a_job, backend, started
-
-NODES = ("dgx-h100-1", "dgx-h100-2")
+from tests.deploy.kube_api import Served
+from tests.deploy.kube_dra_fixtures import dra_backend, dra_nodes, two_nodes
+from tests.deploy.kube_fixtures import NS, a_job, started
 
 
 @pytest.fixture
 def cluster() -> Iterator[tuple[Served, Ledger]]:
-    nodes = [h100_node(n) for n in NODES]
-    with served() as server:
-        for name, obj in zip(NODES, nodes, strict=True):
-            server.api.add_node(obj)
-            server.api.dra.add_slice(reversed_slice(name))
-        ledger = Ledger(inventory_from_nodes(nodes), OFFERS, {"vision": Team("vision", 16000)})
+    with dra_nodes() as (server, ledger):
         yield server, ledger
-
-
-def two_nodes(ledger: Ledger) -> list[Allocation]:
-    first = ledger.allocate(Request("alice", "vision", "h100", 2, "job", "j1"), "alloc-0")
-    request = Request("alice", "vision", "h100", 2, "job", "j1", frozenset({first.node or ""}))
-    return [first, ledger.allocate(request, "alloc-1")]
-
-
-def dra_backend(server: Served, ledger: Ledger) -> KubeJobBackend:
-    holder = Configurable()
-    holder.pool = type("P", (), {"inventory": ledger.inventory})()  # type: ignore[attr-defined]
-    return backend(server, device_allocation="dra", parent=holder)
 
 
 def test_a_job_pod_whose_pinned_gpus_another_claim_holds_fails_the_job_at_once(

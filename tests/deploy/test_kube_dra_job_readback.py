@@ -17,30 +17,21 @@ from typing import Any
 import pytest
 from traitlets.config import Configurable
 
-from gpupool.core import Ledger, Team
 from gpupool.core.jobs import Job
 from gpupool.core.ledger import Allocation
 from gpupool.kube.jobs import KubeJobBackend
 from gpupool.kube.manifests import job_name
-from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.pool import Pool
 from gpupool.store import Store
-from tests.conftest import h100_node
-from tests.deploy.kube_api import Served, served
-from tests.deploy.kube_dra import reversed_slice, uuids_of
-from tests.deploy.kube_fixtures import NS, OFFERS, a_job, backend, started
-
-NODES = ("dgx-h100-1", "dgx-h100-2")
+from tests.deploy.kube_api import Served
+from tests.deploy.kube_dra import uuids_of
+from tests.deploy.kube_dra_fixtures import dra_nodes
+from tests.deploy.kube_fixtures import NS, a_job, backend, started
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[Served, Pool]]:
-    nodes = [h100_node(n) for n in NODES]
-    with served() as server:
-        for name, obj in zip(NODES, nodes, strict=True):
-            server.api.add_node(obj)
-            server.api.dra.add_slice(reversed_slice(name))
-        ledger = Ledger(inventory_from_nodes(nodes), OFFERS, {"vision": Team("vision", 16000)})
+    with dra_nodes() as (server, ledger):
         store = Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}")
         try:
             yield server, Pool(ledger, store)

@@ -12,45 +12,22 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from traitlets.config import Configurable
 
-from gpupool.core import Ledger, Request, Team
+from gpupool.core import Ledger
 from gpupool.core.errors import InvalidRequest
 from gpupool.core.jobs import JobSpec
-from gpupool.core.ledger import Allocation
-from gpupool.kube.jobs import KubeError, KubeJobBackend
+from gpupool.kube.jobs import KubeError
 from gpupool.kube.manifests import job_name
-from gpupool.kube.nodes import inventory_from_nodes
-from tests.conftest import h100_node
-from tests.deploy.kube_api import Served, served
-from tests.deploy.kube_dra import reversed_slice, uuids_of
-from tests.deploy.kube_fixtures import NS, OFFERS, a_job, backend, started
-
-NODES = ("dgx-h100-1", "dgx-h100-2")
+from tests.deploy.kube_api import Served
+from tests.deploy.kube_dra import uuids_of
+from tests.deploy.kube_dra_fixtures import NODES, dra_backend, dra_nodes, two_nodes, uuid_claim
+from tests.deploy.kube_fixtures import NS, a_job, started
 
 
 @pytest.fixture
 def cluster() -> Iterator[tuple[Served, Ledger]]:
-    nodes = [h100_node(n) for n in NODES]
-    with served() as server:
-        for name, obj in zip(NODES, nodes, strict=True):
-            server.api.add_node(obj)
-            server.api.dra.add_slice(reversed_slice(name))
-        ledger = Ledger(inventory_from_nodes(nodes), OFFERS, {"vision": Team("vision", 16000)})
+    with dra_nodes() as (server, ledger):
         yield server, ledger
-
-
-def two_nodes(ledger: Ledger) -> list[Allocation]:
-    """Two GPUs on each node, as the job manager asks for a 2-node job."""
-    first = ledger.allocate(Request("alice", "vision", "h100", 2, "job", "j1"), "alloc-0")
-    request = Request("alice", "vision", "h100", 2, "job", "j1", frozenset({first.node or ""}))
-    return [first, ledger.allocate(request, "alloc-1")]
-
-
-def dra_backend(server: Served, ledger: Ledger) -> KubeJobBackend:
-    holder = Configurable()
-    holder.pool = type("P", (), {"inventory": ledger.inventory})()  # type: ignore[attr-defined]
-    return backend(server, device_allocation="dra", parent=holder)
 
 
 def pinned_on(node: str) -> list[str]:
@@ -125,31 +102,7 @@ def test_a_job_pod_whose_pinned_gpu_is_taken_waits_with_the_schedulers_reason(
     server, ledger = cluster
     allocations = two_nodes(ledger)
     taken = pinned_on(NODES[0])[0]  # another tenant's claim holds it
-    claim = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "train-gpu"},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": "gpu.nvidia.com",
-                            "selectors": [
-                                {
-                                    "cel": {
-                                        "expression": "device.attributes['gpu.nvidia.com']"
-                                        f".uuid == '{taken}'"
-                                    }
-                                }
-                            ],
-                        },
-                    }
-                ]
-            }
-        },
-    }
+    claim = uuid_claim(taken)
     with server.api.lock:
         assert server.api.create("resourceclaims", "ml", claim)[0] == 201
         server.api.objects["resourceclaims"]["ml", "train-gpu"]["status"] = {

@@ -16,34 +16,37 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import helm_python as helm
-import kubernetes_asyncio.config.kube_config as kube_config
 import pytest
 import yaml
-from kubernetes_asyncio.client import ApiClient, Configuration
-from kubespawner.clients import load_config
 from traitlets.config import Config
 
 from gpupool.core import Ledger, Offer, Request, Team
 from gpupool.core.inventory import Inventory
-from gpupool.core.jobs import Job
 from gpupool.declarations import ConfigError
-from gpupool.jobs.manager import JobManager
 from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.kube.pods import ShareRequests, apply_allocation
 from gpupool.kube.settings import KubeGPUSettings, notebook_settings
 from gpupool.pool import Pool
 from gpupool.store import Store
-from tests.conftest import h100_node, hami_node, kubeconfig
-from tests.deploy.chart_fixtures import CHART, RELEASE, dependency_version, render_all, z2jh_archive
+from tests.conftest import h100_node, hami_node
+from tests.deploy.chart_fixtures import RELEASE, render_all, z2jh_chart
 from tests.deploy.kube_api import Served, served
-from tests.deploy.kube_fixtures import IMAGE, run_job_pods, spawner_pod, stop, validate
-from tests.deploy.kube_fixtures import NS as JOB_NS
+from tests.deploy.kube_fixtures import (
+    IMAGE,
+    job_config,
+    one_job,
+    pooled_cluster,
+    run_job_pods,
+    spawner_pod,
+    stop,
+    user_nodes,
+    validate,
+)
 from tests.deploy.kube_fixtures import PROFILE_NS as NS
 from tests.deploy.kube_fixtures import profile_spawner as spawner
 from tests.deploy.kube_fixtures import serialise_now as serialise
@@ -65,35 +68,15 @@ HAMI_UUIDS = [f"GPU-0000000{i}-1111-2222-3333-444444444444" for i in range(2)]
 """The UUIDs of the L40S GPUs in :func:`tests.conftest.hami_node`'s annotation."""
 
 
-def user_nodes(*nodes: dict[str, Any]) -> list[dict[str, Any]]:
-    out = copy.deepcopy(list(nodes))
-    for obj in out:
-        obj["metadata"]["labels"]["hub.jupyter.org/node-purpose"] = "user"
-    return out
-
-
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Served, Pool]]:
     """The stand-in with an H100 node and a HAMi node of two L40S, HAMi installed with its
     chart's defaults and z2jh's user-scheduler running; the hub's pool over the same nodes."""
     nodes = user_nodes(h100_node(), hami_node())
-    with served() as server:
-        for obj in copy.deepcopy(nodes):
-            server.api.add_node(obj)
+    with pooled_cluster(tmp_path, monkeypatch, nodes, OFFERS, TEAMS, EVERYONE) as (server, pool):
         server.api.schedulers.running.add(USER_SCHEDULER)
         server.api.schedulers.install_hami()
-        path = kubeconfig(tmp_path / "kubeconfig", server.url)
-        monkeypatch.setenv("KUBECONFIG", str(path))
-        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        load_config.cache_clear()
-        ledger = Ledger(inventory_from_nodes(nodes), OFFERS, TEAMS, EVERYONE)
-        store = Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}")
-        try:
-            yield server, Pool(ledger, store)
-        finally:
-            store.close()
-            load_config.cache_clear()
+        yield server, pool
 
 
 def share_pod(user: str, gib: int, scheduler: str = "") -> dict[str, Any]:
@@ -115,14 +98,7 @@ def devices_of(pod: dict[str, Any]) -> list[str]:
 # -- z2jh's defaults, rendered ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def full_chart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helm.Chart]:
-    archive = z2jh_archive()
-    if archive is None:
-        pytest.skip(f"the JupyterHub chart {dependency_version()} is not in charts/ nor shared/")
-    copy_ = tmp_path_factory.mktemp("chart") / "gpupool"
-    shutil.copytree(CHART, copy_, ignore=shutil.ignore_patterns("charts"))
-    (copy_ / "charts").mkdir()
-    shutil.copy(archive, copy_ / "charts")
-    with helm.Chart.load(copy_) as loaded:
+    with z2jh_chart(tmp_path_factory) as loaded:
         yield loaded
 
 
@@ -278,27 +254,16 @@ def test_a_hami_share_job_runs_under_z2jhs_user_scheduler(tmp_path: Path) -> Non
             server.api.add_node(obj)
         server.api.schedulers.running.add(USER_SCHEDULER)
         server.api.schedulers.install_hami()
-        c = Config()
-        c.JobManager.backend_class = "gpupool.kube.jobs.KubeJobBackend"
-        c.KubeJobBackend.namespace = JOB_NS
-        c.KubeJobBackend.image = IMAGE
+        c = job_config(server)
         c.KubeJobBackend.use_notebook_pod = False
         c.KubeJobBackend.pod_template = {
             "schedulerName": USER_SCHEDULER,
             "containers": [{"name": "notebook", "image": IMAGE}],
         }
-        c.KubeJobBackend.api_client_factory = lambda: ApiClient(Configuration(host=server.url))
         ledger = Ledger(inventory_from_nodes(nodes), OFFERS, TEAMS, EVERYONE)
         pool = Pool(ledger, Store(f"sqlite:///{tmp_path / 'pool.sqlite'}"))
-        m = JobManager(pool, config=c)
         spec = {"script": "print(1)\n", "offer": "share-22gb", "gpus": 1, "nodes": 1}
-
-        async def scenario() -> Job:
-            job = m.submit("alice", ["vision"], spec)
-            await m.schedule_pass()
-            return m.jobs[job.id]
-
-        job = asyncio.run(scenario())
+        job = one_job(pool, c, spec)
         (alloc,) = [pool.ledger.allocations[a] for a in job.allocations]
         pods = run_job_pods(server.api, f"gpupool-{job.id}")
         assert [p["status"]["phase"] for p in pods.values()] == ["Running"], [

@@ -17,24 +17,19 @@ from typing import Any
 
 import helm_python as helm
 import pytest
-from kubernetes_asyncio.config import kube_config
-from kubespawner.clients import load_config
-from traitlets.config import Config
 
 from gpupool.config import GPUPool
 from gpupool.core import Ledger, NoCapacity
-from gpupool.hub.fileconfig import load_config_file
 from gpupool.kube.api import ClusterAPI
 from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.kube.reconcile import KubeReconciler
-from gpupool.kube.settings import kueue_cohort
 from gpupool.pool import Pool
 from gpupool.store import Store
-from tests.conftest import hami_node, kubeconfig
+from tests.conftest import hami_node
 from tests.deploy.chart_fixtures import CHART, render_all
-from tests.deploy.kube_api import served
-from tests.deploy.kube_fixtures import PROFILE_NS, profile_spawner, stop
+from tests.deploy.kube_fixtures import PROFILE_NS, user_nodes
 from tests.deploy.kube_kueue import Kueue
+from tests.deploy.kueue_fixtures import hub_config, kueue_cluster, refused_start
 
 VALUES: dict[str, Any] = {
     "jupyterhub": {"enabled": False},
@@ -54,69 +49,21 @@ def chart() -> Any:
         yield loaded
 
 
-def hub_config(objects: list[dict[str, Any]], tmp_path: Path) -> Config:
-    data = next(o for o in objects if o["metadata"]["name"] == "gpupool-config")
-    path = tmp_path / "gpupool.json"
-    path.write_text(data["data"]["gpupool.json"])
-    c = Config()
-    load_config_file(c, path)
-    return c
-
-
 def test_a_hami_share_kueue_would_never_admit_is_refused_at_once_naming_the_key(
     chart: helm.Chart, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     objects = render_all(chart, VALUES)
     kueue = Kueue.from_chart(objects)
     c = hub_config(objects, tmp_path)
-    settings = GPUPool(config=c).settings()
-    with served() as server:
-        node = copy.deepcopy(hami_node())
-        node["metadata"]["labels"]["hub.jupyter.org/node-purpose"] = "user"
-        server.api.add_node(node)
-        server.api.schedulers.install_hami()
-        path = kubeconfig(tmp_path / "kubeconfig", server.url)
-        monkeypatch.setenv("KUBECONFIG", str(path))
-        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        load_config.cache_clear()
-        ledger = Ledger(
-            inventory_from_nodes([node]),
-            settings.offers,
-            settings.teams,
-            settings.everyone,
-            cohort=kueue_cohort(c),
-        )
-        pool = Pool(ledger, Store(f"sqlite:///{tmp_path / 'pool.sqlite'}"))
+    with kueue_cluster(c, tmp_path, monkeypatch, user_nodes(hami_node())) as (server, pool):
         # the hub's reconciler, as the hub builds it from its config
         KubeReconciler(pool, ClusterAPI(PROFILE_NS), namespace=PROFILE_NS, config=c)
         template = c.KubeGPUSpawner.kueue_queue_template
-
-        async def go() -> None:
-            s = profile_spawner(pool, None, kueue_queue_template=template)
-            s.start_timeout = 3
-            s.user_options = {"offer": "share-8gb"}
-            task = asyncio.ensure_future(s.start())
-            key = (PROFILE_NS, s.pod_name)
-            try:
-                while key not in server.api.objects["pods"] and not task.done():
-                    await asyncio.sleep(0.02)  # KubeSpawner's own start, awaited by the test
-                if key in server.api.objects["pods"] and not kueue.admit_pod(server.api, *key):
-                    server.api.schedule(*key)  # admitted: Kueue ungates it
-                with pytest.raises(Exception) as refused:
-                    await asyncio.wait_for(task, 30)
-                assert "kueue.hami.enabled" in str(refused.value), (
-                    refused.value,
-                    kueue.pending.get(key),
-                )
-                assert key not in server.api.objects["pods"]
-            finally:
-                await stop(s)
-
-        try:
-            asyncio.run(go())
-        finally:
-            load_config.cache_clear()
+        refused, key, pod_left = asyncio.run(
+            refused_start(server, pool, kueue, template, "share-8gb")
+        )
+        assert "kueue.hami.enabled" in str(refused), (refused, kueue.pending.get(key))
+        assert not pod_left
         with pytest.raises(
             NoCapacity,
             match=r"Not handed out until nothing else uses it: the GPUs of HAMi nodes: Kueue "

@@ -18,14 +18,10 @@ from typing import Any
 import helm_python as helm
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
-from kubernetes_asyncio.config import kube_config
-from kubespawner.clients import load_config
-from traitlets.config import Config
 
 from gpupool.config import GPUPool
 from gpupool.core import Ledger, Request
 from gpupool.core.jobs import Job
-from gpupool.hub.fileconfig import load_config_file
 from gpupool.jobs.manager import JobManager
 from gpupool.kube.jobs import KubeJobBackend
 from gpupool.kube.manifests import job_name
@@ -34,11 +30,12 @@ from gpupool.kube.pods import ShareRequests, allocation_resources
 from gpupool.kube.settings import kueue_cohort, kueue_warnings
 from gpupool.pool import Pool
 from gpupool.store import Store
-from tests.conftest import h100_node, hami_node, kubeconfig
+from tests.conftest import h100_node, hami_node
 from tests.deploy.chart_fixtures import CHART, NAMESPACE, RELEASE, merge, render_all
 from tests.deploy.kube_api import served
-from tests.deploy.kube_fixtures import IMAGE, PROFILE_NS, profile_spawner, stop
+from tests.deploy.kube_fixtures import IMAGE, user_nodes
 from tests.deploy.kube_kueue import Kueue
+from tests.deploy.kueue_fixtures import hub_config, kueue_cluster, refused_start
 
 NO_DEPENDENCY = {"jupyterhub": {"enabled": False}}
 H100 = {"kind": "gpu", "model": "H100-80GB", "max_count": 8}
@@ -66,15 +63,6 @@ def chart() -> Any:
 def resource(chart: helm.Chart) -> str:
     """The ClusterQueues' quota resource (the chart's ``kueue.resource``)."""
     return str(chart.merge_values(VALUES)["kueue"]["resource"])
-
-
-def hub_config(objects: list[dict[str, Any]], tmp_path: Path) -> Config:
-    data = next(o for o in objects if o["metadata"]["name"] == "gpupool-config")
-    path = tmp_path / "gpupool.json"
-    path.write_text(data["data"]["gpupool.json"])
-    c = Config()
-    load_config_file(c, path)
-    return c
 
 
 class SteppedBackend(KubeJobBackend):
@@ -147,55 +135,19 @@ def test_a_notebook_kueue_would_leave_gated_is_refused_at_once(
     objects = render_all(chart, VALUES)
     kueue = Kueue.from_chart(objects)
     c = hub_config(objects, tmp_path)
-    settings = GPUPool(config=c).settings()
-    with served() as server:
-        node = copy.deepcopy(h100_node("m1"))
-        node["metadata"]["labels"]["hub.jupyter.org/node-purpose"] = "user"
-        server.api.add_node(node)
-        path = kubeconfig(tmp_path / "kubeconfig", server.url)
-        monkeypatch.setenv("KUBECONFIG", str(path))
-        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        load_config.cache_clear()
-        ledger = Ledger(
-            inventory_from_nodes([node]),
-            settings.offers,
-            settings.teams,
-            settings.everyone,
-            cohort=kueue_cohort(c),
-        )
-        pool = Pool(ledger, Store(f"sqlite:///{tmp_path / 'pool.sqlite'}"))
+    with kueue_cluster(c, tmp_path, monkeypatch, user_nodes(h100_node("m1"))) as (server, pool):
         pool.allocate("nina", ["nlp"], "h100", 1)
         pool.allocate("vic", ["vision"], "h100", 2)
         for team in ("nlp", "vision"):  # what Kueue admitted for them
             queue = kueue.queues[f"{RELEASE}-{team}"]
-            queue.usage[resource_of(objects)] = ledger.team_used[team]
+            queue.usage[resource_of(objects)] = pool.ledger.team_used[team]
         template = c.KubeGPUSpawner.kueue_queue_template
-
-        async def go() -> None:
-            s = profile_spawner(pool, None, kueue_queue_template=template)
-            s.start_timeout = 3
-            s.user_options = {"offer": "h100"}
-            task = asyncio.ensure_future(s.start())
-            key = (PROFILE_NS, s.pod_name)
-            try:
-                while key not in server.api.objects["pods"] and not task.done():
-                    await asyncio.sleep(0.02)  # KubeSpawner's own start, awaited by the test
-                if key in server.api.objects["pods"] and not kueue.admit_pod(server.api, *key):
-                    server.api.schedule(*key)  # admitted: Kueue ungates it
-                with pytest.raises(Exception) as refused:
-                    await asyncio.wait_for(task, 30)
-                assert "Kueue's cohort gpupool: 3 of 3 GPU-eq nominal quota in use" in str(
-                    refused.value
-                ), (refused.value, kueue.pending.get(key))
-                assert key not in server.api.objects["pods"]
-            finally:
-                await stop(s)
-
-        try:
-            asyncio.run(go())
-        finally:
-            load_config.cache_clear()
+        refused, key, pod_left = asyncio.run(refused_start(server, pool, kueue, template, "h100"))
+        assert "Kueue's cohort gpupool: 3 of 3 GPU-eq nominal quota in use" in str(refused), (
+            refused,
+            kueue.pending.get(key),
+        )
+        assert not pod_left
 
 
 def resource_of(objects: list[dict[str, Any]]) -> str:

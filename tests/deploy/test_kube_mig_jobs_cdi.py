@@ -24,7 +24,7 @@ from gpupool.declarations import ConfigError
 from gpupool.hub.errors import status_of
 from gpupool.jobs.manager import JobManager
 from gpupool.kube.jobs import check_kube_settings
-from gpupool.kube.manifests import configmap_name, job_name, make_job
+from gpupool.kube.manifests import job_name
 from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.pool import Pool
 from gpupool.store import Store
@@ -32,7 +32,7 @@ from gpupool_lab.rank_log import rank_device
 from tests.conftest import a100_mixed_node
 from tests.deploy.kube_api import Served
 from tests.deploy.kube_devices import DevicePlugin
-from tests.deploy.kube_fixtures import IMAGE, NS, a_job, container, notebook_pod
+from tests.deploy.kube_fixtures import IMAGE, NS, a_job, build_job, container
 
 OFFERS = {
     "cpu": Offer("cpu", "cpu"),
@@ -57,14 +57,7 @@ def ranks_devices(kube: Served, strategy: str) -> list[str | None]:
     pool = ledger()
     job = a_job("mig-3g.40gb", gpus=2)
     allocation = pool.allocate(Request("alice", "vision", "mig-3g.40gb", 2, "job", job.id), "a0")
-    obj = make_job(
-        job,
-        [allocation],
-        pod_template=notebook_pod(),
-        namespace=NS,
-        script_configmap=configmap_name(job),
-        offer=OFFERS["mig-3g.40gb"],
-    )
+    obj = build_job(job, [allocation], offer=OFFERS["mig-3g.40gb"])
     obj["spec"]["suspend"] = False
     name = job_name(job)
     with api.lock:

@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 
-from gpupool.core import Ledger, NoCapacity, Offer, Team
+from gpupool.core import NoCapacity, Offer
 from gpupool.kube.api import ClusterAPI
-from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.kube.reconcile import KubeReconciler
 from gpupool.pool import Pool
 from gpupool.store import Store
@@ -88,9 +87,7 @@ def test_another_namespaces_gpu_pod_closes_its_gpus_to_placement(
 ) -> None:
     cluster.api.add_node(four_h100("gpu-a"))
     assert gpu_pod(cluster, "ml", "train", 2, {"app": "train"}, "gpu-a") == "Running"
-    with cluster.api.lock:
-        nodes = list(cluster.api.nodes.values())
-    ledger = Ledger(inventory_from_nodes(nodes), OFFERS, {"big": Team("big", 1_000_000)})
+    ledger = served_ledger(cluster, OFFERS)
     pool = Pool(ledger, Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}"))
     reconciler = KubeReconciler(
         pool, ClusterAPI(NS), namespace=NS, grace=0.0, period=0.2, retry=0.1
@@ -149,9 +146,7 @@ def test_a_second_release_on_the_same_nodes_is_named_and_its_gpus_left_out(
     cluster.api.add_node(four_h100("gpu-a"))
     labels = {"gpupool.io/team": "big", "gpupool.io/allocation": "0123abcd"}
     assert gpu_pod(cluster, "jhub2", "jupyter-eve", 3, labels, "gpu-a") == "Running"
-    with cluster.api.lock:
-        nodes = list(cluster.api.nodes.values())
-    ledger = Ledger(inventory_from_nodes(nodes), OFFERS, {"big": Team("big", 1_000_000)})
+    ledger = served_ledger(cluster, OFFERS)
     pool = Pool(ledger, Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}"))
     reconciler = KubeReconciler(
         pool, ClusterAPI(NS), namespace=NS, grace=0.0, period=0.2, retry=0.1

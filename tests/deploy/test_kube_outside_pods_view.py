@@ -34,7 +34,7 @@ from gpupool.pool import Pool
 from gpupool.store import Store
 from tests.conftest import gpu_node_labels, node
 from tests.deploy.kube_api import Served
-from tests.deploy.kube_fixtures import IMAGE, api_cluster, until
+from tests.deploy.kube_fixtures import IMAGE, api_cluster, served_ledger, until
 
 NS = "jhub"
 OFFERS = {"h100": Offer("h100", "gpu", model="H100-80GB", max_count=8)}
@@ -112,9 +112,7 @@ def render(view: dict[str, Any]) -> str:
 
 
 def hub(server: Served, tmp_path: Path) -> tuple[Pool, KubeReconciler]:
-    with server.api.lock:
-        nodes = list(server.api.nodes.values())
-    ledger = Ledger(inventory_from_nodes(nodes), OFFERS, {"big": Team("big", 1_000_000)})
+    ledger = served_ledger(server, OFFERS)
     pool = Pool(ledger, Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}"))
     reconciler = KubeReconciler(
         pool, ClusterAPI(NS), namespace=NS, grace=0.0, period=0.2, retry=0.1

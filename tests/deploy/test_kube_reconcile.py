@@ -35,8 +35,9 @@ from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.kube.reconcile import KubeReconciler
 from gpupool.pool import Pool
 from gpupool.store import Store
-from tests.conftest import a100_mixed_node, h100_node, kubeconfig
-from tests.deploy.kube_api import Served, served
+from tests.conftest import a100_mixed_node, h100_node
+from tests.deploy.kube_api import Served
+from tests.deploy.kube_fixtures import api_cluster, kube_hub_config
 
 NS = "jhub"
 PODS = {"nodes": "", "pods": "gpupool.io/team"}  # what ClusterAPI(NS) watches, by selector
@@ -150,9 +151,7 @@ def api_pod(server: Served, name: str, labels: dict[str, str], node: str | None)
 
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
-    with served() as server:
-        monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "kubeconfig", server.url)))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with api_cluster(tmp_path, monkeypatch) as server:
         yield server
 
 
@@ -531,22 +530,7 @@ def test_pod_on_an_unexpected_node_is_logged_counted_and_moved_in_the_ledger(
 # -- wired into the hub ---------------------------------------------------------------------------
 def hub_config(tmp_path: Path) -> Config:
     """A hub's config on a Kubernetes inventory (the stand-in's nodes), as ``setup(c)`` reads it."""
-    c = Config()
-    c.JupyterHub.db_url = f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}"  # no server recorded
-    c.JupyterHub.hub_port = 9  # the REST API answers nothing: JupyterHub's records unreadable
-    c.JupyterHub.spawner_class = "gpupool-kube"
-    c.JobManager.backend_class = "gpupool.kube.jobs.KubeJobBackend"
-    c.GPUPool.inventory = "kubernetes"
-    c.GPUPool.db_url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
-    c.GPUPool.offers = {"h100": {"kind": "gpu", "model": "H100-80GB", "max_count": 8}}
-    c.GPUPool.teams = {"big": {"guarantee": 16}}
-    c.KubeSpawner.namespace = NS
-    c.Reconciler.period = 0
-    c.KubeReconciler.grace = 0.0
-    c.KubeReconciler.period = 0.2
-    c.KubeReconciler.watch_timeout = 1
-    c.KubeReconciler.retry = 0.1
-    return c
+    return kube_hub_config(tmp_path, NS)
 
 
 KUBE_TASKS = {

@@ -16,17 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kubernetes_asyncio.config.kube_config as kube_config
 import pytest
-from kubernetes_asyncio.client import ApiClient, Configuration
-from kubespawner.clients import load_config
+from kubernetes_asyncio.client import ApiClient
 from traitlets import TraitError
 from traitlets.config import Config
 
 from gpupool.core import Ledger, NoCapacity, Offer, Request, Team
-from gpupool.core.jobs import Job
 from gpupool.declarations import ConfigError
-from gpupool.jobs.manager import JobManager
 from gpupool.kube.nodes import inventory_from_nodes
 from gpupool.kube.pods import (
     DEFAULT_HAMI_RESOURCES,
@@ -37,20 +33,23 @@ from gpupool.kube.pods import (
 )
 from gpupool.pool import Pool
 from gpupool.store import Store
-from tests.conftest import h100_node, hami_node, kubeconfig, shared_node
+from tests.conftest import h100_node, hami_node, shared_node
 from tests.deploy.kube_api import Served, served
+from tests.deploy.kube_fixtures import NS as JOB_NS
+from tests.deploy.kube_fixtures import PROFILE_NS as NS
 from tests.deploy.kube_fixtures import (
-    IMAGE,
     bound_to,
     hostnames,
+    job_config,
+    one_job,
+    pooled_cluster,
     run_job_pods,
     spawner_pod,
     start,
     stop,
+    user_nodes,
     validate,
 )
-from tests.deploy.kube_fixtures import NS as JOB_NS
-from tests.deploy.kube_fixtures import PROFILE_NS as NS
 from tests.deploy.kube_fixtures import gpu_quantities as nvidia
 from tests.deploy.kube_fixtures import profile_spawner as spawner
 from tests.deploy.kube_fixtures import serialise_now as serialise
@@ -66,13 +65,6 @@ TEAMS = {"vision": Team("vision", 16000)}
 EVERYONE = Team("everyone", offers=frozenset({"cpu"}))
 
 
-def user_nodes(*nodes: dict[str, Any]) -> list[dict[str, Any]]:
-    out = copy.deepcopy(list(nodes))
-    for obj in out:
-        obj["metadata"]["labels"]["hub.jupyter.org/node-purpose"] = "user"
-    return out
-
-
 @pytest.fixture
 def cluster(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -82,21 +74,8 @@ def cluster(
     pool over the same nodes."""
     renamed = getattr(request, "param", True)
     nodes = user_nodes(h100_node(), shared_node(renamed=renamed, strategy="mps"))
-    with served() as server:
-        for obj in copy.deepcopy(nodes):
-            server.api.add_node(obj)
-        path = kubeconfig(tmp_path / "kubeconfig", server.url)
-        monkeypatch.setenv("KUBECONFIG", str(path))
-        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        load_config.cache_clear()
-        ledger = Ledger(inventory_from_nodes(nodes), OFFERS, TEAMS, EVERYONE)
-        store = Store(f"sqlite:///{tmp_path / 'gpupool.sqlite'}")
-        try:
-            yield server, Pool(ledger, store)
-        finally:
-            store.close()
-            load_config.cache_clear()
+    with pooled_cluster(tmp_path, monkeypatch, nodes, OFFERS, TEAMS, EVERYONE) as cluster:
+        yield cluster
 
 
 def start_share(server: Served, pool: Pool, offer: str = "t4-quarter") -> dict[str, Any]:
@@ -200,22 +179,11 @@ def test_a_job_with_a_share_runs_on_the_shared_node(tmp_path: Path) -> None:
     with served() as server:
         for obj in copy.deepcopy(nodes):
             server.api.add_node(obj)
-        c = Config()
-        c.JobManager.backend_class = "gpupool.kube.jobs.KubeJobBackend"
-        c.KubeJobBackend.namespace = JOB_NS  # where run_job_pods looks
-        c.KubeJobBackend.image = IMAGE
-        c.KubeJobBackend.api_client_factory = lambda: ApiClient(Configuration(host=server.url))
+        c = job_config(server)
         ledger = Ledger(inventory_from_nodes(nodes), OFFERS, TEAMS, EVERYONE)
         pool = Pool(ledger, Store(f"sqlite:///{tmp_path / 'pool.sqlite'}"))
-        m = JobManager(pool, config=c)
         spec = {"script": "print(1)\n", "offer": "share-3gb", "gpus": 1, "nodes": 1}
-
-        async def scenario() -> Job:
-            job = m.submit("alice", ["vision"], spec)
-            await m.schedule_pass()
-            return m.jobs[job.id]
-
-        job = asyncio.run(scenario())
+        job = one_job(pool, c, spec)
         (alloc,) = [pool.ledger.allocations[a] for a in job.allocations]
         assert alloc.node == "t4-shared" and alloc.cost_milli == 250
         code, obj = server.api.get("jobs", JOB_NS, f"gpupool-{job.id}")
