@@ -92,6 +92,25 @@ def test_log_queries_read_whole_numbers_strictly(hub: Hub, ada: str) -> None:
     assert hub.as_user(ada, "GET", f"/jobs/{job}/logs", params={"offset": "0"}).status_code == 200
 
 
+def test_an_unknown_query_parameter_gets_400_naming_what_the_resource_takes(
+    hub: Hub, ada: str
+) -> None:
+    """A misspelt parameter is refused, not ignored (the API fuzz sends names off the document,
+    such as ``J®\x13``); JupyterHub's own ``token`` is not one."""
+    for path, query, takes in [
+        ("/jobs", {"limt": "5"}, "limit, cursor"),
+        ("/jobs", {"J\u00ae\x13": "null", "limit": "1"}, "limit, cursor"),
+        ("/offers", {"all": "1"}, "none"),
+    ]:
+        r = hub.as_user(ada, "GET", path, params=query)
+        assert r.status_code == 400, (path, query, r.text)
+        assert r.json()["message"].endswith(f"this resource takes {takes}"), r.text
+    # JupyterHub's own token parameter is no unknown one (whether JupyterHub then takes a token
+    # from the URL is its own setting)
+    r = requests.get(f"{hub.url}/hub/api/gpupool/jobs", params={"token": ada}, timeout=60)
+    assert "unknown query parameter" not in r.text, r.text
+
+
 # -- size caps, short replies, nothing stored --------------------------------------------------
 @pytest.mark.parametrize(
     "options",

@@ -39,8 +39,25 @@ from gpupool.hub.models import allocation_model, job_model, offers_model, team_m
 from gpupool.hub.objects import HubObjects, hub_objects
 from gpupool.hub.scopes import ADMIN_SCOPE, JOBS_SCOPE
 
+AUTH_QUERY = ("token", "_xsrf")
+"""Query parameters JupyterHub itself reads on any API request (a token; the XSRF check)."""
+
 
 class GPUPoolHandler(APIHandler):
+    query_names: tuple[str, ...] = ()
+    """The query parameters this resource reads (as ``openapi.yaml`` lists them); any other is
+    refused with 400 before anything happens, so a misspelt ``limt=5`` is not silently
+    ignored."""
+
+    async def prepare(self) -> None:
+        await super().prepare()
+        unknown = sorted(set(self.request.query_arguments) - {*self.query_names, *AUTH_QUERY})
+        if unknown:
+            takes = ", ".join(self.query_names) or "none"
+            raise web.HTTPError(
+                400, f"unknown query parameter {clip(unknown[0], 60)}: this resource takes {takes}"
+            )
+
     @property
     def gpupool(self) -> HubObjects:
         return hub_objects(self.settings)
@@ -106,6 +123,8 @@ class TeamsHandler(GPUPoolHandler):
 
 
 class AllocationsHandler(GPUPoolHandler):
+    query_names = ("all",)
+
     def get(self) -> None:
         """Your allocations (notebooks and jobs), with idle warnings; ``?all=1`` for an admin
         lists everyone's."""
@@ -127,6 +146,8 @@ class AllocationsHandler(GPUPoolHandler):
 
 
 class JobsHandler(GPUPoolHandler):
+    query_names = ("limit", "cursor")
+
     def get(self) -> None:
         """A page of your jobs (an admin: everyone's), newest first: ``?limit=&cursor=``."""
         user, _, admin = self.caller()
@@ -156,6 +177,8 @@ class JobHandler(GPUPoolHandler):
 
 
 class JobLogsHandler(GPUPoolHandler):
+    query_names = ("rank", "offset", "follow")
+
     async def get(self, job_id: str) -> None:
         user, _, admin = self.caller()
         manager = self.gpupool.jobs
