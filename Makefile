@@ -38,10 +38,10 @@ INSTALL_LOG := .run/install.log
 HUB_LOG     := .run/hub.log
 
 .PHONY: install install-demo run test test-fast test-jh5 test-clone conformance \
-  conformance-baseline lint format bench clean chromium postgresql node-check preflight
+  conformance-baseline lint format bench clean chromium postgresql slurm node-check preflight
 
 # What the tests need; `install-demo` is what `make run` needs (no test tools, no browser).
-install: install-demo $(STAMP) chromium postgresql $(TOOLS)/nca
+install: install-demo $(STAMP) chromium postgresql slurm $(TOOLS)/nca
 install-demo: $(NODE_CHECK) $(DEMO_STAMP) $(CHP) $(RUNTIME)
 
 # Manifest checkers the chart tests run (network-config-analyzer, checkov), in a venv of their
@@ -132,6 +132,20 @@ postgresql:
 	  echo "gpupool: apt-get could not install Debian's postgresql (above); the store's tests \
 	  need it" >&2; exit 1; }; else echo "gpupool: Debian's postgresql is not installed and only \
 	  root can install it (apt-get install postgresql): the PostgreSQL tests will be skipped"; fi; }
+
+# The Slurm tests run real daemons (tests/slurm_cluster.py): Debian's Slurm 22.05 with munge,
+# slurmrestd and slurmdbd with MariaDB for the accounts and QOS tests; installed as root (no
+# service is started: the tests start their own in a temporary folder); an ordinary user without
+# them gets the Slurm tests skipped, saying so. As root they must run.
+SLURM_PACKAGES := slurmctld slurmd slurm-client munge slurmrestd slurm-wlm-jwt-plugin slurmdbd \
+  mariadb-server
+slurm:
+	@{ command -v slurmctld && command -v slurmdbd && command -v mariadbd && command -v \
+	  slurmrestd; } >/dev/null 2>&1 || { if [ -n "$(ROOT)" ]; then apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SLURM_PACKAGES) || { echo \
+	  "gpupool: apt-get could not install Debian's Slurm (above); the Slurm tests need it" >&2; \
+	  exit 1; }; else echo "gpupool: Debian's Slurm is not installed and only root can install \
+	  it (apt-get install $(SLURM_PACKAGES)): the Slurm tests will be skipped"; fi; }
 
 $(CHP): | $(NODE_CHECK)
 	npm install --no-save --no-package-lock --no-audit --no-fund configurable-http-proxy@5.3.0

@@ -1,0 +1,69 @@
+"""Real Slurm daemons for the Slurm tests: munged, slurmctld and one slurmd per node, with
+simulated GPUs (:mod:`gpupool.slurm.devcluster`), started in a fresh folder for each test.
+
+``make install`` installs Debian's Slurm packages when it runs as root (as CI does); elsewhere
+these tests skip, saying why. The folder is made outside pytest's own temporary folder, which is
+private to root: munged runs as ``munge`` and jobs as the users who submit them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gpupool.slurm.devcluster import DevCluster, NodeLayout, missing
+
+TWO_NODES = (
+    NodeLayout("gpu1", {"h100": 2, "1g.10gb": 3}),
+    NodeLayout("gpu2", {"a100": 2}, shards=8),
+)
+"""The default layout: whole H100s and fixed 1g.10gb MIG instances on one node, A100s with
+8 shards on the other."""
+
+
+def skip_reason(accounting: bool = False) -> str | None:
+    gone = missing(accounting)
+    if not gone:
+        return None
+    return (
+        f"needs {', '.join(gone)} for real Slurm daemons (make install installs Debian's Slurm "
+        "packages as root; CI does)"
+    )
+
+
+MakeCluster = Callable[..., DevCluster]
+
+
+@pytest.fixture
+def make_slurm_cluster() -> Iterator[MakeCluster]:
+    """Start a dev cluster: ``make_slurm_cluster(nodes=..., accounting=..., min_job_age=...)``."""
+    started: list[DevCluster] = []
+
+    def make(**kwargs: object) -> DevCluster:
+        reason = skip_reason(bool(kwargs.get("accounting")))
+        if reason and os.geteuid() == 0:
+            pytest.fail(f"as root the Slurm tests must run: {reason}")
+        if reason:
+            pytest.skip(reason)
+        folder = Path(tempfile.mkdtemp(prefix="gpupool-slurm-"))
+        folder.chmod(0o755)
+        kwargs.setdefault("nodes", TWO_NODES)
+        cluster = DevCluster(folder, **kwargs)  # type: ignore[arg-type]
+        started.append(cluster)
+        return cluster.start()
+
+    yield make
+    for cluster in started:
+        cluster.stop()
+        shutil.rmtree(cluster.folder, ignore_errors=True)
+
+
+@pytest.fixture
+def slurm_cluster(make_slurm_cluster: MakeCluster) -> DevCluster:
+    """A running two-node dev cluster (:data:`TWO_NODES`)."""
+    return make_slurm_cluster()
