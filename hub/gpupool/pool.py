@@ -60,6 +60,7 @@ def load_inventory(
     logger: logging.Logger = log,
     activity_file: str = "",
     dra: bool = False,
+    slurm: Any = None,
 ) -> tuple[Inventory, DeviceMonitor]:
     """The inventory named by ``GPUPool.inventory`` (``nvml``, ``kubernetes[:<selector>]`` or
     ``simulated:<spec>``), and the monitor that reads its devices' activity through the same NVML
@@ -70,8 +71,18 @@ def load_inventory(
     Kubernetes nodes are read on a worker thread's own event loop (this may run inside the hub's
     loop); an unreachable cluster raises ``RuntimeError`` saying so. With ``dra`` (GPUs given
     through Dynamic Resource Allocation), the nodes' GPUs are their ResourceSlices' devices
-    (:mod:`gpupool.kube.dra_inventory`)."""
+    (:mod:`gpupool.kube.dra_inventory`). ``slurm[:<partition>]`` reads Slurm's nodes (``sinfo``)
+    with ``slurm``, the :class:`gpupool.slurm.settings.SlurmSettings` (their gres models)."""
     from gpupool.discovery import SimulatedNVML, discover, simulated_inventory
+
+    if source == "slurm" or source.startswith("slurm:"):
+        from gpupool.slurm.inventory import load_slurm_inventory
+
+        found = load_slurm_inventory(slurm, source.partition(":")[2].strip())
+        for note in found.notes:
+            logger.warning("gpupool: %s", note)
+        logger.info("gpupool: Slurm inventory: %s", found.label)
+        return found, DeviceMonitor()
 
     if source == "kubernetes" or source.startswith("kubernetes:"):
         from gpupool.kube.api import load_kubernetes_inventory
@@ -166,14 +177,24 @@ class Pool:
             store = Store(config.db_url)
         except StoreError as e:
             raise ConfigError("GPUPool.db_url", str(e)) from None
+        slurm = None
+        if config.inventory.startswith("slurm"):
+            from gpupool.slurm.settings import SlurmSettings
+
+            slurm = SlurmSettings(config=config.config)
         inventory, monitor = load_inventory(
-            config.inventory, config.simulated_fallback, logger, config.simulated_activity_file, dra
+            config.inventory,
+            config.simulated_fallback,
+            logger,
+            config.simulated_activity_file,
+            dra,
+            slurm,
         )
         if config.node_pools:
             inventory = with_node_pools(inventory, config.node_pools, config.inventory)
         mig = None
         managed = parse_managed(config.managed_mig)
-        if managed.anything and not inventory.source.startswith("kubernetes"):
+        if managed.anything and not inventory.source.startswith(("kubernetes", "slurm")):
             mig = MigManager(managed, monitor.nvml_by_node, store, logger)
             inventory = mig.prepare(inventory)
         elif managed.anything:

@@ -47,6 +47,7 @@ from gpupool.kube.reconcile import KubeReconciler
 from gpupool.kube.settings import kueue_cohort, kueue_warnings
 from gpupool.monitors.dcgm import DCGMSource
 from gpupool.pool import Pool
+from gpupool.slurm.engine import SlurmEngine
 from gpupool.usercode import check_shared_mode, spawner_setting
 
 log = logging.getLogger("gpupool")
@@ -75,7 +76,8 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
     reconciler = Reconciler(pool, hub_db, api_url, secrets.token_hex(32), config=c, log=logger)
     reconciler.at_start()
     kube = _kube_reconciler(pool, settings.inventory, reconciler, c, logger)
-    hub = build(pool, c, logger, kube)
+    slurm = _slurm_engine(settings.inventory, c, logger)
+    hub = build(pool, c, logger, kube, slurm)
     if hub.devices is not None:  # what something else uses is not handed out from the start
         hub.devices.close_now()
     c.JupyterHub.tornado_settings = {**c.JupyterHub.get("tornado_settings", {}), SETTINGS_KEY: hub}
@@ -108,6 +110,9 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
     if kube is not None:
         kube.start()
         stops.append(kube.shutting_down)
+    if slurm is not None:
+        slurm.start()
+        stops.append(slurm.shutting_down)
     stops.append(pool.monitor.close)  # the NVML sessions the device readings hold
     for stop in stops:
         shutdown.watch(logging.getLogger("JupyterHub"), stop)
@@ -123,6 +128,14 @@ def _discard(call: Callable[[], object]) -> Callable[[], None]:
         call()
 
     return run
+
+
+def _slurm_engine(inventory: str, c: Any, logger: logging.Logger) -> SlurmEngine | None:
+    """For a Slurm inventory (``slurm[:<partition>]``), the hub's Slurm side (the shared
+    poller; :mod:`gpupool.slurm.engine`); ``None`` for any other inventory."""
+    if inventory != "slurm" and not inventory.startswith("slurm:"):
+        return None
+    return SlurmEngine.from_config(c, logger)
 
 
 def _kube_reconciler(

@@ -11,6 +11,7 @@ from tornado import web
 
 from gpupool.core import errors
 from gpupool.mig.manager import DeviceUnavailable
+from gpupool.slurm.commands import SlurmUnavailable
 from gpupool.store.outbox import StoreUnavailable
 
 STATUS: dict[type[errors.PoolError], int] = {
@@ -24,6 +25,7 @@ STATUS: dict[type[errors.PoolError], int] = {
     errors.LimitReached: 429,
     DeviceUnavailable: 503,
     StoreUnavailable: 503,
+    SlurmUnavailable: 503,
 }
 
 

@@ -35,6 +35,7 @@ from gpupool.pool import Pool
 
 if TYPE_CHECKING:
     from gpupool.kube.reconcile import KubeReconciler
+    from gpupool.slurm.engine import SlurmEngine
 
 SETTINGS_KEY = "gpupool"
 """The tornado settings key that holds the hub's :class:`HubObjects`."""
@@ -53,13 +54,20 @@ class HubObjects:
     """What keeps every device to its holders (:mod:`.device_watch`)."""
     gate: SpawnGate | None = None
     """What refuses starts beyond the spawn limit before JupyterHub's spawn (:mod:`.spawn_gate`)."""
+    slurm: SlurmEngine | None = None
+    """On a Slurm inventory: the commands, the shared poller and the mirror
+    (:mod:`gpupool.slurm.engine`)."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> HubObjects:
         return self  # one pool per hub: configuration copies must share it
 
 
 def build(
-    pool: Pool, config: Config, log: logging.Logger, kube: KubeReconciler | None = None
+    pool: Pool,
+    config: Config,
+    log: logging.Logger,
+    kube: KubeReconciler | None = None,
+    slurm: SlurmEngine | None = None,
 ) -> HubObjects:
     """The job manager and the reclaimer over ``pool``, configured from the hub's ``config``;
     the reclaimer gets a fresh random service token (in memory only, never logged). ``kube``:
@@ -71,7 +79,7 @@ def build(
     )
     shares = build_watch(pool, reclaimer, jobs, config, log)
     devices = build_device_watch(pool, reclaimer, jobs, config, log)
-    return HubObjects(pool, jobs, reclaimer, kube, shares, devices, SpawnGate(pool))
+    return HubObjects(pool, jobs, reclaimer, kube, shares, devices, SpawnGate(pool), slurm)
 
 
 def hub_objects(settings: Mapping[str, Any]) -> HubObjects:
