@@ -131,10 +131,10 @@ def _discard(call: Callable[[], object]) -> Callable[[], None]:
 
 
 def _slurm_engine(pool: Pool, inventory: str, c: Any, logger: logging.Logger) -> SlurmEngine | None:
-    """For a Slurm inventory (``slurm[:<partition>]``), the hub's Slurm side: the shared poller,
-    whose snapshots the ledger mirrors (:mod:`gpupool.slurm.engine`, :mod:`gpupool.slurm.mirror`);
-    ``None`` for any other inventory."""
-    if inventory != "slurm" and not inventory.startswith("slurm:"):
+    """For a Slurm inventory (``GPUPool.inventory = "slurm"``), the hub's Slurm side: the
+    shared poller, whose snapshots the ledger mirrors, and the node watch
+    (:mod:`gpupool.slurm.engine`); ``None`` for any other inventory."""
+    if inventory != "slurm":
         return None
     return SlurmEngine.from_config(c, logger, pool)
 

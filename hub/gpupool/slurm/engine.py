@@ -16,6 +16,7 @@ from typing import Any
 from gpupool.pool import Pool
 from gpupool.slurm.commands import SlurmCommands
 from gpupool.slurm.mirror import SlurmMirror
+from gpupool.slurm.nodes import SlurmNodeWatch
 from gpupool.slurm.poller import SlurmPoller
 from gpupool.slurm.settings import SlurmSettings
 
@@ -47,9 +48,12 @@ class SlurmEngine:
             engine.mirror = SlurmMirror(pool, engine.commands, logger)
             engine.poller.on_snapshot.append(engine.mirror.apply)
             engine.services.append(engine.mirror)
+            engine.nodes = SlurmNodeWatch(pool, engine.commands, engine.settings, logger)
+            engine.services.append(engine.nodes)
         return engine
 
     mirror: SlurmMirror | None = None
+    nodes: SlurmNodeWatch | None = None
 
     def start(self) -> None:
         self.poller.start()

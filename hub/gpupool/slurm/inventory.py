@@ -189,10 +189,10 @@ def gres_types_of(gres_models: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def load_slurm_inventory(settings: Any, partition: str = "") -> Inventory:
+def load_slurm_inventory(settings: Any) -> Inventory:
     """The cluster's inventory now (one ``sinfo``), through ``settings``
-    (:class:`~gpupool.slurm.settings.SlurmSettings`; ``partition`` overrides its own);
-    ``RuntimeError`` saying so when the controller does not answer."""
+    (:class:`~gpupool.slurm.settings.SlurmSettings`); ``RuntimeError`` saying so when the
+    controller does not answer."""
     from gpupool.slurm.commands import SlurmCommands, SlurmUnavailable
     from gpupool.slurm.settings import SlurmSettings
 
@@ -201,4 +201,4 @@ def load_slurm_inventory(settings: Any, partition: str = "") -> Inventory:
         nodes = SlurmCommands.from_settings(settings).sinfo_now()
     except SlurmUnavailable as e:
         raise RuntimeError(f"GPUPool.inventory: Slurm could not be read: {e.message}") from None
-    return inventory_from_sinfo(nodes, settings.gres_models, partition or settings.partition)
+    return inventory_from_sinfo(nodes, settings.gres_models, settings.partition)

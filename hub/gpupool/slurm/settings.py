@@ -80,6 +80,13 @@ class SlurmSettings(Configurable):
         (the shared poller), jittered by a fifth either way; a start in progress asks for one
         sooner, but never more than one a second. Example: ``c.SlurmSettings.poll_period = 30``""",
     )
+    node_period = Float(
+        60.0,
+        config=True,
+        help="""Seconds between the hub's ``sinfo`` calls, which keep the pool's nodes in step
+        with Slurm's (a node drained, down, back, or added). Example:
+        ``c.SlurmSettings.node_period = 300``""",
+    )
     sudo = List(
         Unicode(),
         ["sudo", "-n", "-u", "{user}", "--"],
