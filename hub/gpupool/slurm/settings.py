@@ -24,6 +24,7 @@ from traitlets import Dict, Float, List, Unicode, validate
 from traitlets.config import Configurable
 
 from gpupool.core.mig import GEOMETRIES
+from gpupool.core.offers import model_memory_mib
 from gpupool.declarations import ConfigError
 
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^UNLIMITED$|^infinite$")
@@ -104,7 +105,7 @@ class SlurmSettings(Configurable):
     def _valid_gres_models(self, proposal: dict[str, Any]) -> dict[str, str]:
         value = dict(proposal["value"])
         for gres_type, model in value.items():
-            if not re.fullmatch(r"[A-Za-z0-9_.+-]+", gres_type) or not model:
+            if not re.fullmatch(r"[A-Za-z0-9_.+-]+", gres_type) or not model_memory_mib(model):
                 raise ConfigError(
                     "SlurmSettings.gres_models",
                     f"{gres_type!r}: {model!r} is not a gres type and a model key "
