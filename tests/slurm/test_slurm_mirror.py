@@ -12,12 +12,14 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TypeVar
 
 import pytest
 
 from gpupool.core import Offer, Team
 from gpupool.core.ledger import Ledger
+from gpupool.hub.pages import slurm_view
 from gpupool.pool import Pool
 from gpupool.slurm.commands import SlurmCommands
 from gpupool.slurm.devcluster import DevCluster
@@ -102,6 +104,10 @@ def test_the_ledger_follows_slurm_and_another_users_job_is_outside_use(
         bob_gpu = gpu_name("gpu1", bob_index)
         assert pool.ledger.outside == {bob_gpu: f"{bob_gpu} is used outside gpupool"}
         assert "gpslurm-bob" in engine.mirror.detail[bob_gpu]  # the admin's view names it
+        admin = slurm_view(SimpleNamespace(slurm=engine, pool=pool))  # type: ignore[arg-type]
+        assert admin is not None and admin["failure"] == ""
+        assert [(r["node"], r["device"]) for r in admin["outside"]] == [("gpu1", bob_gpu)]
+        assert "gpslurm-bob" in admin["outside"][0]["reason"]
         verdict = pool.ledger.admit(pool.ledger.team("vision"), ada.pw_name, OFFERS["h100"], 1)
         assert verdict.verdict == "wait", verdict  # both H100s are held: wait, not never
         await slurm.scancel(outside)
