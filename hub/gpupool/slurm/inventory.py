@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from gpupool.core.inventory import GPU, Inventory, MigInstance, Node
@@ -201,4 +202,5 @@ def load_slurm_inventory(settings: Any) -> Inventory:
         nodes = SlurmCommands.from_settings(settings).sinfo_now()
     except SlurmUnavailable as e:
         raise RuntimeError(f"GPUPool.inventory: Slurm could not be read: {e.message}") from None
-    return inventory_from_sinfo(nodes, settings.gres_models, settings.partition)
+    found = inventory_from_sinfo(nodes, settings.gres_models, settings.partition)
+    return replace(found, simulated=settings.simulated)

@@ -102,6 +102,7 @@ class SlurmNodeWatch:
             return None
         self.failure = ""
         found = inventory_from_sinfo(nodes, self.settings.gres_models, self.settings.partition)
+        found = replace(found, simulated=self.settings.simulated)
         return self.apply(found)
 
     def apply(self, found: Inventory) -> NodeSwap:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from traitlets import Dict, Float, List, Unicode, validate
+from traitlets import Bool, Dict, Float, List, Unicode, validate
 from traitlets.config import Configurable
 
 from gpupool.core.mig import GEOMETRIES
@@ -59,6 +59,13 @@ class SlurmSettings(Configurable):
         whole GPUs, and MIG types (a type named after a MIG profile of its model). A node's GPUs
         of a type not listed are left out of the pool, with a note. Example:
         ``c.SlurmSettings.gres_models = {"h100": "H100-80GB", "1g.10gb": "H100-80GB"}``""",
+    )
+    simulated = Bool(
+        False,
+        config=True,
+        help="""The cluster's GPUs are not real (the dev cluster of ``make run-slurm``, whose GPUs
+        are character devices): the pool says "simulated" wherever it shows, as a simulated
+        NVML pool does. Example: ``c.SlurmSettings.simulated = True``""",
     )
     accounts = Dict(
         key_trait=Unicode(),
