@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TypeVar
 
 import pytest
+from traitlets.config import Config
 
 from gpupool.core import Offer, Team
 from gpupool.core.ledger import Ledger
 from gpupool.hub.pages import slurm_view
+from gpupool.hub.pages_view import admin_view
+from gpupool.hub.reclaim import IdleReclaimer
+from gpupool.jobs.manager import JobManager
 from gpupool.pool import Pool
 from gpupool.slurm.commands import SlurmCommands
 from gpupool.slurm.devcluster import DevCluster
@@ -31,6 +34,8 @@ from gpupool.slurm.settings import SlurmSettings
 from gpupool.store import Store
 from gpupool.usercode import account
 from tests.accounts import IS_ROOT, NOT_ROOT, unix_user
+from tests.admin_page_render import render_admin
+from tests.slurm_cluster import gone_or_ended, job_in_state, until
 
 pytestmark = pytest.mark.skipif(not IS_ROOT, reason=NOT_ROOT)
 
@@ -40,16 +45,6 @@ OFFERS = {
     "cpu": Offer("cpu", "cpu"),
 }
 T = TypeVar("T")
-
-
-async def until(check: Callable[[], Awaitable[T | None]], timeout: float = 30) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.2)
 
 
 def make_pool(cluster: DevCluster, tmp_path: Path) -> tuple[Pool, SlurmEngine]:
@@ -82,7 +77,7 @@ def test_the_ledger_follows_slurm_and_another_users_job_is_outside_use(
         outside = await slurm.sbatch(
             SCRIPT, ["--gres=gpu:h100:1", "--nodelist=gpu1", "-o", "/dev/null"], bob_acct, {}, "/"
         )
-        job = await until(lambda: _state(slurm, outside, "RUNNING"))
+        job = await until(lambda: job_in_state(slurm, outside, "RUNNING"))
         bob_index = job.gpu_indices("gpu1")[0].indices[0]
         # the ledger, not knowing yet, would put ada's H100 on bob's GPU
         a = pool.allocate(ada.pw_name, ["vision"], "h100", 1, ref="ada/")
@@ -95,7 +90,7 @@ def test_the_ledger_follows_slurm_and_another_users_job_is_outside_use(
             {},
             "/",
         )
-        held = await until(lambda: _state(slurm, mine, "RUNNING"))
+        held = await until(lambda: job_in_state(slurm, mine, "RUNNING"))
         ada_index = held.gpu_indices("gpu1")[0].indices[0]
         assert ada_index != bob_index
         await poller.fresh(time.monotonic(), timeout=30)
@@ -108,10 +103,15 @@ def test_the_ledger_follows_slurm_and_another_users_job_is_outside_use(
         assert admin is not None and admin["failure"] == ""
         assert [(r["node"], r["device"]) for r in admin["outside"]] == [("gpu1", bob_gpu)]
         assert "gpslurm-bob" in admin["outside"][0]["reason"]
+        c = Config()
+        c.LocalGPUSpawner.run_as_hub_user = False  # jobs as their owners: no shared account
+        view = admin_view(pool, JobManager(pool, config=c), IdleReclaimer(pool, config=c), 0.0)
+        page = render_admin({**view, "shares": None, "devices": None, "slurm": admin})
+        assert "Slurm's controller answers" in page and f'data-device="{bob_gpu}"' in page
         verdict = pool.ledger.admit(pool.ledger.team("vision"), ada.pw_name, OFFERS["h100"], 1)
         assert verdict.verdict == "wait", verdict  # both H100s are held: wait, not never
         await slurm.scancel(outside)
-        await until(lambda: _gone_or_ended(slurm, outside))
+        await until(lambda: gone_or_ended(slurm, outside))
         await poller.fresh(time.monotonic(), timeout=30)
         assert pool.ledger.outside == {}
         await slurm.scancel(mine)
@@ -144,9 +144,9 @@ def test_orphans_of_this_hub_are_cancelled_and_forged_tags_are_not(
             {},
             "/",
         )
-        await until(lambda: _state(slurm, bobs, "RUNNING"))
+        await until(lambda: job_in_state(slurm, bobs, "RUNNING"))
         await poller.fresh(time.monotonic(), timeout=30)
-        ended = await until(lambda: _gone_or_ended(slurm, orphan))
+        ended = await until(lambda: gone_or_ended(slurm, orphan))
         assert ended
         listed = {j.job_id: j for j in await slurm.squeue()}
         assert listed[bobs].state == "RUNNING"  # not this hub's to cancel
@@ -157,13 +157,3 @@ def test_orphans_of_this_hub_are_cancelled_and_forged_tags_are_not(
         await slurm.scancel(bobs)
 
     asyncio.run(run())
-
-
-async def _state(slurm: SlurmCommands, job_id: int, state: str):  # type: ignore[no-untyped-def]
-    found = {j.job_id: j for j in await slurm.squeue()}.get(job_id)
-    return found if found is not None and found.state == state else None
-
-
-async def _gone_or_ended(slurm: SlurmCommands, job_id: int) -> bool:
-    found = {j.job_id: j for j in await slurm.squeue()}.get(job_id)
-    return found is None or found.ended
