@@ -69,6 +69,10 @@ class DevCluster:
     partition: str = "gpu"
     min_job_age: int = 300
     accounting: bool = False
+    billing_weights: str = ""
+    """The partition's ``TRESBillingWeights`` (``"GRES/gpu:h100=1000,GRES/shard=125"``)."""
+    accounting_tres: str = "gres/gpu,gres/shard"
+    """``AccountingStorageTRES`` with accounting (typed gres such as ``gres/gpu:h100`` too)."""
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -132,7 +136,10 @@ class DevCluster:
                 "AccountingStorageType=accounting_storage/slurmdbd",
                 f"AccountingStoragePort={self._ports.setdefault('dbd', free_port())}",
                 "AccountingStorageHost=127.0.0.1",
-                "AccountingStorageTRES=gres/gpu,gres/shard",
+                # The munge socket for slurmdbd's clients (slurm.conf(5), AccountingStoragePass):
+                # AuthInfo's socket is not used for them.
+                f"AccountingStoragePass={f / 'munge' / 'munge.socket'}",
+                f"AccountingStorageTRES={self.accounting_tres}",
                 "AccountingStorageEnforce=associations,limits,qos,safe",
                 "JobAcctGatherType=jobacct_gather/none",
                 "PriorityType=priority/multifactor",
@@ -173,6 +180,7 @@ class DevCluster:
                         )
         lines.append(
             f"PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+            + (f" TRESBillingWeights={self.billing_weights}" if self.billing_weights else "")
         )
         self.conf.write_text("\n".join(lines) + "\n")
         (f / "gres.conf").write_text("\n".join(gres_conf) + "\n")
@@ -218,6 +226,110 @@ class DevCluster:
             start_new_session=True,
         )
 
+    # -- accounting (MariaDB and slurmdbd) -----------------------------------------------------
+    def _start_accounting(self) -> None:
+        """MariaDB as ``mysql`` on a free port of 127.0.0.1 with its data in the folder, then
+        slurmdbd, then the cluster registered (slurmctld refuses to start for an unknown
+        cluster once accounting enforces associations)."""
+        mysql = pwd.getpwnam("mysql")
+        db = self.folder / "mysql"
+        data, run = db / "data", db / "run"
+        for d in (db, data, run):
+            d.mkdir(parents=True, exist_ok=True)
+            os.chown(d, mysql.pw_uid, mysql.pw_gid)
+        if not (data / "mysql").exists():
+            subprocess.run(
+                [
+                    "mariadb-install-db",
+                    "--no-defaults",
+                    "--user=mysql",
+                    f"--datadir={data}",
+                    "--auth-root-authentication-method=socket",
+                    "--skip-test-db",
+                ],
+                check=True,
+                capture_output=True,
+            )
+        port = self._ports["mysql"] = free_port()
+        sock = run / "mysqld.sock"
+        self.procs["mariadbd"] = subprocess.Popen(
+            [
+                str(SBIN / "mariadbd"),
+                "--no-defaults",
+                "--user=mysql",
+                f"--datadir={data}",
+                f"--socket={sock}",
+                f"--port={port}",
+                "--bind-address=127.0.0.1",
+                f"--pid-file={run / 'mysqld.pid'}",
+                f"--log-error={run / 'mysqld.err'}",
+                "--skip-name-resolve",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._wait(lambda: sock.exists(), "MariaDB's socket")
+        password = os.urandom(12).hex()
+        sql = (
+            f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}';"
+            f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}';"
+            "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
+        )
+        subprocess.run(
+            ["mariadb", "--no-defaults", f"--socket={sock}", "-uroot", "-e", sql],
+            check=True,
+            capture_output=True,
+        )
+        dbd_conf = self.folder / "slurmdbd.conf"
+        dbd_conf.write_text(
+            "\n".join(
+                [
+                    "AuthType=auth/munge",
+                    f"AuthInfo=socket={self.folder / 'munge' / 'munge.socket'}",
+                    "DbdHost=localhost",
+                    "DbdAddr=127.0.0.1",
+                    f"DbdPort={self._ports['dbd']}",
+                    "SlurmUser=root",
+                    f"LogFile={self.folder / 'log' / 'slurmdbd.log'}",
+                    f"PidFile={self.folder / 'slurmdbd.pid'}",
+                    "StorageType=accounting_storage/mysql",
+                    "StorageHost=127.0.0.1",
+                    f"StoragePort={port}",
+                    "StorageUser=slurm",
+                    f"StoragePass={password}",
+                    "StorageLoc=slurm_acct_db",
+                ]
+            )
+            + "\n"
+        )
+        # slurmdbd refuses a slurmdbd.conf others can read, and reads it next to SLURM_CONF
+        # (slurmdbd.conf(5)): mode 0600, owned by SlurmUser (root here).
+        dbd_conf.chmod(0o600)
+        self.procs["slurmdbd"] = subprocess.Popen(
+            [str(SBIN / "slurmdbd"), "-D"],
+            env={**os.environ, **self.env},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._wait(
+            lambda: (
+                self.run(
+                    "sacctmgr", "--parsable2", "--noheader", "show", "cluster", check=False
+                ).returncode
+                == 0
+            ),
+            "slurmdbd answering",
+        )
+        if (
+            "gpupooldev"
+            not in self.run(
+                "sacctmgr", "--parsable2", "--noheader", "show", "cluster", "format=cluster"
+            ).stdout.split()
+        ):
+            self.run("sacctmgr", "-i", "add", "cluster", "gpupooldev")
+
     def stop_controller(self) -> None:
         self._kill("slurmctld")
 
@@ -241,6 +353,8 @@ class DevCluster:
     def start(self) -> DevCluster:
         self._write()
         self._munge()
+        if self.accounting:
+            self._start_accounting()
         self.start_controller()
         for node in self.nodes:
             self.procs[f"slurmd-{node.name}"] = subprocess.Popen(

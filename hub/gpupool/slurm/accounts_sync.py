@@ -1,0 +1,182 @@
+"""Apply gpupool's team plan (:mod:`gpupool.slurm.accounts`) to Slurm's database, through
+``sacctmgr``.
+
+Vocabulary
+- *managed*: ``SlurmAccounts.manage`` is on, so the hub creates and updates the teams' accounts
+  and QOS at start and each user's association before their first submit. Off (the default),
+  gpupool only names the team's account on submit; quotas then hold through gpupool's own
+  admission (the ledger refuses before submitting), which is the only enforcement on a cluster
+  without slurmdbd anyway.
+
+Contract: :meth:`SlurmAccounts.apply` reads the current associations and QOS and runs only the
+``sacctmgr`` commands that change what differs (nothing on a second run); it never deletes. A
+cluster whose slurm.conf lacks what the plan needs (billing weights, tracked gres, enforcement)
+stops the hub with a :class:`~gpupool.declarations.ConfigError` naming the key and the line to
+add. :meth:`ensure_user` returns the account to submit with, adding the user's association once.
+The hub's unix account needs Slurm's Operator (or Admin) level for sacctmgr
+(``sacctmgr add user hub AdminLevel=Operator``), or root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterable, Mapping
+
+from traitlets import Bool, Dict, Unicode
+from traitlets.config import LoggingConfigurable
+
+from gpupool.core.quota import Team
+from gpupool.declarations import ConfigError
+from gpupool.slurm import accounts
+from gpupool.slurm.accounts import Plan
+
+
+class SlurmCommandFailed(RuntimeError):
+    pass
+
+
+class SlurmAccounts(LoggingConfigurable):
+    """Teams as Slurm accounts; see the module docstring."""
+
+    manage = Bool(
+        False,
+        config=True,
+        help="""Whether the hub creates and updates one Slurm account (and QOS) per team in
+        slurmdbd, with the team's quotas as Slurm limits, and adds each user's association before
+        their first submit. Needs slurmdbd and Slurm Operator level for the hub's account.
+        Example: c.SlurmAccounts.manage = True""",
+    )
+    parent_account = Unicode(
+        "gpupool",
+        config=True,
+        help="""The Slurm account the teams' accounts are created under.
+        Example: c.SlurmAccounts.parent_account = "gpupool" """,
+    )
+    account_names = Dict(
+        value_trait=Unicode(),
+        config=True,
+        help="""The Slurm account of a team when it is not the team's name (existing accounts,
+        or team names Slurm cannot take). Example:
+        c.SlurmAccounts.account_names = {"Vision-Lab": "vision"}""",
+    )
+    sacctmgr = Unicode(
+        "sacctmgr",
+        config=True,
+        help="""The sacctmgr command. Example: c.SlurmAccounts.sacctmgr = "/usr/bin/sacctmgr" """,
+    )
+    scontrol = Unicode(
+        "scontrol",
+        config=True,
+        help="""The scontrol command. Example: c.SlurmAccounts.scontrol = "/usr/bin/scontrol" """,
+    )
+
+    def __init__(
+        self,
+        *,
+        partition: str,
+        gres_costs: Mapping[str, int],
+        env: Mapping[str, str] | None = None,
+        **kwargs: object,
+    ) -> None:
+        """``partition`` and ``gres_costs`` (milli per gres unit, e.g. ``{"gpu:h100": 1000}``)
+        come from the shared Slurm settings; ``env`` is added to the commands' environment
+        (``{"SLURM_CONF": "/etc/slurm/slurm.conf"}``)."""
+        super().__init__(**kwargs)
+        self.partition = partition
+        self.gres_costs = dict(gres_costs)
+        self.env = dict(env or {})
+        self.plan: Plan | None = None
+        self._cluster = ""
+        self._known: set[tuple[str, str]] = set()
+        self._lock = asyncio.Lock()
+
+    # -- commands --------------------------------------------------------------------------------
+    async def _run(self, args: list[str]) -> str:
+        exe = {"sacctmgr": self.sacctmgr, "scontrol": self.scontrol}.get(args[0], args[0])
+        proc = await asyncio.create_subprocess_exec(
+            exe,
+            *args[1:],
+            env={**os.environ, **self.env},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+        if proc.returncode:
+            raise SlurmCommandFailed(
+                f"{' '.join(args)} exited {proc.returncode}: {err.decode().strip()}"
+            )
+        return out.decode()
+
+    def account_of(self, team: str) -> str:
+        """The Slurm account of ``team``."""
+        return self.account_names.get(team, team)
+
+    # -- at hub start ----------------------------------------------------------------------------
+    async def apply(self, teams: Iterable[Team]) -> list[list[str]]:
+        """Make slurmdbd hold the teams' plan; returns the commands it ran (none when nothing
+        differed or ``manage`` is off)."""
+        if not self.manage:
+            self.log.info(
+                "SlurmAccounts.manage is off: team quotas hold through gpupool's admission"
+            )
+            return []
+        try:
+            plan = accounts.plan(teams, self.gres_costs, self.parent_account, self.account_names)
+        except ValueError as e:
+            raise ConfigError("SlurmAccounts.account_names", str(e)) from None
+        part = await self._run(["scontrol", "show", "partition", self.partition, "-o"])
+        config = await self._run(["scontrol", "show", "config"])
+        problems = accounts.conf_problems(plan, self.partition, self.gres_costs, part, config)
+        if problems:
+            raise ConfigError(
+                "SlurmAccounts.manage",
+                "the cluster's slurm.conf lacks what Slurm needs to enforce the teams' quotas: "
+                + "; ".join(problems),
+            )
+        self._cluster = accounts.parse_scontrol(config).get("ClusterName", "")
+        assocs, qos = await self._read()
+        todo = accounts.commands(plan, self._cluster, assocs, qos)
+        for args in todo:
+            self.log.info("Slurm accounts: %s", " ".join(args))
+            await self._run(args)
+        self.plan = plan
+        return todo
+
+    async def _read(self) -> tuple[list[accounts.Assoc], dict[str, str]]:
+        base = ["sacctmgr", "--parsable2", "--noheader", "show"]
+        assocs = await self._run(
+            [*base, "assoc", "where", f"cluster={self._cluster}", f"format={accounts.ASSOC_FORMAT}"]
+        )
+        qos = await self._run([*base, "qos", f"format={accounts.QOS_FORMAT}"])
+        return accounts.parse_assocs(assocs), accounts.parse_qos(qos)
+
+    # -- before a submit -------------------------------------------------------------------------
+    async def ensure_user(self, user: str, team: str) -> str:
+        """The account ``user`` submits with for ``team``; with ``manage`` on, their association
+        with it exists once this returns (added at most once)."""
+        if self.manage and self.plan is None:
+            raise RuntimeError("SlurmAccounts.ensure_user before apply (the hub's start)")
+        account = self.plan.account(team) if self.plan else self.account_of(team)
+        if not self.manage or (user, account) in self._known:
+            return account
+        async with self._lock:
+            if (user, account) not in self._known:
+                out = await self._run(
+                    [
+                        "sacctmgr",
+                        "--parsable2",
+                        "--noheader",
+                        "show",
+                        "assoc",
+                        "where",
+                        f"cluster={self._cluster}",
+                        f"account={account}",
+                        f"user={user}",
+                        "format=account,user",
+                    ]
+                )
+                if not out.strip():
+                    await self._run(accounts.user_command(user, account, self._cluster))
+                self._known.add((user, account))
+        return account
