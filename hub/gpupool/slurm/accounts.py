@@ -45,8 +45,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from gpupool.core.offers import mig_costs
 from gpupool.core.quota import EVERYONE, Team
 from gpupool.core.units import GPU_MILLI
+from gpupool.slurm.settings import mig_profile_of
 
 ORGANIZATION = "gpupool"
 """The ``Organization`` of the accounts gpupool creates (how it recognises its own)."""
@@ -83,6 +85,25 @@ class Plan:
             if a.team == team:
                 return a.account
         raise KeyError(team)
+
+
+def gres_costs_of(gres_models: Mapping[str, str], shards_per_gpu: int = 0) -> dict[str, int]:
+    """The cost of each gres of ``SlurmSettings.gres_models`` (``{"h100": "H100-80GB",
+    "1g.10gb": "H100-80GB"}`` → ``{"gpu:h100": 1000, "gpu:1g.10gb": 125}``), and of a shard
+    when the partition's GPUs have ``shards_per_gpu`` each (one weight for ``gres/shard``, so
+    every node must split its GPUs alike; a cost that does not divide 1000 is rounded up, so
+    Slurm never bills less than gpupool charges).
+
+    >>> gres_costs_of({"h100": "H100-80GB", "1g.10gb": "H100-80GB"}, shards_per_gpu=4)
+    {'gpu:h100': 1000, 'gpu:1g.10gb': 125, 'shard': 250}
+    """
+    costs: dict[str, int] = {}
+    for gres_type, model in gres_models.items():
+        profile = mig_profile_of(gres_type, model)
+        costs[f"gpu:{gres_type}"] = mig_costs(profile, model)[model] if profile else GPU_MILLI
+    if shards_per_gpu:
+        costs["shard"] = -(-GPU_MILLI // shards_per_gpu)
+    return costs
 
 
 def billing_weights(gres_costs: Mapping[str, int]) -> dict[str, int]:

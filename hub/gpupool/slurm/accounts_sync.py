@@ -23,7 +23,7 @@ import asyncio
 import os
 from collections.abc import Iterable, Mapping
 
-from traitlets import Bool, Dict, Unicode
+from traitlets import Bool, Unicode
 from traitlets.config import LoggingConfigurable
 
 from gpupool.core.quota import Team
@@ -53,38 +53,27 @@ class SlurmAccounts(LoggingConfigurable):
         help="""The Slurm account the teams' accounts are created under.
         Example: c.SlurmAccounts.parent_account = "gpupool" """,
     )
-    account_names = Dict(
-        value_trait=Unicode(),
-        config=True,
-        help="""The Slurm account of a team when it is not the team's name (existing accounts,
-        or team names Slurm cannot take). Example:
-        c.SlurmAccounts.account_names = {"Vision-Lab": "vision"}""",
-    )
-    sacctmgr = Unicode(
-        "sacctmgr",
-        config=True,
-        help="""The sacctmgr command. Example: c.SlurmAccounts.sacctmgr = "/usr/bin/sacctmgr" """,
-    )
-    scontrol = Unicode(
-        "scontrol",
-        config=True,
-        help="""The scontrol command. Example: c.SlurmAccounts.scontrol = "/usr/bin/scontrol" """,
-    )
 
     def __init__(
         self,
         *,
         partition: str,
         gres_costs: Mapping[str, int],
+        accounts: Mapping[str, str] | None = None,
+        slurm_bin: str = "",
         env: Mapping[str, str] | None = None,
         **kwargs: object,
     ) -> None:
-        """``partition`` and ``gres_costs`` (milli per gres unit, e.g. ``{"gpu:h100": 1000}``)
-        come from the shared Slurm settings; ``env`` is added to the commands' environment
-        (``{"SLURM_CONF": "/etc/slurm/slurm.conf"}``)."""
+        """From the shared Slurm settings (``SlurmSettings``): ``partition``, ``accounts`` (team
+        to account where not the team's name), ``slurm_bin`` (the commands' folder, empty: on
+        PATH); ``gres_costs``: milli per gres unit (``{"gpu:h100": 1000, "gpu:1g.10gb": 125}``);
+        ``env`` is added to the commands' environment (``{"SLURM_CONF": "/etc/slurm/slurm.conf"}``).
+        """
         super().__init__(**kwargs)
         self.partition = partition
         self.gres_costs = dict(gres_costs)
+        self.account_names = dict(accounts or {})
+        self.slurm_bin = slurm_bin
         self.env = dict(env or {})
         self.plan: Plan | None = None
         self._cluster = ""
@@ -93,7 +82,7 @@ class SlurmAccounts(LoggingConfigurable):
 
     # -- commands --------------------------------------------------------------------------------
     async def _run(self, args: list[str]) -> str:
-        exe = {"sacctmgr": self.sacctmgr, "scontrol": self.scontrol}.get(args[0], args[0])
+        exe = os.path.join(self.slurm_bin, args[0]) if self.slurm_bin else args[0]
         proc = await asyncio.create_subprocess_exec(
             exe,
             *args[1:],
@@ -124,7 +113,7 @@ class SlurmAccounts(LoggingConfigurable):
         try:
             plan = accounts.plan(teams, self.gres_costs, self.parent_account, self.account_names)
         except ValueError as e:
-            raise ConfigError("SlurmAccounts.account_names", str(e)) from None
+            raise ConfigError("SlurmSettings.accounts", str(e)) from None
         part = await self._run(["scontrol", "show", "partition", self.partition, "-o"])
         config = await self._run(["scontrol", "show", "config"])
         problems = accounts.conf_problems(plan, self.partition, self.gres_costs, part, config)

@@ -339,13 +339,14 @@ class DevCluster:
         killed = []
         files = [self.folder / "slurmctld.pid", self.folder / "munge" / "munged.pid"]
         files += sorted(self.folder.glob("slurmd-*.pid"))
+        files += [self.folder / "slurmdbd.pid", self.folder / "mysql" / "run" / "mysqld.pid"]
         for pid_file in files:
             try:
                 pid = int(pid_file.read_text().strip())
                 exe = os.readlink(f"/proc/{pid}/exe")
             except (OSError, ValueError):
                 continue
-            if Path(exe).name.removesuffix("-wlm") in DAEMONS:
+            if Path(exe).name.removesuffix("-wlm") in (*DAEMONS, "slurmdbd", "mariadbd"):
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
         return killed
