@@ -17,6 +17,7 @@ through ``SLURM_CONF`` (:attr:`DevCluster.env`). Needs root and Debian's ``slurm
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import pwd
@@ -25,6 +26,7 @@ import signal
 import socket
 import stat
 import subprocess
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -50,6 +52,41 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+MARIADB_CNF = "[mariadbd]\ninnodb_log_file_size=4M\ninnodb_buffer_pool_size=32M\n"
+"""A small MariaDB for slurmdbd: a 4 MB redo log instead of 96 MB keeps the data folder at 20 MB."""
+_mariadb_template: list[Path] = []
+
+
+def mariadb_template() -> Path:
+    """An empty MariaDB data folder (made once per process with ``mariadb-install-db``, removed at
+    exit), owned by ``mysql``; its ``my.cnf`` lies next to it."""
+    if _mariadb_template:
+        return _mariadb_template[0]
+    mysql = pwd.getpwnam("mysql")
+    root = Path(tempfile.mkdtemp(prefix="gpupool-mariadb-"))
+    root.chmod(0o755)
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    (root / "my.cnf").write_text(MARIADB_CNF)
+    (root / "my.cnf").chmod(0o644)  # mariadbd ignores a world-writable my.cnf
+    data = root / "data"
+    data.mkdir()
+    os.chown(data, mysql.pw_uid, mysql.pw_gid)
+    subprocess.run(
+        [
+            "mariadb-install-db",
+            f"--defaults-file={root / 'my.cnf'}",
+            "--user=mysql",
+            f"--datadir={data}",
+            "--auth-root-authentication-method=socket",
+            "--skip-test-db",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    _mariadb_template.append(data)
+    return data
 
 
 @dataclass(frozen=True)
@@ -238,24 +275,15 @@ class DevCluster:
             d.mkdir(parents=True, exist_ok=True)
             os.chown(d, mysql.pw_uid, mysql.pw_gid)
         if not (data / "mysql").exists():
-            subprocess.run(
-                [
-                    "mariadb-install-db",
-                    "--no-defaults",
-                    "--user=mysql",
-                    f"--datadir={data}",
-                    "--auth-root-authentication-method=socket",
-                    "--skip-test-db",
-                ],
-                check=True,
-                capture_output=True,
-            )
+            # a copy of one installed database per process: mariadb-install-db takes 0.6 to 4 s
+            # here (more under load), a copy of its 20 MB 0.1 s
+            subprocess.run(["cp", "-a", f"{mariadb_template()}/.", str(data)], check=True)
         port = self._ports["mysql"] = free_port()
         sock = run / "mysqld.sock"
         self.procs["mariadbd"] = subprocess.Popen(
             [
                 str(SBIN / "mariadbd"),
-                "--no-defaults",
+                f"--defaults-file={mariadb_template().parent / 'my.cnf'}",
                 "--user=mysql",
                 f"--datadir={data}",
                 f"--socket={sock}",
