@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpupool.core.quota import Team
+from gpupool.core.quota import EVERYONE, Team
 from gpupool.declarations import ConfigError
 from gpupool.slurm import accounts
 from gpupool.slurm.accounts_sync import SlurmAccounts
@@ -203,6 +203,8 @@ def test_ensure_user_adds_the_association_once(make_slurm_cluster: MakeCluster) 
 
     assert asyncio.run(twice()) == ["vision", "vision"]
     assert ("vision", "root") in assocs(cluster)
+    # users in no team submit without --account: Slurm charges their own default account
+    assert asyncio.run(sync.ensure_user("root", EVERYONE)) == ""
     assert submit(cluster, "vision", "gpu:1g.10gb:1")
 
 

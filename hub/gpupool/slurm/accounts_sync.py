@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from traitlets import Bool, Unicode
 from traitlets.config import LoggingConfigurable
 
-from gpupool.core.quota import Team
+from gpupool.core.quota import EVERYONE, Team
 from gpupool.declarations import ConfigError
 from gpupool.slurm import accounts
 from gpupool.slurm.accounts import Plan
@@ -128,7 +128,15 @@ class SlurmAccounts(LoggingConfigurable):
         todo = accounts.commands(plan, self._cluster, assocs, qos)
         for args in todo:
             self.log.info("Slurm accounts: %s", " ".join(args))
-            await self._run(args)
+            try:
+                await self._run(args)
+            except SlurmCommandFailed as e:
+                raise ConfigError(
+                    "SlurmAccounts.manage",
+                    f"{e}. The hub's account needs Slurm's Operator level to manage accounts "
+                    "(as a Slurm admin: sacctmgr add user HUBUSER AdminLevel=Operator), or set "
+                    "c.SlurmAccounts.manage = False and manage the accounts yourself",
+                ) from None
         self.plan = plan
         return todo
 
@@ -143,7 +151,10 @@ class SlurmAccounts(LoggingConfigurable):
     # -- before a submit -------------------------------------------------------------------------
     async def ensure_user(self, user: str, team: str) -> str:
         """The account ``user`` submits with for ``team``; with ``manage`` on, their association
-        with it exists once this returns (added at most once)."""
+        with it exists once this returns (added at most once). ``""`` for ``everyone`` (users in
+        no team): submit without ``--account``, so Slurm charges the user's default account."""
+        if team == EVERYONE:
+            return ""
         if self.manage and self.plan is None:
             raise RuntimeError("SlurmAccounts.ensure_user before apply (the hub's start)")
         account = self.plan.account(team) if self.plan else self.account_of(team)
