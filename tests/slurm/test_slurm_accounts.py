@@ -12,12 +12,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from traitlets.config import Config
 
 from gpupool.core.quota import EVERYONE, Team
 from gpupool.declarations import ConfigError
 from gpupool.slurm import accounts
 from gpupool.slurm.accounts_sync import SlurmAccounts
 from gpupool.slurm.devcluster import DevCluster, NodeLayout
+from gpupool.slurm.settings import SlurmSettings
 from tests.accounts import IS_ROOT, NOT_ROOT, unix_user
 from tests.slurm_cluster import MakeCluster
 
@@ -212,14 +214,26 @@ def test_missing_billing_weights_stop_the_hub_naming_the_line(
     make_slurm_cluster: MakeCluster,
 ) -> None:
     cluster = accounting_cluster(make_slurm_cluster, weights=False)
+    settings = SlurmSettings(slurm_conf=str(cluster.conf))  # the default partition: gpu
+    sync = SlurmAccounts.from_settings(
+        settings, COSTS, config=Config(SlurmAccounts={"manage": True})
+    )
     with pytest.raises(ConfigError) as e:
-        asyncio.run(manager(cluster).apply(TEAMS))
+        asyncio.run(sync.apply(TEAMS))
     assert e.value.path == "SlurmAccounts.manage"
     assert (
         "TRESBillingWeights of partition gpu is not set; add to its PartitionName line: "
         "TRESBillingWeights=GRES/gpu=1000,GRES/gpu:1g.10gb=-875,GRES/shard=250"
     ) in str(e.value)
     assert ("gpupool", "") not in assocs(cluster)  # nothing was created
+
+
+def test_manage_on_a_cluster_without_slurmdbd_stops_the_hub(
+    make_slurm_cluster: MakeCluster,
+) -> None:
+    cluster = make_slurm_cluster(nodes=LAYOUT)
+    with pytest.raises(ConfigError, match="AccountingStorageType is accounting_storage/none"):
+        asyncio.run(manager(cluster).apply(TEAMS))
 
 
 def test_manage_off_names_the_account_and_changes_nothing(

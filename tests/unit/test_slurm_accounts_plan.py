@@ -167,6 +167,7 @@ def test_parse_sacctmgr_output() -> None:
 
 
 CONFIG = """Configuration data as of 2026-12-03T00:00:00
+AccountingStorageType   = accounting_storage/slurmdbd
 AccountingStorageEnforce = associations,limits,qos,safe
 AccountingStorageTRES   = cpu,mem,energy,node,billing,fs/disk,vmem,pages,gres/gpu,gres/shard,gres/gpu:h100,gres/gpu:a100,gres/gpu:1g.10gb,gres/gpu:3g.40gb
 ClusterName             = gpupooldev
@@ -187,6 +188,14 @@ def test_conf_problems_name_the_key_and_the_line_to_add() -> None:
         f"line: TRESBillingWeights={weights}",
         "slurm.conf AccountingStorageTRES lacks gres/gpu:h100; set AccountingStorageTRES="
         "gres/gpu,gres/shard,gres/gpu:1g.10gb,gres/gpu:3g.40gb,gres/gpu:a100,gres/gpu:h100",
+    ]
+    zeros = good.replace("TRESBillingWeights=", "TRESBillingWeights=GRES/gpu:h100=0,")
+    assert accounts.conf_problems(p, "gpu", COSTS, zeros, CONFIG) == []
+    no_dbd = CONFIG.replace("accounting_storage/slurmdbd", "accounting_storage/none")
+    assert accounts.conf_problems(p, "gpu", COSTS, good, no_dbd) == [
+        "slurm.conf AccountingStorageType is accounting_storage/none: Slurm enforces quotas only"
+        " with slurmdbd (set AccountingStorageType=accounting_storage/slurmdbd and run slurmdbd,"
+        " or set c.SlurmAccounts.manage = False: gpupool's admission enforces them)"
     ]
     max_tres = CONFIG.replace("PriorityFlags           =", "PriorityFlags = MAX_TRES")
     assert "MAX_TRES" in accounts.conf_problems(p, "gpu", COSTS, good, max_tres)[0]

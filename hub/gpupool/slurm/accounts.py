@@ -136,11 +136,13 @@ def weights_text(weights: Mapping[str, int]) -> str:
 
 
 def parse_weights(text: str) -> dict[str, float]:
-    """``TRESBillingWeights`` as Slurm prints it (``GRES/gpu=1000,GRES/gpu:1g.10gb=-875``)."""
+    """``TRESBillingWeights`` as Slurm prints it (``GRES/gpu=1000,GRES/gpu:1g.10gb=-875``), keys
+    lowercased, weights of 0 left out (a TRES not listed weighs 0)."""
     out: dict[str, float] = {}
     for pair in filter(None, text.split(",")):
         key, _, value = pair.partition("=")
-        out[key.strip().lower()] = float(value)
+        if float(value):
+            out[key.strip().lower()] = float(value)
     return out
 
 
@@ -375,12 +377,19 @@ def conf_problems(
     problems = []
     want = weights_text(p.weights)
     have = parse_scontrol(part).get("TRESBillingWeights", "")
-    if parse_weights(have) != {k.lower(): float(v) for k, v in p.weights.items()}:
+    if parse_weights(have) != parse_weights(want):
         problems.append(
             f"slurm.conf TRESBillingWeights of partition {partition} is {have or 'not set'};"
             f" add to its PartitionName line: TRESBillingWeights={want}"
         )
     conf = parse_scontrol(config)
+    storage = conf.get("AccountingStorageType", "")
+    if storage != "accounting_storage/slurmdbd":
+        return [
+            f"slurm.conf AccountingStorageType is {storage or 'not set'}: Slurm enforces quotas"
+            " only with slurmdbd (set AccountingStorageType=accounting_storage/slurmdbd and run"
+            " slurmdbd, or set c.SlurmAccounts.manage = False: gpupool's admission enforces them)"
+        ]
     tracked = {t.strip().lower() for t in conf.get("AccountingStorageTRES", "").split(",")}
     lacking = [t for t in accounting_tres(gres_costs) if t.lower() not in tracked]
     if lacking:

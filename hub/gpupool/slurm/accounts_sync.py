@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from traitlets import Bool, Unicode
 from traitlets.config import LoggingConfigurable
@@ -80,6 +81,21 @@ class SlurmAccounts(LoggingConfigurable):
         self._known: set[tuple[str, str]] = set()
         self._lock = asyncio.Lock()
 
+    @classmethod
+    def from_settings(
+        cls, settings: Any, gres_costs: Mapping[str, int], **kwargs: object
+    ) -> SlurmAccounts:
+        """Built from the shared ``SlurmSettings`` (partition, accounts, slurm_bin, slurm_conf);
+        ``kwargs`` as for any Configurable (``config=``, ``parent=``)."""
+        return cls(
+            partition=settings.partition,
+            gres_costs=gres_costs,
+            accounts=settings.accounts,
+            slurm_bin=settings.slurm_bin,
+            env={"SLURM_CONF": settings.slurm_conf} if settings.slurm_conf else {},
+            **kwargs,
+        )
+
     # -- commands --------------------------------------------------------------------------------
     async def _run(self, args: list[str]) -> str:
         exe = os.path.join(self.slurm_bin, args[0]) if self.slurm_bin else args[0]
@@ -114,9 +130,10 @@ class SlurmAccounts(LoggingConfigurable):
             plan = accounts.plan(teams, self.gres_costs, self.parent_account, self.account_names)
         except ValueError as e:
             raise ConfigError("SlurmSettings.accounts", str(e)) from None
-        part = await self._run(["scontrol", "show", "partition", self.partition, "-o"])
+        part = await self._partition_line()
         config = await self._run(["scontrol", "show", "config"])
-        problems = accounts.conf_problems(plan, self.partition, self.gres_costs, part, config)
+        name = accounts.parse_scontrol(part).get("PartitionName", self.partition)
+        problems = accounts.conf_problems(plan, name, self.gres_costs, part, config)
         if problems:
             raise ConfigError(
                 "SlurmAccounts.manage",
@@ -139,6 +156,16 @@ class SlurmAccounts(LoggingConfigurable):
                 ) from None
         self.plan = plan
         return todo
+
+    async def _partition_line(self) -> str:
+        """``scontrol show partition -o`` of the partition (empty: the default one)."""
+        out = await self._run(
+            ["scontrol", "show", "partition", *([self.partition] if self.partition else []), "-o"]
+        )
+        lines = [line for line in out.splitlines() if line.strip()]
+        if self.partition:
+            return lines[0] if lines else ""
+        return next((line for line in lines if " Default=YES " in f" {line} "), "")
 
     async def _read(self) -> tuple[list[accounts.Assoc], dict[str, str]]:
         base = ["sacctmgr", "--parsable2", "--noheader", "show"]
