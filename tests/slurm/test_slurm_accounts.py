@@ -18,6 +18,7 @@ from gpupool.core.quota import EVERYONE, Team
 from gpupool.declarations import ConfigError
 from gpupool.slurm import accounts
 from gpupool.slurm.accounts_sync import SlurmAccounts
+from gpupool.slurm.commands import SlurmCommands
 from gpupool.slurm.devcluster import DevCluster, NodeLayout
 from gpupool.slurm.settings import SlurmSettings
 from tests.accounts import IS_ROOT, NOT_ROOT, unix_user
@@ -46,7 +47,13 @@ def accounting_cluster(make: MakeCluster, weights: bool = True) -> DevCluster:
 
 
 def manager(cluster: DevCluster, **kwargs: Any) -> SlurmAccounts:
-    return SlurmAccounts(partition="gpu", gres_costs=COSTS, env=cluster.env, manage=True, **kwargs)
+    return SlurmAccounts(
+        commands=SlurmCommands(str(cluster.conf)),
+        partition="gpu",
+        gres_costs=COSTS,
+        manage=True,
+        **kwargs,
+    )
 
 
 def assocs(cluster: DevCluster) -> dict[tuple[str, str], accounts.Assoc]:
@@ -241,7 +248,10 @@ def test_manage_off_names_the_account_and_changes_nothing(
 ) -> None:
     cluster = accounting_cluster(make_slurm_cluster)
     sync = SlurmAccounts(
-        partition="gpu", gres_costs=COSTS, env=cluster.env, accounts={"vision": "cv-lab"}
+        commands=SlurmCommands(str(cluster.conf)),
+        partition="gpu",
+        gres_costs=COSTS,
+        accounts={"vision": "cv-lab"},
     )
     assert asyncio.run(sync.apply(TEAMS)) == []
     assert asyncio.run(sync.ensure_user("root", "vision")) == "cv-lab"

@@ -20,7 +20,6 @@ The hub's unix account needs Slurm's Operator (or Admin) level for sacctmgr
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -31,6 +30,7 @@ from gpupool.core.quota import EVERYONE, Team
 from gpupool.declarations import ConfigError
 from gpupool.slurm import accounts
 from gpupool.slurm.accounts import Plan
+from gpupool.slurm.commands import SlurmCommands
 
 
 class SlurmCommandFailed(RuntimeError):
@@ -58,24 +58,21 @@ class SlurmAccounts(LoggingConfigurable):
     def __init__(
         self,
         *,
+        commands: SlurmCommands,
         partition: str,
         gres_costs: Mapping[str, int],
         accounts: Mapping[str, str] | None = None,
-        slurm_bin: str = "",
-        env: Mapping[str, str] | None = None,
         **kwargs: object,
     ) -> None:
-        """From the shared Slurm settings (``SlurmSettings``): ``partition``, ``accounts`` (team
-        to account where not the team's name), ``slurm_bin`` (the commands' folder, empty: on
-        PATH); ``gres_costs``: milli per gres unit (``{"gpu:h100": 1000, "gpu:1g.10gb": 125}``);
-        ``env`` is added to the commands' environment (``{"SLURM_CONF": "/etc/slurm/slurm.conf"}``).
-        """
+        """``commands``: the seam to Slurm's commands (its ``SLURM_CONF``, folder and timeout);
+        from the shared Slurm settings, ``partition`` (empty: the default one) and ``accounts``
+        (team to account where not the team's name); ``gres_costs``: milli per gres unit
+        (``{"gpu:h100": 1000, "gpu:1g.10gb": 125}``, :func:`accounts.gres_costs_of`)."""
         super().__init__(**kwargs)
+        self.commands = commands
         self.partition = partition
         self.gres_costs = dict(gres_costs)
         self.account_names = dict(accounts or {})
-        self.slurm_bin = slurm_bin
-        self.env = dict(env or {})
         self.plan: Plan | None = None
         self._cluster = ""
         self._known: set[tuple[str, str]] = set()
@@ -85,33 +82,23 @@ class SlurmAccounts(LoggingConfigurable):
     def from_settings(
         cls, settings: Any, gres_costs: Mapping[str, int], **kwargs: object
     ) -> SlurmAccounts:
-        """Built from the shared ``SlurmSettings`` (partition, accounts, slurm_bin, slurm_conf);
-        ``kwargs`` as for any Configurable (``config=``, ``parent=``)."""
+        """Built from the shared ``SlurmSettings``; ``kwargs`` as for any Configurable
+        (``config=``, ``parent=``)."""
         return cls(
+            commands=SlurmCommands.from_settings(settings),
             partition=settings.partition,
             gres_costs=gres_costs,
             accounts=settings.accounts,
-            slurm_bin=settings.slurm_bin,
-            env={"SLURM_CONF": settings.slurm_conf} if settings.slurm_conf else {},
             **kwargs,
         )
 
-    # -- commands --------------------------------------------------------------------------------
     async def _run(self, args: list[str]) -> str:
-        exe = os.path.join(self.slurm_bin, args[0]) if self.slurm_bin else args[0]
-        proc = await asyncio.create_subprocess_exec(
-            exe,
-            *args[1:],
-            env={**os.environ, **self.env},
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await proc.communicate()
-        if proc.returncode:
+        result = await self.commands.run(args[0], *args[1:])
+        if result.returncode:
             raise SlurmCommandFailed(
-                f"{' '.join(args)} exited {proc.returncode}: {err.decode().strip()}"
+                f"{' '.join(args)} exited {result.returncode}: {result.stderr.strip()}"
             )
-        return out.decode()
+        return result.stdout
 
     def account_of(self, team: str) -> str:
         """The Slurm account of ``team``."""
@@ -150,8 +137,9 @@ class SlurmAccounts(LoggingConfigurable):
             except SlurmCommandFailed as e:
                 raise ConfigError(
                     "SlurmAccounts.manage",
-                    f"{e}. The hub's account needs Slurm's Operator level to manage accounts "
-                    "(as a Slurm admin: sacctmgr add user HUBUSER AdminLevel=Operator), or set "
+                    f"{e}. Managing the teams' accounts needs slurmdbd up and Slurm's Operator "
+                    "level for the hub's account (as a Slurm admin: sacctmgr add user HUBUSER "
+                    "AdminLevel=Operator); or set "
                     "c.SlurmAccounts.manage = False and manage the accounts yourself",
                 ) from None
         self.plan = plan

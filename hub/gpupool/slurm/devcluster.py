@@ -41,7 +41,7 @@ def missing(accounting: bool = False) -> list[str]:
     """What this machine lacks to run a dev cluster (empty: it can)."""
     wanted = [*DAEMONS, "sbatch", "squeue", "sinfo", "scancel"]
     if accounting:
-        wanted += ["slurmdbd", "mariadbd", "mariadb-install-db", "sacctmgr"]
+        wanted += ["slurmdbd", "mariadbd", "mariadb-install-db", "mariadb", "sacctmgr"]
     gone = [name for name in wanted if not shutil.which(name, path=f"{SBIN}:/usr/bin")]
     if os.geteuid() != 0:
         gone.append("root")
