@@ -172,7 +172,12 @@ class SlurmAccounts(LoggingConfigurable):
             return ""
         if self.manage and self.plan is None:
             raise RuntimeError("SlurmAccounts.ensure_user before apply (the hub's start)")
-        account = self.plan.account(team) if self.plan else self.account_of(team)
+        try:
+            account = self.plan.account(team) if self.plan else self.account_of(team)
+        except KeyError:
+            raise RuntimeError(
+                f"team {team!r} has no Slurm account: it was not a team at start"
+            ) from None
         if not self.manage or (user, account) in self._known:
             return account
         async with self._lock:
