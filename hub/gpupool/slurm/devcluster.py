@@ -266,8 +266,8 @@ class DevCluster:
     # -- accounting (MariaDB and slurmdbd) -----------------------------------------------------
     def _start_accounting(self) -> None:
         """MariaDB as ``mysql`` on a free port of 127.0.0.1 with its data in the folder, then
-        slurmdbd, then the cluster registered (slurmctld refuses to start for an unknown
-        cluster once accounting enforces associations)."""
+        slurmdbd, then the cluster registered, before slurmctld starts and loads its
+        associations and TRES from slurmdbd."""
         mysql = pwd.getpwnam("mysql")
         db = self.folder / "mysql"
         data, run = db / "data", db / "run"
