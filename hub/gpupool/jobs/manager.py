@@ -620,7 +620,7 @@ class JobManager(LoggingConfigurable):
                 job = self._save(transition(job, "running", why, self.now()))
             elif seen.reason and seen.reason != job.reason:  # the cluster's words, for the
                 job = self._save(replace(job, reason=seen.reason))  # jobs panel (Slurm's reason)
-            if self.now() > job.ends_at():
+            if not self.backend.enforces_time_limit and self.now() > job.ends_at():
                 await self._stop_processes(job)
                 self._finish(job_id, "failed", f"time limit of {job.spec.time_limit} s reached")
                 return True

@@ -6,10 +6,10 @@ Vocabulary
   (written by ``python -m gpupool_lab.rank_log``), ``batch.log`` (the batch script's and
   torchrun's own output) and ``slurm-final.json``, the *final record*.
 - *final record*: ``{"job_id": <Slurm job id>, "state": "COMPLETED" | "FAILED" |
-  "CANCELLED" | "TIMEOUT", "exit": <status>}``, written by the batch script (as the job's owner) when
-  srun ends or when Slurm signals the script (cancel, time limit): without slurmdbd Slurm
-  forgets a job ``MinJobAge`` seconds after it ends (slurm.conf(5)), and a hub that looks
-  later reads what happened from here.
+  "CANCELLED" | "TIMEOUT", "exit": <status>}``, written by the batch script (as the job's
+  owner) when srun ends or when Slurm signals the script (cancel, time limit): without
+  slurmdbd Slurm forgets a job ``MinJobAge`` seconds after it ends (slurm.conf(5)), and a hub
+  that looks later reads what happened from here.
 - *tasks per node*: 1 (one ``torchrun`` per node running a rank per GPU), or, for an offer
   of several MIG instances per node, one task per instance, each given its own instance by
   Slurm (``srun --gpus-per-task``), each a ``torchrun`` with one rank.
@@ -40,7 +40,8 @@ class BatchJob:
     """``--comment`` (:class:`gpupool.slurm.names.Tag`)."""
     account: str
     nodes: tuple[str, ...]
-    """The allocations' nodes, in the ledger's order (the first hosts the rendezvous)."""
+    """The allocations' nodes, in the ledger's order; ``()`` for allocations on no node
+    (CPU-only offers): Slurm picks ``node_count`` nodes."""
     gres: str
     """Per node (``gpu:h100:2``; ``""``: none)."""
     procs_per_node: int
@@ -50,6 +51,8 @@ class BatchJob:
     time_limit: int = 0
     """Seconds; 0: the partition's own limit."""
     partition: str = ""
+    node_count: int = 0
+    """How many nodes (0: as many as :attr:`nodes`)."""
 
 
 def slurm_time(seconds: int) -> str:
@@ -76,13 +79,14 @@ def sbatch_args(job: BatchJob) -> list[str]:
         f"--job-name={job.name}",
         f"--comment={job.tag}",
         f"--account={job.account}",
-        f"--nodes={len(job.nodes)}",
+        f"--nodes={job.node_count or len(job.nodes)}",
         f"--ntasks-per-node={tasks}",
-        f"--nodelist={','.join(job.nodes)}",
         # The batch script sends its own output to the job folder once it has made it.
         "--output=/dev/null",
         "--error=/dev/null",
     ]
+    if job.nodes:
+        args.append(f"--nodelist={','.join(job.nodes)}")
     if job.gres:
         args.append(f"--gres={job.gres}")
     if job.partition:

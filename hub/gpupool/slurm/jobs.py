@@ -66,6 +66,7 @@ from gpupool.usercode import Account, UnsafeFile, account, become, read_owned
 class SlurmJobBackend(JobBackend, SlurmSettings):
     name = "slurm"
     distinct_nodes = True  # one Slurm node per node of the job (--nodes with --nodelist)
+    enforces_time_limit = True  # --time, from when Slurm starts the job (not while pending)
     network_note = (
         "the cluster's: a job's rendezvous listens on its first node, reachable from the "
         "cluster's network as Slurm's nodes are"
@@ -176,7 +177,9 @@ class SlurmJobBackend(JobBackend, SlurmSettings):
         inventory = self._inventory()
         gres = [gres_request(a, inventory, types) for a in allocations]
         if len(set(gres)) > 1:
-            held = ", ".join(f"{g or 'no GPU'} on {a.node}" for g, a in zip(gres, allocations))
+            held = ", ".join(
+                f"{g or 'no GPU'} on {a.node}" for g, a in zip(gres, allocations, strict=True)
+            )
             raise InvalidRequest(
                 f"the job's nodes hold different GPUs ({held}); a Slurm job asks the same gres "
                 "of each node: use an offer of one GPU model"
@@ -187,7 +190,8 @@ class SlurmJobBackend(JobBackend, SlurmSettings):
             name=batch_job_name(job.owner, job.id),
             tag=str(Tag(self.marker, "job", job.id)),
             account=self.account_of(job.team),
-            nodes=tuple(a.node for a in allocations),
+            nodes=tuple(a.node for a in allocations if a.node),  # all or none have one
+            node_count=len(allocations),
             gres=gres[0] if gres else "",
             procs_per_node=job.spec.gpus,
             one_task_per_device=per_device,
