@@ -222,6 +222,36 @@ def test_mig_instances_get_a_rank_each_over_gloo(
     asyncio.run(scenario())
 
 
+def test_a_job_over_different_gpu_types_fails_at_start_saying_why(
+    make_slurm_cluster: MakeCluster, tmp_path: Path, owner: str
+) -> None:
+    """Slurm asks one ``--gres`` of every node of a job: an H100 on one node and an A100 on
+    the other cannot be one job."""
+    slurm_cluster = make_slurm_cluster(
+        nodes=(NodeLayout("gpu1", {"h100": 1}), NodeLayout("gpu2", {"a100": 1}))
+    )
+
+    async def scenario() -> None:
+        c = config(slurm_cluster, tmp_path)
+        c.GPUPool.offers = {"any": {"kind": "gpu", "max_count": 1}}
+        c.SlurmSettings.gres_models = {"h100": "H100-80GB", "a100": "A100-40GB"}
+        m = manager(c)
+        await m.start()
+        try:
+            job = m.submit(owner, ["lab"], {"script": DDP, "offer": "any", "nodes": 2})
+            await m.schedule_pass()
+            await until(lambda: m.jobs[job.id].final)
+            done = m.jobs[job.id]
+            assert done.state == "failed"
+            assert "the job's nodes hold different GPUs (gpu:" in done.reason
+            assert "use an offer of one GPU model" in done.reason
+            assert not [j for j in _squeue(slurm_cluster) if j["user_name"] == owner]
+        finally:
+            await stop(m)
+
+    asyncio.run(scenario())
+
+
 def test_a_job_pending_in_slurm_shows_slurms_reason_and_cancels(
     make_slurm_cluster: MakeCluster, tmp_path: Path, owner: str
 ) -> None:

@@ -253,8 +253,9 @@ class SlurmJobBackend(JobBackend, SlurmSettings):
         try:
             listed = poller.job(slurm_id)
         except SlurmUnavailable as e:
-            last = self._last.get(job.id)
-            state = last.state if last is not None else "starting"
+            last = self._last.get(job.id)  # else (a restarted hub) as the job was
+            state = last.state if last is not None else job.state
+            state = state if state in ("starting", "running") else "starting"
             return Observation(
                 state, f"Slurm: unknown (the controller does not answer: {e.message}); will retry"
             )
