@@ -316,6 +316,35 @@ def test_cancel_while_running_stops_the_slurm_job(
     asyncio.run(scenario())
 
 
+def test_slurm_ends_a_job_at_its_time_limit(
+    make_slurm_cluster: MakeCluster, tmp_path: Path, owner: str
+) -> None:
+    """Slurm's ``--time`` (whole minutes) ends the job, counted from its real start; the job
+    manager does not stop it at its own count (30 s here) meanwhile."""
+    cluster = make_slurm_cluster(nodes=H100S)
+
+    async def scenario() -> None:
+        m = manager(config(cluster, tmp_path))
+        await m.start()
+        try:
+            spec = {"script": SLEEPER, "offer": "h100", "nodes": 2, "time_limit": 30}
+            job = m.submit(owner, ["lab"], spec)
+            await m.schedule_pass()
+            await until(lambda: m.jobs[job.id].state == "running")
+            await until(lambda: m.jobs[job.id].final, 180)  # Slurm: a minute, checked every 30 s
+            done = m.jobs[job.id]
+            assert done.state == "failed"
+            assert done.reason.startswith("Slurm: TIMEOUT"), done.reason
+            assert done.finished is not None and done.started is not None
+            assert done.finished - done.started >= 60
+            record = await until(lambda: _folder_text(m, job.id, "slurm-final.json"))
+            assert json.loads(record)["state"] == "TIMEOUT"
+        finally:
+            await stop(m)
+
+    asyncio.run(scenario())
+
+
 def test_a_final_state_outlives_slurms_memory_and_a_hub_restart(
     make_slurm_cluster: MakeCluster, tmp_path: Path, owner: str
 ) -> None:
