@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -21,6 +22,7 @@ from traitlets.config import Config
 
 from gpupool.config import GPUPool
 from gpupool.hub.models import job_model
+from gpupool.hub.objects import build
 from gpupool.jobs.manager import JobManager
 from gpupool.pool import Pool
 from gpupool.slurm.commands import SlurmCommands
@@ -29,7 +31,7 @@ from gpupool.slurm.engine import SlurmEngine
 from gpupool.slurm.jobs import SlurmJobBackend
 from gpupool.slurm.names import parse_tag
 from gpupool.slurm.parse import SlurmJob
-from gpupool.usercode import account
+from gpupool.usercode import account, code_accounts
 from tests.accounts import IS_ROOT, NOT_ROOT, RUNTIME_PYTHON, unix_user
 from tests.slurm_cluster import MakeCluster
 
@@ -126,6 +128,19 @@ async def stop(m: JobManager) -> None:
 @pytest.fixture
 def owner() -> str:
     return unix_user(OWNER).pw_name
+
+
+def test_the_hubs_slurm_side_reaches_the_backend(slurm_cluster: DevCluster, tmp_path: Path) -> None:
+    """``gpupool.hub``'s objects hand the engine (one shared poller) to the job backend; jobs run
+    as their owners' accounts (what the device and share watches count on)."""
+    c = config(slurm_cluster, tmp_path)
+    c.SlurmSettings.gres_models = {"h100": "H100-80GB", "1g.10gb": "H100-80GB", "a100": "A100-40GB"}
+    pool = Pool.from_config(GPUPool(config=c))
+    engine = SlurmEngine.from_config(c, pool=pool)
+    hub = build(pool, c, logging.getLogger("test"), None, engine)
+    assert isinstance(hub.jobs.backend, SlurmJobBackend)
+    assert hub.jobs.backend.engine is engine
+    assert code_accounts(c, hub.jobs.backend).jobs_per_user
 
 
 def test_a_two_node_ddp_job_runs_a_rank_per_node_as_its_owner(

@@ -67,6 +67,7 @@ class SlurmJobBackend(JobBackend, SlurmSettings):
     name = "slurm"
     distinct_nodes = True  # one Slurm node per node of the job (--nodes with --nodelist)
     enforces_time_limit = True  # --time, from when Slurm starts the job (not while pending)
+    run_as_hub_user = False  # each job runs as its owner (gpupool.usercode.code_accounts)
     network_note = (
         "the cluster's: a job's rendezvous listens on its first node, reachable from the "
         "cluster's network as Slurm's nodes are"
