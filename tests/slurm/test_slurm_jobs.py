@@ -12,8 +12,10 @@ import asyncio
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +64,7 @@ sys.exit(3 if os.environ["RANK"] == "1" else 0)
 """
 
 
-def config(cluster: DevCluster, tmp_path: Path) -> Config:
+def config(cluster: DevCluster, tmp_path: Path, jobs_root: Path | None = None) -> Config:
     c = Config()
     c.GPUPool.inventory = "slurm"
     c.GPUPool.db_url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
@@ -78,6 +80,8 @@ def config(cluster: DevCluster, tmp_path: Path) -> Config:
     c.JobManager.watch_interval = 0.5
     c.SlurmJobBackend.python = RUNTIME_PYTHON
     c.SlurmJobBackend.kill_grace = 20.0
+    if jobs_root is not None:
+        c.SlurmJobBackend.jobs_folder = f"{jobs_root}/{{username}}"
     return c
 
 
@@ -130,6 +134,18 @@ def owner() -> str:
     return unix_user(OWNER).pw_name
 
 
+@pytest.fixture
+def jobs_root(owner: str) -> Iterator[Path]:
+    """This test's ``jobs_folder`` parent (the owner's to write in; pytest's own temporary
+    folder is root's alone), removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="gpupool-slurm-jobs-", dir="/tmp"))
+    path.chmod(0o755)
+    who = account(owner, "test")
+    os.chown(path, who.uid, who.gid)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def test_the_hubs_slurm_side_reaches_the_backend(slurm_cluster: DevCluster, tmp_path: Path) -> None:
     """``gpupool.hub``'s objects hand the engine (one shared poller) to the job backend; jobs run
     as their owners' accounts (what the device and share watches count on)."""
@@ -149,7 +165,7 @@ def test_a_two_node_ddp_job_runs_a_rank_per_node_as_its_owner(
     cluster = make_slurm_cluster(nodes=H100S)
 
     async def scenario() -> None:
-        m = manager(config(cluster, tmp_path))
+        m = manager(config(cluster, tmp_path))  # jobs in the owner's home
         await m.start()
         try:
             job = m.submit(owner, ["lab"], {"script": DDP, "offer": "h100", "nodes": 2})
@@ -179,6 +195,9 @@ def test_a_two_node_ddp_job_runs_a_rank_per_node_as_its_owner(
             (folder / "rank-1.log").symlink_to("/etc/shadow")
             os.lchown(folder / "rank-1.log", account(owner, "test").uid, -1)
             assert await m.read_log(done, 1, 0) == (b"", 0)
+            assert folder == Path(account(owner, "test").home) / ".gpupool" / "jobs" / job.id
+            await m.backend.forget(done)  # retention: rm -rf as the owner
+            assert not folder.exists() and Path("/etc/shadow").exists()
         finally:
             await stop(m)
 
@@ -186,12 +205,12 @@ def test_a_two_node_ddp_job_runs_a_rank_per_node_as_its_owner(
 
 
 def test_a_failing_rank_fails_the_job_with_its_exit_code(
-    make_slurm_cluster: MakeCluster, tmp_path: Path, owner: str
+    make_slurm_cluster: MakeCluster, tmp_path: Path, owner: str, jobs_root: Path
 ) -> None:
     cluster = make_slurm_cluster(nodes=H100S)
 
     async def scenario() -> None:
-        m = manager(config(cluster, tmp_path))
+        m = manager(config(cluster, tmp_path, jobs_root))
         await m.start()
         try:
             spec = {"script": DDP, "offer": "h100", "nodes": 2, "args": ["3"]}
@@ -211,12 +230,12 @@ def test_a_failing_rank_fails_the_job_with_its_exit_code(
 
 
 def test_mig_instances_get_a_rank_each_over_gloo(
-    make_slurm_cluster: MakeCluster, tmp_path: Path, owner: str
+    make_slurm_cluster: MakeCluster, tmp_path: Path, owner: str, jobs_root: Path
 ) -> None:
     cluster = make_slurm_cluster(nodes=H100S)
 
     async def scenario() -> None:
-        m = manager(config(cluster, tmp_path))
+        m = manager(config(cluster, tmp_path, jobs_root))
         await m.start()
         try:
             job = m.submit(owner, ["lab"], {"script": DDP, "offer": "mig", "gpus": 2})
@@ -238,7 +257,7 @@ def test_mig_instances_get_a_rank_each_over_gloo(
 
 
 def test_a_job_over_different_gpu_types_fails_at_start_saying_why(
-    make_slurm_cluster: MakeCluster, tmp_path: Path, owner: str
+    make_slurm_cluster: MakeCluster, tmp_path: Path, owner: str, jobs_root: Path
 ) -> None:
     """Slurm asks one ``--gres`` of every node of a job: an H100 on one node and an A100 on
     the other cannot be one job."""
@@ -247,7 +266,7 @@ def test_a_job_over_different_gpu_types_fails_at_start_saying_why(
     )
 
     async def scenario() -> None:
-        c = config(slurm_cluster, tmp_path)
+        c = config(slurm_cluster, tmp_path, jobs_root)
         c.GPUPool.offers = {"any": {"kind": "gpu", "max_count": 1}}
         c.SlurmSettings.gres_models = {"h100": "H100-80GB", "a100": "A100-40GB"}
         m = manager(c)
@@ -268,7 +287,7 @@ def test_a_job_over_different_gpu_types_fails_at_start_saying_why(
 
 
 def test_a_job_pending_in_slurm_shows_slurms_reason_and_cancels(
-    make_slurm_cluster: MakeCluster, tmp_path: Path, owner: str
+    make_slurm_cluster: MakeCluster, tmp_path: Path, owner: str, jobs_root: Path
 ) -> None:
     """GPUs taken outside the hub (another user's job the ledger does not know of): the job
     waits in Slurm, and the jobs panel says why in Slurm's words; cancel reaches it."""
@@ -276,7 +295,7 @@ def test_a_job_pending_in_slurm_shows_slurms_reason_and_cancels(
     other = account(unix_user(OTHER).pw_name, "test")
 
     async def scenario() -> None:
-        m = manager(config(cluster, tmp_path), engine="plain")  # blind to the blocker
+        m = manager(config(cluster, tmp_path, jobs_root), engine="plain")  # blind to the blocker
         await m.start()
         slurm = SlurmCommands(str(cluster.conf))
         blocker = await slurm.sbatch(
@@ -306,12 +325,12 @@ def test_a_job_pending_in_slurm_shows_slurms_reason_and_cancels(
 
 
 def test_cancel_while_running_stops_the_slurm_job(
-    make_slurm_cluster: MakeCluster, tmp_path: Path, owner: str
+    make_slurm_cluster: MakeCluster, tmp_path: Path, owner: str, jobs_root: Path
 ) -> None:
     cluster = make_slurm_cluster(nodes=H100S)
 
     async def scenario() -> None:
-        m = manager(config(cluster, tmp_path))
+        m = manager(config(cluster, tmp_path, jobs_root))
         await m.start()
         try:
             job = m.submit(owner, ["lab"], {"script": SLEEPER, "offer": "h100", "nodes": 2})
@@ -332,14 +351,14 @@ def test_cancel_while_running_stops_the_slurm_job(
 
 
 def test_slurm_ends_a_job_at_its_time_limit(
-    make_slurm_cluster: MakeCluster, tmp_path: Path, owner: str
+    make_slurm_cluster: MakeCluster, tmp_path: Path, owner: str, jobs_root: Path
 ) -> None:
     """Slurm's ``--time`` (whole minutes) ends the job, counted from its real start; the job
     manager does not stop it at its own count (30 s here) meanwhile."""
     cluster = make_slurm_cluster(nodes=H100S)
 
     async def scenario() -> None:
-        m = manager(config(cluster, tmp_path))
+        m = manager(config(cluster, tmp_path, jobs_root))
         await m.start()
         try:
             spec = {"script": SLEEPER, "offer": "h100", "nodes": 2, "time_limit": 30}
@@ -361,13 +380,13 @@ def test_slurm_ends_a_job_at_its_time_limit(
 
 
 def test_a_final_state_outlives_slurms_memory_and_a_hub_restart(
-    make_slurm_cluster: MakeCluster, tmp_path: Path, owner: str
+    make_slurm_cluster: MakeCluster, tmp_path: Path, owner: str, jobs_root: Path
 ) -> None:
     """Slurm without slurmdbd forgets an ended job MinJobAge seconds later (2 here): a hub that
     was down meanwhile reads the job's end from its folder; the restarted manager's backend
     makes its own poller (no engine handed over)."""
     cluster = make_slurm_cluster(nodes=H100S, min_job_age=2)
-    c = config(cluster, tmp_path)
+    c = config(cluster, tmp_path, jobs_root)
 
     async def scenario() -> None:
         m = manager(c)
@@ -406,10 +425,10 @@ def test_a_final_state_outlives_slurms_memory_and_a_hub_restart(
 
 
 def test_a_controller_that_does_not_answer_is_unknown_never_lost(
-    make_slurm_cluster: MakeCluster, tmp_path: Path, owner: str
+    make_slurm_cluster: MakeCluster, tmp_path: Path, owner: str, jobs_root: Path
 ) -> None:
     cluster = make_slurm_cluster(nodes=H100S)
-    c = config(cluster, tmp_path)
+    c = config(cluster, tmp_path, jobs_root)
     c.SlurmSettings.command_timeout = 3.0
 
     async def scenario() -> None:
