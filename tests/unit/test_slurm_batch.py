@@ -10,9 +10,11 @@ import re
 import subprocess
 
 import pytest
+from traitlets.config import Config
 
+from gpupool.declarations import ConfigError
 from gpupool.slurm.batch import BatchJob, batch_script, per_task_gres, sbatch_args, slurm_time
-from gpupool.slurm.jobs import ended, from_record, observe
+from gpupool.slurm.jobs import SlurmJobBackend, ended, from_record, observe
 from gpupool.slurm.parse import SlurmJob
 
 JOB = BatchJob(
@@ -128,3 +130,13 @@ def test_a_forgotten_job_ends_as_its_final_record_says() -> None:
     assert done.state == "succeeded"
     for missing in (None, "", "not json", '{"job_id": 8, "state": "COMPLETED", "exit": 0}'):
         assert from_record(7, missing, ()).state == "lost"
+
+
+@pytest.mark.parametrize("folder", ["relative/{username}", "/scratch/{user}", "{uid}/jobs"])
+def test_a_jobs_folder_that_is_not_an_absolute_template_stops_the_hub(folder: str) -> None:
+    c = Config()
+    c.SlurmJobBackend.jobs_folder = folder
+    with pytest.raises(ConfigError, match=r"SlurmJobBackend\.jobs_folder"):
+        SlurmJobBackend(config=c)
+    c.SlurmJobBackend.jobs_folder = "/scratch/{username}/gpupool-jobs"
+    assert SlurmJobBackend(config=c).jobs_folder.startswith("/scratch/")

@@ -110,10 +110,14 @@ class SlurmJobBackend(JobBackend, SlurmSettings):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if "{" in self.jobs_folder.replace("{home}", "").replace("{username}", ""):
+        folder = self.jobs_folder
+        if "{" in folder.replace("{home}", "").replace("{username}", "") or not (
+            folder.startswith(("/", "{home}"))
+        ):
             raise ConfigError(
                 "SlurmJobBackend.jobs_folder",
-                f"{self.jobs_folder!r} may use {{home}} and {{username}} only",
+                f"{folder!r} is not an absolute path using {{home}} and {{username}} only "
+                '(e.g. "/scratch/{username}/gpupool-jobs")',
             )
         self._own: SlurmEngine | None = None
         self._own_started = False
@@ -263,10 +267,14 @@ class SlurmJobBackend(JobBackend, SlurmSettings):
         if listed is None and poller.last.started < self._submitted.get(job.id, -1.0):
             return Observation("starting", f"Slurm: submitted as job {slurm_id}")
         jdir, owner = self._owned(job)
-        codes = await asyncio.to_thread(self._rank_codes, jdir, owner, job.spec.ranks)
-        if listed is not None and _mine(listed, job, self.marker):
-            seen = observe(listed, codes)
+        mine = listed if listed is not None and _mine(listed, job, self.marker) else None
+        if mine is not None and mine.pending:
+            seen = observe(mine, ())  # no rank has run: nothing to read on the shared disk
+        elif mine is not None:
+            codes = await asyncio.to_thread(self._rank_codes, jdir, owner, job.spec.ranks)
+            seen = observe(mine, codes)
         else:  # forgotten (MinJobAge), or the id is someone else's job now
+            codes = await asyncio.to_thread(self._rank_codes, jdir, owner, job.spec.ranks)
             record = await asyncio.to_thread(self._read_small, jdir, owner, FINAL_RECORD)
             seen = from_record(slurm_id, record, codes)
         if not seen.ended:
