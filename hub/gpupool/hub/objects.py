@@ -72,7 +72,7 @@ def build(
     """The job manager and the reclaimer over ``pool``, configured from the hub's ``config``;
     the reclaimer gets a fresh random service token (in memory only, never logged). ``kube``:
     the Kubernetes reconciler ``setup(c)`` built, if any."""
-    jobs = JobManager(pool, config=config, log=log)
+    jobs = JobManager(pool, config=config, log=log, slurm=slurm)
     api_url, public_url = hub_urls(config)
     reclaimer = IdleReclaimer(
         pool, secrets.token_hex(32), api_url, public_url, config=config, log=log

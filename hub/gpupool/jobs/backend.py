@@ -65,6 +65,10 @@ class JobBackend(LoggingConfigurable):
     one sentence for the admin page; ``""`` when the backend has nothing to say."""
     private_network = False
     """Whether each job's network is out of every other tenant's reach."""
+    enforces_time_limit = False
+    """Whether the cluster ends a job at its time limit itself, counted from when it really
+    starts (Slurm's ``--time``); otherwise the job manager stops it ``time_limit`` seconds
+    after its grant."""
     marker = ""
     """This hub's marker (``GPUPOOL_HUB``), which every job process carries, so reconciliation
     finds this hub's processes and only those (set by the job manager from its pool)."""

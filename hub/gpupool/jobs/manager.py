@@ -157,10 +157,19 @@ class JobManager(LoggingConfigurable):
             raise ConfigError(f"JobManager.{name}", f"must be a number >= 0, got {value!r}")
         return value
 
-    def __init__(self, pool: Pool, clock: Callable[[], datetime] = utcnow, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        clock: Callable[[], datetime] = utcnow,
+        slurm: Any = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.pool = pool
         self.clock = clock
+        self.slurm = slurm
+        """The hub's Slurm side (:class:`gpupool.slurm.engine.SlurmEngine`) on a Slurm
+        inventory, for the Slurm job backend (its shared poller); ``None`` elsewhere."""
         self.backend: JobBackend = self.backend_class(parent=self, log=self.log)
         self.backend.marker = pool.hub_marker
         self.jobs: dict[str, Job] = {j.id: j for j in pool.store.load_jobs()}
@@ -607,8 +616,11 @@ class JobManager(LoggingConfigurable):
                     self._finish(job_id, "queued", why, restarts=job.restarts + 1)
                 return True
             if seen.state == "running" and job.state == "starting":
-                job = self._save(transition(job, "running", "all ranks running", self.now()))
-            if self.now() > job.ends_at():
+                why = seen.reason or "all ranks running"
+                job = self._save(transition(job, "running", why, self.now()))
+            elif seen.reason and seen.reason != job.reason:  # the cluster's words, for the
+                job = self._save(replace(job, reason=seen.reason))  # jobs panel (Slurm's reason)
+            if not self.backend.enforces_time_limit and self.now() > job.ends_at():
                 await self._stop_processes(job)
                 self._finish(job_id, "failed", f"time limit of {job.spec.time_limit} s reached")
                 return True
