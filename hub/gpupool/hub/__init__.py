@@ -32,7 +32,7 @@ from jupyterhub.roles import get_default_roles
 from tornado.ioloop import PeriodicCallback
 
 from gpupool.config import GPUPool
-from gpupool.hub import reconcile, refusals, shutdown, spawn_gate
+from gpupool.hub import reconcile, refusals, server_port, shutdown, spawn_gate
 from gpupool.hub.collector import PoolCollector, register
 from gpupool.hub.form import check_profile_offers, check_spawn_form
 from gpupool.hub.handlers import handlers
@@ -202,7 +202,8 @@ def _add_pages(c: Any) -> None:
 
 def _add_api(c: Any) -> None:
     """The REST API's routes, its scopes, and the roles that grant them."""
-    c.JupyterHub.extra_handlers = _with_routes(c.JupyterHub.get("extra_handlers", []), handlers())
+    routes = [*handlers(), *server_port.handlers()]
+    c.JupyterHub.extra_handlers = _with_routes(c.JupyterHub.get("extra_handlers", []), routes)
     c.JupyterHub.custom_scopes = {**c.JupyterHub.get("custom_scopes", {}), **CUSTOM_SCOPES}
     roles = [dict(r) for r in c.JupyterHub.get("load_roles", [])]
     _add_to_role(roles, "user", [JOBS_SCOPE])
