@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -147,10 +147,10 @@ def test_the_node_address_is_slurms() -> None:
 
 # -- the batch script, run for real ---------------------------------------------------------
 class _Hub(BaseHTTPRequestHandler):
-    reports: list[tuple[str, str, dict[str, Any]]] = []
+    reports: ClassVar[list[tuple[str, str, dict[str, Any]]]] = []
     answer = 200
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).reports.append((self.path, self.headers["Authorization"], body))
         self.send_response(type(self).answer)
