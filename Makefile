@@ -37,7 +37,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 INSTALL_LOG := .run/install.log
 HUB_LOG     := .run/hub.log
 
-.PHONY: install install-demo run test test-fast test-jh5 test-clone conformance \
+.PHONY: install install-demo run run-slurm test test-fast test-jh5 test-clone conformance \
   conformance-baseline lint format bench clean chromium postgresql slurm node-check preflight
 
 # What the tests need; `install-demo` is what `make run` needs (no test tools, no browser).
@@ -181,6 +181,21 @@ run: node-check
 	@scripts/demo-account gpupool-demo $(RUNTIME_PYTHON)
 	@echo "gpupool: starting the hub (log: $(HUB_LOG); Ctrl-C stops it, its proxy and servers)"
 	@$(BIN)/python scripts/run-hub $(HUB_LOG) $(BIN)/jupyterhub -f jupyterhub_config.py
+
+# The same demo hub on a Slurm cluster started on this machine (root only: Slurm's daemons, and each
+# user's server and jobs run as Slurm jobs of their own unix account; docs/slurm.md, section 8).
+run-slurm: node-check
+	@scripts/run-hub --check-ports
+	@mkdir -p -m 700 .run && : >$(INSTALL_LOG) && \
+	  echo "gpupool: installing what is missing (details: $(INSTALL_LOG))"
+	@+$(call demo-step,1,venv and JupyterLab,$(VENV)/.base)
+	@+$(call demo-step,2,the JupyterLab extension (jlpm build),$(LABEXT))
+	@+$(call demo-step,3,the gpupool package (editable),$(DEMO_STAMP))
+	@+$(call demo-step,4,configurable-http-proxy,$(CHP))
+	$(if $(RUNTIME),@+$(call demo-step,5,the runtime for user code,$(RUNTIME)))
+	@$(MAKE) --no-print-directory slurm
+	@echo "gpupool: starting a Slurm cluster and the hub (log: $(HUB_LOG); Ctrl-C stops both)"
+	@$(BIN)/python -m gpupool.slurm.demo $(HUB_LOG) $(BIN)/jupyterhub -f jupyterhub_config.py
 
 # First what every test needs (tests/preflight.py): a failure stops here, once, saying what to do.
 # JupyterHub's own tests and the JupyterHub 5 run go side by side (each prints when it is done).

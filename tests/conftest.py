@@ -40,6 +40,7 @@ SLOW = (
     "adapters/test_job_lifecycle.py",  # real jobs started, cancelled and lost
     "adapters/test_local_job_privileges.py",  # real jobs as their owners' accounts
     "install/test_fresh_clone.py",  # `make run` from a fresh clone: installs everything
+    "slurm/",  # real Slurm daemons (and slurmdbd with MariaDB), jobs and servers on them
 )
 
 

@@ -8,15 +8,20 @@ private to root: munged runs as ``munge`` and jobs as the users who submit them.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
+from gpupool.slurm.commands import SlurmCommands
 from gpupool.slurm.devcluster import DevCluster, NodeLayout, missing
+from gpupool.slurm.parse import SlurmJob
 
 TWO_NODES = (
     NodeLayout("gpu1", {"h100": 2, "1g.10gb": 3}),
@@ -37,6 +42,30 @@ def skip_reason(accounting: bool = False) -> str | None:
 
 
 MakeCluster = Callable[..., DevCluster]
+T = TypeVar("T")
+
+
+async def until(check: Callable[[], Awaitable[T | None]], timeout: float = 30.0) -> T:
+    """Poll the coroutine ``check`` until it returns something truthy (a deadline, no sleep as
+    synchronisation: the pause only spaces the polls)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = await check()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"condition not reached in {timeout} s"
+        await asyncio.sleep(0.2)
+
+
+async def job_in_state(slurm: SlurmCommands, job_id: int, *states: str) -> SlurmJob | None:
+    """The job as ``squeue`` lists it now if it is in one of ``states``."""
+    found = {j.job_id: j for j in await slurm.squeue()}.get(job_id)
+    return found if found is not None and found.state in states else None
+
+
+async def gone_or_ended(slurm: SlurmCommands, job_id: int) -> bool:
+    found = {j.job_id: j for j in await slurm.squeue()}.get(job_id)
+    return found is None or found.ended
 
 
 @pytest.fixture

@@ -28,7 +28,13 @@ from gpupool.declarations import (
     parse_user_limits,
 )
 
-INVENTORY_SOURCES = ("nvml", "simulated:<spec>", "kubernetes", "kubernetes:<label selector>")
+INVENTORY_SOURCES = (
+    "nvml",
+    "simulated:<spec>",
+    "kubernetes",
+    "kubernetes:<label selector>",
+    "slurm",
+)
 
 
 class GPUPool(LoggingConfigurable):
@@ -106,11 +112,14 @@ class GPUPool(LoggingConfigurable):
         config=True,
         help="""Where the GPUs come from: ``nvml`` (this machine, through the NVIDIA driver),
         ``kubernetes`` (the cluster's nodes' allocatable ``nvidia.com/*`` resources, read once at
-        start; ``kubernetes:<label selector>`` for some nodes only) or ``simulated:<spec>`` for
-        a machine without GPUs, always labelled as simulated. Examples::
+        start; ``kubernetes:<label selector>`` for some nodes only), ``slurm`` (the GPU gres of
+        a Slurm cluster's nodes, from ``sinfo``, followed while the hub runs; see
+        ``c.SlurmSettings`` and docs/slurm.md) or ``simulated:<spec>`` for a machine without
+        GPUs, always labelled as simulated. Examples::
 
             c.GPUPool.inventory = "simulated:node1: 4x H100-80GB, mig=2"
             c.GPUPool.inventory = "kubernetes:nvidia.com/gpu.present=true"
+            c.GPUPool.inventory = "slurm"
         """,
     )
 
@@ -239,7 +248,7 @@ class GPUPool(LoggingConfigurable):
     @validate("inventory")
     def _valid_inventory(self, proposal: dict[str, Any]) -> str:
         value = str(proposal["value"]).strip()
-        if value in ("nvml", "kubernetes") or value.startswith("kubernetes:"):
+        if value in ("nvml", "kubernetes", "slurm") or value.startswith("kubernetes:"):
             return value
         if value.startswith("simulated:"):
             from gpupool.discovery import parse_spec

@@ -71,14 +71,14 @@ def load_inventory(
     Kubernetes nodes are read on a worker thread's own event loop (this may run inside the hub's
     loop); an unreachable cluster raises ``RuntimeError`` saying so. With ``dra`` (GPUs given
     through Dynamic Resource Allocation), the nodes' GPUs are their ResourceSlices' devices
-    (:mod:`gpupool.kube.dra_inventory`). ``slurm[:<partition>]`` reads Slurm's nodes (``sinfo``)
-    with ``slurm``, the :class:`gpupool.slurm.settings.SlurmSettings` (their gres models)."""
+    (:mod:`gpupool.kube.dra_inventory`). ``slurm`` reads Slurm's nodes (``sinfo``) through
+    ``slurm``, the :class:`gpupool.slurm.settings.SlurmSettings` (partition, gres models)."""
     from gpupool.discovery import SimulatedNVML, discover, simulated_inventory
 
-    if source == "slurm" or source.startswith("slurm:"):
+    if source == "slurm":
         from gpupool.slurm.inventory import load_slurm_inventory
 
-        found = load_slurm_inventory(slurm, source.partition(":")[2].strip())
+        found = load_slurm_inventory(slurm)
         for note in found.notes:
             logger.warning("gpupool: %s", note)
         logger.info("gpupool: Slurm inventory: %s", found.label)
@@ -178,7 +178,7 @@ class Pool:
         except StoreError as e:
             raise ConfigError("GPUPool.db_url", str(e)) from None
         slurm = None
-        if config.inventory.startswith("slurm"):
+        if config.inventory == "slurm":
             from gpupool.slurm.settings import SlurmSettings
 
             slurm = SlurmSettings(config=config.config)

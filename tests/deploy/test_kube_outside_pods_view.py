@@ -15,12 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import pytest
 from bs4 import BeautifulSoup
 from traitlets.config import Config
 
-import gpupool.hub as hub_module
 from gpupool.core import Ledger, NoCapacity, Offer, Team
 from gpupool.hub.pages_view import admin_view
 from gpupool.hub.reclaim import IdleReclaimer
@@ -32,13 +30,13 @@ from gpupool.kube.reconcile import KubeReconciler
 from gpupool.kube.tenant_view import outside_pods_rows
 from gpupool.pool import Pool
 from gpupool.store import Store
+from tests.admin_page_render import render_admin as render
 from tests.conftest import gpu_node_labels, node
 from tests.deploy.kube_api import Served
 from tests.deploy.kube_fixtures import IMAGE, api_cluster, served_ledger, until
 
 NS = "jhub"
 OFFERS = {"h100": Offer("h100", "gpu", model="H100-80GB", max_count=8)}
-TEMPLATES = Path(hub_module.__file__).parent / "templates"
 
 
 @pytest.fixture
@@ -94,21 +92,6 @@ def kube_admin_view(pool: Pool) -> dict[str, Any]:
     view = admin_view(pool, JobManager(pool, config=c), IdleReclaimer(pool, config=c), 0.0)
     view["shares"] = view["devices"] = None
     return view
-
-
-def render(view: dict[str, Any]) -> str:
-    env = jinja2.Environment(
-        loader=jinja2.ChoiceLoader(
-            [
-                jinja2.FileSystemLoader(str(TEMPLATES)),
-                jinja2.DictLoader({"page.html": "{% block main %}{% endblock %}"}),
-            ]
-        ),
-        autoescape=True,
-    )
-    return env.get_template("gpupool-admin.html").render(
-        view=view, flash="", base_url="/hub/", xsrf="T", pool_admin=True
-    )
 
 
 def hub(server: Served, tmp_path: Path) -> tuple[Pool, KubeReconciler]:

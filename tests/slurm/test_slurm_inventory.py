@@ -15,22 +15,13 @@ from gpupool.slurm.commands import SlurmCommands, SlurmRefused, SlurmUnavailable
 from gpupool.slurm.devcluster import DevCluster
 from gpupool.slurm.inventory import gpu_name, gres_index, inventory_from_sinfo
 from gpupool.slurm.poller import SlurmPoller
+from tests.slurm_cluster import job_in_state, until
 
 MODELS = {"h100": "H100-80GB", "1g.10gb": "H100-80GB", "a100": "A100-40GB"}
 
 
 def commands(cluster: DevCluster, timeout: float = 30.0) -> SlurmCommands:
     return SlurmCommands(str(cluster.conf), timeout=timeout)
-
-
-async def until(check, timeout: float = 30.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.2)
 
 
 def test_inventory_names_slurms_gres_indices(slurm_cluster: DevCluster) -> None:
@@ -53,7 +44,7 @@ def test_a_mig_job_holds_the_index_the_inventory_names(slurm_cluster: DevCluster
         job = await slurm.sbatch(
             "#!/bin/sh\nsleep 60\n", ["--gres=gpu:1g.10gb:2", "--nodelist=gpu1"], me, {}, "/tmp"
         )
-        jobs = await until(lambda: _running(slurm, job))
+        jobs = await until(lambda: job_in_state(slurm, job, "RUNNING"))
         held = jobs.gpu_indices("gpu1")
         indices = {i for g in held for i in g.indices}
         inventory = inventory_from_sinfo(await slurm.sinfo(), MODELS)
@@ -97,15 +88,10 @@ def test_poller_serves_many_readers_with_one_call_and_a_dead_controller_is_unkno
         slurm_cluster.start_controller()
         snap = await poller.fresh(time.monotonic(), timeout=60)
         assert not snap.jobs[job].ended  # the job outlived its controller
-        assert await until(lambda: _running(slurm, job))
+        assert await until(lambda: job_in_state(slurm, job, "RUNNING"))
         await slurm.scancel(job)
 
     asyncio.run(run())
-
-
-async def _running(slurm: SlurmCommands, job: int):  # type: ignore[no-untyped-def]
-    found = {j.job_id: j for j in await slurm.squeue()}.get(job)
-    return found if found and found.state == "RUNNING" else None
 
 
 def _root():  # type: ignore[no-untyped-def]

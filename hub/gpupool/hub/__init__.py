@@ -76,7 +76,7 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
     reconciler = Reconciler(pool, hub_db, api_url, secrets.token_hex(32), config=c, log=logger)
     reconciler.at_start()
     kube = _kube_reconciler(pool, settings.inventory, reconciler, c, logger)
-    slurm = _slurm_engine(settings.inventory, c, logger)
+    slurm = _slurm_engine(pool, settings.inventory, c, logger)
     hub = build(pool, c, logger, kube, slurm)
     if hub.devices is not None:  # what something else uses is not handed out from the start
         hub.devices.close_now()
@@ -130,12 +130,13 @@ def _discard(call: Callable[[], object]) -> Callable[[], None]:
     return run
 
 
-def _slurm_engine(inventory: str, c: Any, logger: logging.Logger) -> SlurmEngine | None:
-    """For a Slurm inventory (``slurm[:<partition>]``), the hub's Slurm side (the shared
-    poller; :mod:`gpupool.slurm.engine`); ``None`` for any other inventory."""
-    if inventory != "slurm" and not inventory.startswith("slurm:"):
+def _slurm_engine(pool: Pool, inventory: str, c: Any, logger: logging.Logger) -> SlurmEngine | None:
+    """For a Slurm inventory (``GPUPool.inventory = "slurm"``), the hub's Slurm side: the
+    shared poller, whose snapshots the ledger mirrors, and the node watch
+    (:mod:`gpupool.slurm.engine`); ``None`` for any other inventory."""
+    if inventory != "slurm":
         return None
-    return SlurmEngine.from_config(c, logger)
+    return SlurmEngine.from_config(c, logger, pool)
 
 
 def _kube_reconciler(

@@ -82,6 +82,19 @@ class _Page(BaseHandler):
         return value
 
 
+def slurm_view(hub: HubObjects) -> dict[str, Any] | None:
+    """On Slurm: whether the controller answers, and other jobs' GPUs, named for admins."""
+    if hub.slurm is None:
+        return None
+    poller, mirror = hub.slurm.poller, hub.slurm.mirror
+    detail = mirror.detail if mirror is not None else {}
+    return {
+        "failure": poller.failure,
+        "jobs": len(poller.last.jobs) if poller.last.answered else None,
+        "outside": outside_pods_rows(hub.pool.inventory, detail),
+    }
+
+
 class AdminPage(_Page):
     @web.authenticated
     async def get(self) -> None:
@@ -97,6 +110,7 @@ class AdminPage(_Page):
             if hub.kube is not None
             else None
         )
+        view["slurm"] = slurm_view(hub)
         html = await self.render_template(
             "gpupool-admin.html", view=view, flash=self.flash(), pool_admin=True
         )

@@ -221,6 +221,23 @@ class DevCluster:
     def stop_controller(self) -> None:
         self._kill("slurmctld")
 
+    def stop_stale(self) -> list[int]:
+        """Kill the daemons a previous run left in this folder (its pid files), e.g. after the
+        demo was killed; returns their pids."""
+        killed = []
+        files = [self.folder / "slurmctld.pid", self.folder / "munge" / "munged.pid"]
+        files += sorted(self.folder.glob("slurmd-*.pid"))
+        for pid_file in files:
+            try:
+                pid = int(pid_file.read_text().strip())
+                exe = os.readlink(f"/proc/{pid}/exe")
+            except (OSError, ValueError):
+                continue
+            if Path(exe).name.removesuffix("-wlm") in DAEMONS:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        return killed
+
     def start(self) -> DevCluster:
         self._write()
         self._munge()

@@ -13,7 +13,10 @@ import asyncio
 import logging
 from typing import Any
 
+from gpupool.pool import Pool
 from gpupool.slurm.commands import SlurmCommands
+from gpupool.slurm.mirror import SlurmMirror
+from gpupool.slurm.nodes import SlurmNodeWatch
 from gpupool.slurm.poller import SlurmPoller
 from gpupool.slurm.settings import SlurmSettings
 
@@ -35,8 +38,22 @@ class SlurmEngine:
         """Other loops to start and stop with the poller (the mirror, the reconciler)."""
 
     @classmethod
-    def from_config(cls, config: Any, logger: logging.Logger = log) -> SlurmEngine:
-        return cls(SlurmSettings(config=config), logger)
+    def from_config(
+        cls, config: Any, logger: logging.Logger = log, pool: Pool | None = None
+    ) -> SlurmEngine:
+        """The engine of the hub's ``config``; with ``pool``, its ledger mirrors every answered
+        snapshot (:class:`gpupool.slurm.mirror.SlurmMirror`)."""
+        engine = cls(SlurmSettings(config=config), logger)
+        if pool is not None:
+            engine.mirror = SlurmMirror(pool, engine.commands, logger)
+            engine.poller.on_snapshot.append(engine.mirror.apply)
+            engine.services.append(engine.mirror)
+            engine.nodes = SlurmNodeWatch(pool, engine.commands, engine.settings, logger)
+            engine.services.append(engine.nodes)
+        return engine
+
+    mirror: SlurmMirror | None = None
+    nodes: SlurmNodeWatch | None = None
 
     def start(self) -> None:
         self.poller.start()

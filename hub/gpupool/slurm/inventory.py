@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from gpupool.core.inventory import GPU, Inventory, MigInstance, Node
@@ -189,10 +190,10 @@ def gres_types_of(gres_models: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def load_slurm_inventory(settings: Any, partition: str = "") -> Inventory:
+def load_slurm_inventory(settings: Any) -> Inventory:
     """The cluster's inventory now (one ``sinfo``), through ``settings``
-    (:class:`~gpupool.slurm.settings.SlurmSettings`; ``partition`` overrides its own);
-    ``RuntimeError`` saying so when the controller does not answer."""
+    (:class:`~gpupool.slurm.settings.SlurmSettings`); ``RuntimeError`` saying so when the
+    controller does not answer."""
     from gpupool.slurm.commands import SlurmCommands, SlurmUnavailable
     from gpupool.slurm.settings import SlurmSettings
 
@@ -201,4 +202,5 @@ def load_slurm_inventory(settings: Any, partition: str = "") -> Inventory:
         nodes = SlurmCommands.from_settings(settings).sinfo_now()
     except SlurmUnavailable as e:
         raise RuntimeError(f"GPUPool.inventory: Slurm could not be read: {e.message}") from None
-    return inventory_from_sinfo(nodes, settings.gres_models, partition or settings.partition)
+    found = inventory_from_sinfo(nodes, settings.gres_models, settings.partition)
+    return replace(found, simulated=settings.simulated)

@@ -64,7 +64,7 @@ class SlurmPoller:
         """The newest snapshot the controller answered (jobs as last known)."""
         self.failure = ""
         """Why the last call failed; ``""`` when it answered."""
-        self.on_snapshot: list[Callable[[Snapshot], None]] = []
+        self.on_snapshot: list[Callable[[Snapshot], object]] = []
         self._changed = asyncio.Condition()
         self._loop = Periodic("Slurm poll", self.refresh, self._next_period, logger)
         self._last_call = float("-inf")

@@ -20,10 +20,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from traitlets import Dict, Float, List, Unicode, validate
+from traitlets import Bool, Dict, Float, List, Unicode, validate
 from traitlets.config import Configurable
 
 from gpupool.core.mig import GEOMETRIES
+from gpupool.core.offers import model_memory_mib
 from gpupool.declarations import ConfigError
 
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^UNLIMITED$|^infinite$")
@@ -59,6 +60,13 @@ class SlurmSettings(Configurable):
         of a type not listed are left out of the pool, with a note. Example:
         ``c.SlurmSettings.gres_models = {"h100": "H100-80GB", "1g.10gb": "H100-80GB"}``""",
     )
+    simulated = Bool(
+        False,
+        config=True,
+        help="""The cluster's GPUs are not real (the dev cluster of ``make run-slurm``, whose GPUs
+        are character devices): the pool says "simulated" wherever it shows, as a simulated
+        NVML pool does. Example: ``c.SlurmSettings.simulated = True``""",
+    )
     accounts = Dict(
         key_trait=Unicode(),
         value_trait=Unicode(),
@@ -80,6 +88,13 @@ class SlurmSettings(Configurable):
         (the shared poller), jittered by a fifth either way; a start in progress asks for one
         sooner, but never more than one a second. Example: ``c.SlurmSettings.poll_period = 30``""",
     )
+    node_period = Float(
+        60.0,
+        config=True,
+        help="""Seconds between the hub's ``sinfo`` calls, which keep the pool's nodes in step
+        with Slurm's (a node drained, down, back, or added). Example:
+        ``c.SlurmSettings.node_period = 300``""",
+    )
     sudo = List(
         Unicode(),
         ["sudo", "-n", "-u", "{user}", "--"],
@@ -97,7 +112,7 @@ class SlurmSettings(Configurable):
     def _valid_gres_models(self, proposal: dict[str, Any]) -> dict[str, str]:
         value = dict(proposal["value"])
         for gres_type, model in value.items():
-            if not re.fullmatch(r"[A-Za-z0-9_.+-]+", gres_type) or not model:
+            if not re.fullmatch(r"[A-Za-z0-9_.+-]+", gres_type) or not model_memory_mib(model):
                 raise ConfigError(
                     "SlurmSettings.gres_models",
                     f"{gres_type!r}: {model!r} is not a gres type and a model key "
