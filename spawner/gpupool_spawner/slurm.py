@@ -140,6 +140,7 @@ class SlurmSpawnerBase(SlurmSettings, Spawner):
         return check_time_limit(str(proposal["value"]), f"{type(self).__name__}.time_limit")
 
     _port: asyncio.Future[int] | None = None
+    _cancelling: asyncio.Future[None] | None = None
     _job_seen: SlurmJob | None = None
     _submitted_at = float("-inf")
     """When the job was submitted (monotonic); ``-inf`` for one re-attached after a restart."""
@@ -226,9 +227,12 @@ class SlurmSpawnerBase(SlurmSettings, Spawner):
             node = await self._running_node(engine, job_id, job.output, who)
             host = await self._address(engine, node)
             await self._until_answers(engine, job_id, host, port, job.output, who)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._cancel(engine, job_id, who))
+        except asyncio.CancelledError:
+            # JupyterHub's cancel of a pending spawn waits a second, then calls stop (which
+            # cancels the job); a start that failed or timed out is stopped by JupyterHub too.
+            # Ending now keeps the spawn from looking pending then; the job is cancelled here
+            # as well in case no stop follows.
+            self._cancelling = asyncio.ensure_future(self._cancel(engine, job_id, who))
             raise
         finally:
             self._port = None

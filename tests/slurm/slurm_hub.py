@@ -38,6 +38,8 @@ MODELS = {"h100": "H100-80GB", "1g.10gb": "H100-80GB", "a100": "A100-80GB"}
 POLL_PERIOD = 4.0
 """The hub's ``SlurmSettings.poll_period`` here (jittered by a fifth either way)."""
 COMMANDS = ("sbatch", "scancel", "squeue", "sinfo")
+DUD_COMMAND = "echo DUD: this server cannot start >&2; exit 3"
+"""The server command of users whose name ends with ``-dud``."""
 
 
 def start_cluster() -> DevCluster:
@@ -179,9 +181,10 @@ def slurm_hub(state: Path, users: list[str]) -> Iterator[SlurmHub]:
         "c.SlurmSpawner.time_limit = '1:00:00'\n"
         f"c.Authenticator.allowed_users |= set({users!r})\n"
         f"c.JupyterHub.load_groups['vision']['users'] += {users!r}\n"
+        f"DUD = {DUD_COMMAND!r}\n"
         "def _dud(spawner):\n"
         "    if spawner.user.name.endswith('-dud'):\n"
-        "        spawner.cmd = ['/bin/sh', '-c', 'echo DUD: this server cannot start >&2; exit 3']\n"
+        "        spawner.cmd = ['/bin/sh', '-c', DUD]\n"
         "c.Spawner.pre_spawn_hook = _dud\n"
     )
     try:
@@ -215,4 +218,3 @@ def wait_ready(hub: SlurmHub, user: str, timeout: float = 180) -> dict[str, Any]
         return s if s.get("ready") else None
 
     return wait_for(ready, timeout, f"{user}'s server to be ready")
-
