@@ -358,7 +358,11 @@ class SlurmSpawnerBase(SlurmSettings, Spawner):
                     f"The server of Slurm job {job_id} reported port {port} but did not answer "
                     f"on {host}:{port} in {self.http_timeout:g} s",
                 )
-            await self._next_snapshot(engine, asyncio.ensure_future(asyncio.sleep(0.5)))
+            pause = asyncio.ensure_future(asyncio.sleep(0.5))  # between connection attempts
+            try:
+                await self._next_snapshot(engine, pause)
+            finally:
+                pause.cancel()
 
     # -- progress ------------------------------------------------------------------------------
     async def progress(self) -> AsyncIterator[dict[str, Any]]:

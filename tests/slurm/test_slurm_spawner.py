@@ -24,7 +24,8 @@ from tests.hub.conftest import wait_for
 from tests.slurm.slurm_hub import POLL_PERIOD, SlurmHub, slurm_hub, squeue_calls, wait_ready
 
 pytestmark = pytest.mark.skipif(not IS_ROOT, reason=NOT_ROOT)
-ANN, BOB, CAL, DUD = "gpupool-sl-ann", "gpupool-sl-bob", "gpupool-sl-cal", "gpupool-sl-dud"
+RUN = f"gpsl{os.getpid() % 100000}"  # accounts of this run only: runs may overlap here
+ANN, BOB, CAL, DUD = (f"{RUN}-{name}" for name in ("ann", "bob", "cal", "dud"))
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,9 @@ def _block_cpus(hub: SlurmHub) -> int:
     pends (Slurm: Resources). CPUs, not GPUs: the hub's mirror puts GPUs other jobs hold in
     outside use, and the pool would refuse a GPU server at once instead."""
     idle = int(hub.cluster.run("sinfo", "-h", "-o", "%C").stdout.split("/")[1])
-    out = hub.cluster.run("sbatch", "--parsable", f"--ntasks={idle}", "--wrap", "sleep 3600")
+    out = hub.cluster.run(  # a time limit: Slurm's backfill estimates when the server starts
+        "sbatch", "--parsable", f"--ntasks={idle}", "--time=30", "--wrap", "sleep 3600"
+    )
     job_id = int(out.stdout.strip().split(";")[0])
     wait_for(lambda: hub.slurm_jobs()[job_id]["job_state"] == "RUNNING", 60, "the blocker")
     return job_id
@@ -93,8 +96,9 @@ def test_a_pending_server_shows_slurms_reason_and_cancels_while_pending(hub: Slu
     blocker = _block_cpus(hub)
     try:
         assert hub.spawn(ANN, offer="cpu").status_code == 202
-        events = hub.progress(ANN, "Slurm: waiting for Resources")
-        assert "Slurm: waiting for Resources" in events[-1]["message"], events
+        events = hub.progress(ANN, "estimated start")
+        last = events[-1]["message"]
+        assert last.startswith("Slurm: waiting for Resources; estimated start "), events
         job = hub.job_of(ANN)
         assert job is not None and job["job_state"] == "PENDING"
         r = hub.api("DELETE", f"/users/{ANN}/server")  # JupyterHub's cancel of a pending spawn
