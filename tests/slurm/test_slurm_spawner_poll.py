@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from gpupool.declarations import ConfigError
 from gpupool.hub.objects import SETTINGS_KEY, HubObjects
 from gpupool.slurm.devcluster import DevCluster
 from gpupool.slurm.engine import SlurmEngine
@@ -108,7 +109,7 @@ def test_the_state_keeps_the_job_and_node_and_a_bad_time_limit_names_the_key() -
     assert spawner.get_state() == {"slurm_job_id": 42, "slurm_node": "gpu2"}
     spawner.clear_state()
     assert spawner.get_state() == {}
-    with pytest.raises(Exception, match="SlurmSpawner.time_limit"):
+    with pytest.raises(ConfigError, match=r"SlurmSpawner\.time_limit"):
         SlurmSpawner(
             user=SimpleNamespace(name="ada", settings={}),
             _deprecated_db_session=None,
