@@ -6,7 +6,10 @@ submission no longer lists is gone (Slurm purged it after ``MinJobAge``)."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import time
+import tomllib
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -115,3 +118,10 @@ def test_the_state_keeps_the_job_and_node_and_a_bad_time_limit_names_the_key() -
             _deprecated_db_session=None,
             time_limit="eight hours",
         )
+
+
+def test_the_spawner_is_jupyterhubs_gpupool_slurm() -> None:
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    target = project["project"]["entry-points"]["jupyterhub.spawners"]["gpupool-slurm"]
+    module, _, name = target.partition(":")
+    assert getattr(importlib.import_module(module), name) is SlurmSpawner
