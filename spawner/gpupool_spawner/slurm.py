@@ -210,8 +210,9 @@ class SlurmSpawnerBase(SlurmSettings, Spawner):
         self._port = asyncio.get_running_loop().create_future()
         self._job_seen = None
         try:
+            # sbatch itself runs in "/": the job's folder (--chdir) need not exist on the hub
             job_id = await engine.commands.sbatch(
-                script, sbatch_args(job), who, self.get_env(), job.workdir
+                script, sbatch_args(job), who, self.get_env(), "/"
             )
         except PoolError as e:
             self.log.info("gpupool: Slurm did not take %s's server: %s", self.user.name, e.message)

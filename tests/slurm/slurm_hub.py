@@ -125,6 +125,10 @@ class SlurmHub(Hub):
 
     def server_token(self, user: str) -> str:
         """The running server's own token, read from its process (we are root)."""
+        return self.server_environ(user)["JUPYTERHUB_API_TOKEN"]
+
+    def server_environ(self, user: str) -> dict[str, str]:
+        """The environment of the running server's process (the job's, as Slurm ran it)."""
         job = self.job_of(user)
         assert job and job["job_state"] == "RUNNING", job
         uid = int(job["user_id"])
@@ -141,11 +145,11 @@ class SlurmHub(Hub):
                 )
             except OSError:
                 continue
-            if env.get(b"SLURM_JOB_ID") == str(job["job_id"]).encode():
-                token = env.get(b"JUPYTERHUB_API_TOKEN")
-                if token:
-                    return token.decode()
-        raise AssertionError(f"no process of job {job['job_id']} carries a token")
+            if env.get(b"SLURM_JOB_ID") == str(job["job_id"]).encode() and env.get(
+                b"JUPYTERHUB_API_TOKEN"
+            ):
+                return {k.decode(): v.decode(errors="replace") for k, v in env.items()}
+        raise AssertionError(f"no process of job {job['job_id']} carries a server token")
 
     def through_proxy(self, user: str, token: str) -> requests.Response:
         return requests.get(

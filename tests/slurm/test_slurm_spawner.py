@@ -82,6 +82,11 @@ def test_a_gpu_server_is_a_slurm_job_of_the_user_reached_through_the_proxy(
     assert server["state"]["slurm_job_id"] == job["job_id"]
     status = hub.through_proxy(ANN, _user_token(hub, ANN))
     assert status.status_code == 200 and "started" in status.json(), status.text
+    env = hub.server_environ(ANN)  # JupyterHub's and gpupool's variables, nothing of the hub's
+    assert env["GPUPOOL_ALLOCATION"] == allocation.id and env["GPUPOOL_OFFER"] == "h100"
+    assert env["JUPYTERHUB_USER"] == ANN and env["HOME"] == pwd.getpwnam(ANN).pw_dir
+    assert env["CUDA_VISIBLE_DEVICES"] != ""  # Slurm's, for the gres it granted
+    assert "GPUPOOL_STATE_DIR" not in env and "GPUPOOL_DEMO_PASSWORD" not in env
     log = Path(pwd.getpwnam(ANN).pw_dir) / f".gpupool-jupyter-{ANN}.log"
     assert log.stat().st_uid == pwd.getpwnam(ANN).pw_uid
     assert "gpupool: serving on" in log.read_text()
