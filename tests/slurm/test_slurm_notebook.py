@@ -16,13 +16,16 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from traitlets.config import Config
 
 from gpupool.core.errors import InvalidRequest
+from gpupool.declarations import ConfigError
 from gpupool.slurm.notebook import (
     REPORT_FAILED,
     ServerJob,
     batch_script,
     check_port_body,
+    check_spawner_config,
     exit_status,
     node_address,
     output_path,
@@ -220,3 +223,28 @@ def test_arguments_with_spaces_and_quotes_reach_the_server_unchanged(
     done = _run(batch_script(cmd, sys.executable), api, tmp_path)
     assert done.returncode == 0, done.stderr
     assert repr(odd) in done.stdout
+
+
+def _config(**spawner: Any) -> Config:
+    c = Config()
+    c.JupyterHub.spawner_class = "gpupool-slurm"
+    for key, value in spawner.items():
+        c.SlurmSpawner[key] = value
+    return c
+
+
+def test_a_bad_slurm_spawner_setting_stops_the_hub_naming_the_key() -> None:
+    check_spawner_config(_config(time_limit="1-00:00:00"), "slurm")
+    check_spawner_config(_config(output_template="/scratch/{username}/{job_name}.log"), "slurm")
+    other = Config()
+    other.JupyterHub.spawner_class = "gpupool-local"
+    other.SlurmSpawner.time_limit = "never"
+    check_spawner_config(other, "nvml")  # not the Slurm spawner: not its business
+    for c, inventory, key in (
+        (_config(), "nvml", "GPUPool.inventory"),
+        (_config(time_limit="eight hours"), "slurm", "SlurmSpawner.time_limit"),
+        (_config(output_template="{home}/{user}.log"), "slurm:gpu", "SlurmSpawner.output_template"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            check_spawner_config(c, inventory)
+        assert refused.value.path == key

@@ -48,6 +48,7 @@ from gpupool.kube.settings import kueue_cohort, kueue_warnings
 from gpupool.monitors.dcgm import DCGMSource
 from gpupool.pool import Pool
 from gpupool.slurm.engine import SlurmEngine
+from gpupool.slurm.notebook import check_spawner_config
 from gpupool.usercode import check_shared_mode, spawner_setting
 
 log = logging.getLogger("gpupool")
@@ -66,6 +67,7 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
     check_spawn_form(c)
     check_kube_settings(c)
     settings = GPUPool(config=c)
+    check_spawner_config(c, settings.inventory)
     pool = Pool.from_config(settings, logger, kueue_cohort(c), dra=uses_dra(c))
     for warning in kueue_warnings(c, pool.inventory):
         logger.warning("gpupool: %s", warning)

@@ -15,6 +15,8 @@ Vocabulary
   that says the Slurm state when written out).
 
 Contract: no I/O; every function here is a decision or a text the spawner hands to Slurm.
+:func:`check_spawner_config` raises :class:`ConfigError` naming the key, so ``setup(c)`` stops
+the hub at start on a bad Slurm spawner setting.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpupool.core.errors import PoolError
+from gpupool.declarations import ConfigError
 from gpupool.slurm.parse import SlurmJob
+from gpupool.slurm.settings import check_time_limit
 
 PORT_PATH = "gpupool/servers/port"
 """Where a server reports its port, under ``JUPYTERHUB_API_URL``."""
@@ -238,3 +242,34 @@ def node_address(sinfo: Mapping[str, Any], node: str) -> str:
             address = str(entry.get("address") or "")
             return address or node
     return node
+
+
+SPAWNER_NAMES = ("gpupool-slurm", "gpupool_spawner.slurm.SlurmSpawner", "SlurmSpawner")
+
+
+def check_spawner_config(c: Any, inventory: str) -> None:
+    """When ``c.JupyterHub.spawner_class`` is gpupool's Slurm spawner: the Slurm inventory, a
+    Slurm time limit, an output template whose only fields are ``{home}``, ``{username}`` and
+    ``{job_name}``; :class:`ConfigError` naming the key otherwise (``setup(c)`` calls it)."""
+    spawner = c.JupyterHub.get("spawner_class", "")
+    name = spawner if isinstance(spawner, str) else getattr(spawner, "__name__", "")
+    if name not in SPAWNER_NAMES:
+        return
+    if inventory != "slurm" and not inventory.startswith("slurm:"):
+        raise ConfigError(
+            "GPUPool.inventory",
+            f"the Slurm spawner ({name}) needs the Slurm inventory: set it to 'slurm' "
+            f"(it is {inventory!r})",
+        )
+    section = c.SlurmSpawner if "SlurmSpawner" in c else {}
+    if "time_limit" in section:
+        check_time_limit(str(section["time_limit"]), "SlurmSpawner.time_limit")
+    if "output_template" in section:
+        try:
+            output_path(str(section["output_template"]), "/home/ada", "ada", "jupyter-ada")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ConfigError(
+                "SlurmSpawner.output_template",
+                f"{section['output_template']!r} may name only {{home}}, {{username}} and "
+                f"{{job_name}} ({e!s})",
+            ) from None
