@@ -175,16 +175,19 @@ def hub() -> Iterator[tuple[str, type[_Hub]]]:
     server.shutdown()
 
 
-def _run(script: str, api: str, tmp: Path) -> subprocess.CompletedProcess[str]:
+def _run(
+    script: str, api: str, tmp: Path, token: str | None = "server-token"
+) -> subprocess.CompletedProcess[str]:
     path = tmp / "job.sh"
     path.write_text(script)
     env = {
         "PATH": os.environ["PATH"],
         "JUPYTERHUB_API_URL": api,
-        "JUPYTERHUB_API_TOKEN": "server-token",
         "JUPYTERHUB_SERVICE_PREFIX": "/user/ada/",
         "PYTHONPATH": "/nowhere",  # -I: the reporter ignores it
     }
+    if token is not None:
+        env["JUPYTERHUB_API_TOKEN"] = token
     return subprocess.run(
         ["bash", str(path)], env=env, capture_output=True, text=True, timeout=60, cwd=tmp
     )
@@ -248,3 +251,13 @@ def test_a_bad_slurm_spawner_setting_stops_the_hub_naming_the_key() -> None:
         with pytest.raises(ConfigError) as refused:
             check_spawner_config(c, inventory)
         assert refused.value.path == key
+
+
+def test_a_job_without_the_servers_token_says_what_is_missing(
+    hub: tuple[str, type[_Hub]], tmp_path: Path
+) -> None:
+    api, handler = hub
+    done = _run(batch_script(["echo", "SERVER RAN"], sys.executable), api, tmp_path, token=None)
+    assert done.returncode == REPORT_FAILED and "SERVER RAN" not in done.stdout
+    assert "lacks JUPYTERHUB_API_URL or JUPYTERHUB_API_TOKEN" in done.stderr
+    assert handler.reports == []

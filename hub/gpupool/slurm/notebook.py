@@ -108,12 +108,16 @@ s = socket.socket()
 s.bind(("", 0))
 port = s.getsockname()[1]
 s.close()
-url = os.environ["JUPYTERHUB_API_URL"].rstrip("/") + "/" + PORT_PATH
+api, token = os.environ.get("JUPYTERHUB_API_URL"), os.environ.get("JUPYTERHUB_API_TOKEN")
+if not api or not token:
+    print("gpupool: the job's environment lacks JUPYTERHUB_API_URL or JUPYTERHUB_API_TOKEN "
+          "(does a sudo rule drop them? see docs/slurm.md)", file=sys.stderr)
+    sys.exit(1)
+url = api.rstrip("/") + "/" + PORT_PATH
 req = urllib.request.Request(
     url,
     json.dumps({"port": port}).encode(),
-    {"Authorization": "token " + os.environ["JUPYTERHUB_API_TOKEN"],
-     "Content-Type": "application/json"},
+    {"Authorization": "token " + token, "Content-Type": "application/json"},
     method="POST",
 )
 for attempt in range(ATTEMPTS):
