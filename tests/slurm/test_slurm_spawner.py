@@ -58,7 +58,13 @@ def _block_cpus(hub: SlurmHub) -> int:
     outside use, and the pool would refuse a GPU server at once instead."""
     idle = int(hub.cluster.run("sinfo", "-h", "-o", "%C").stdout.split("/")[1])
     out = hub.cluster.run(  # a time limit: Slurm's backfill estimates when the server starts
-        "sbatch", "--parsable", f"--ntasks={idle}", "--time=30", "--wrap", "sleep 3600"
+        "sbatch",
+        "--parsable",
+        f"--ntasks={idle}",
+        "--time=30",
+        "--output=/dev/null",
+        "--wrap",
+        "sleep 3600",
     )
     job_id = int(out.stdout.strip().split(";")[0])
     wait_for(lambda: hub.slurm_jobs()[job_id]["job_state"] == "RUNNING", 60, "the blocker")
