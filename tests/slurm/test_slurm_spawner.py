@@ -135,7 +135,8 @@ def test_only_the_starting_servers_own_token_reports_its_port(hub: SlurmHub) -> 
             assert r.status_code == 403, r.text
         admin = hub.api("POST", "/gpupool/servers/port", json=good)  # the admin service's
         assert admin.status_code == 403, admin.text
-        for body in ({"port": 8000, "host": "10.9.9.9"}, {"port": "8000"}, {"port": 0}, {}):
+        bodies = [{"port": 8000, "host": "10.9.9.9"}, {"port": "8000"}, {"port": 0}, {}]
+        for body in [*bodies, {"port": 8000, "pad": "x" * 1000}]:
             r = hub.as_user(bobs_server, "POST", "/servers/port", json=body)
             assert r.status_code == 400, (body, r.text)
         # bob's server's token reports for bob's server only, which is running: refused

@@ -6,7 +6,8 @@ Vocabulary
   server (``Spawner.api_token``). Only that token reports that server's port: the user's other
   tokens, another server's token, a browser's cookie and everyone else's are refused (403).
 
-Contract: the body is exactly ``{"port": <1..65535>}`` (anything else: 400, nothing changed); the
+Contract: the body is exactly ``{"port": <1..65535>}`` (anything else, a body over
+:data:`MAX_BODY` bytes too: 400, nothing changed); the
 report is accepted once, while that server starts (else 409); it sets the port and nothing else,
 the host is Slurm's (the node's address). Errors become HTTP statuses in
 :mod:`gpupool.hub.errors`.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import hmac
 from typing import Any
 
+from gpupool.core.errors import InvalidRequest, TooLarge
 from gpupool.hub.handlers import GPUPoolHandler
 from gpupool.slurm.notebook import NotTheServersToken, check_port_body
 
@@ -27,7 +29,11 @@ MAX_BODY = 256
 class ServerPortHandler(GPUPoolHandler):
     def post(self) -> None:
         name, _, _ = self.caller()  # 403 without a token holding gpupool's scope
-        port = check_port_body(self.json_body(MAX_BODY))
+        try:
+            body = self.json_body(MAX_BODY)
+        except TooLarge as e:  # "anything else" than a port is 400, a big body included
+            raise InvalidRequest(e.message) from None
+        port = check_port_body(body)
         spawner = self._own_server()
         if spawner is None:
             raise NotTheServersToken(
