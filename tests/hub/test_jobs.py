@@ -19,6 +19,7 @@ import nbformat
 import pytest
 import requests
 
+from gpupool.hub import server_port
 from gpupool.hub.handlers import handlers
 from tests.conftest import TRAIN, TRAIN_CELL
 from tests.hub.conftest import (
@@ -43,7 +44,8 @@ def ada(hub: Hub) -> str:
 
 def test_the_openapi_document_lists_exactly_the_routes() -> None:
     routes = {
-        re.sub(r"\(\[\^/\]\+\)", "{job_id}", r).removeprefix("/api/gpupool") for r, _ in handlers()
+        re.sub(r"\(\[\^/\]\+\)", "{job_id}", r).removeprefix("/api/gpupool")
+        for r, _ in [*handlers(), *server_port.handlers()]
     }
     assert routes == set(OPENAPI["paths"])
 

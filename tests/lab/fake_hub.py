@@ -26,7 +26,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-TOKENS = {"alice-token": "alice", "admin-token": "admin"}
+TOKENS = {"alice-token": "alice", "admin-token": "admin", "alice-server-token": "alice"}
+SERVER_TOKENS = {"alice-server-token"}
+"""Tokens that are a starting server's own (``POST /servers/port``: the Slurm spawner's)."""
 ADMINS = {"admin"}
 TERMINAL = {"succeeded", "failed", "cancelled", "lost"}
 DEFAULT_TIME_LIMIT = 4 * 3600  # the hub's JobManager.default_time_limit
@@ -229,6 +231,7 @@ class FakeHub:
         self.allocations: list[dict[str, Any]] = []
         self.allocations_fail: int | None = None  # GET allocations answers this status instead
         self.store_problem: str | None = None  # GET health: the database refuses writes
+        self.reported_port: int | None = None  # alice's starting server's port report
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self.handler_class())
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -342,6 +345,30 @@ class FakeHub:
         if scheme.lower() != "token" or token not in TOKENS:
             raise HttpError(403, "Missing or invalid credentials.")
         return TOKENS[token]
+
+    def report_port(self, headers: Any, raw: bytes) -> dict[str, Any]:
+        """The hub's port report: exactly ``{"port": <1..65535>}`` (400), from a starting
+        server's own token (403), once (409)."""
+        try:
+            body = json.loads(raw or b"null")
+        except ValueError:
+            raise HttpError(400, "Request body is not JSON") from None
+        port = body.get("port") if isinstance(body, dict) else None
+        if (
+            not isinstance(body, dict)
+            or set(body) != {"port"}
+            or isinstance(port, bool)
+            or not isinstance(port, int)
+            or not 1 <= port <= 65535
+        ):
+            raise HttpError(400, 'A port report is exactly {"port": <1..65535>}')
+        token = (headers.get("Authorization") or "").partition(" ")[2]
+        if token not in SERVER_TOKENS:
+            raise HttpError(403, "Only a starting server's own token reports its port.")
+        if self.reported_port is not None:
+            raise HttpError(409, "alice's server is not waiting for a port report")
+        self.reported_port = port
+        return {"port": port}
 
     def visible_job(self, user: str, job_id: str) -> dict[str, Any]:
         job = self.jobs.get(job_id)
@@ -467,6 +494,8 @@ class FakeHub:
                         except ValueError:
                             raise HttpError(400, "Request body is not JSON") from None
                         return self.send_json(201, hub.submit(user, body))
+                    if (method, parts) == ("POST", ["servers", "port"]):
+                        return self.send_json(200, hub.report_port(self.headers, raw))
                     if len(parts) == 2 and parts[0] == "jobs":
                         job = hub.visible_job(user, parts[1])
                         if method == "GET":

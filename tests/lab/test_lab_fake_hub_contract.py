@@ -224,10 +224,20 @@ def test_job_refusals(hub: FakeHub, checked: requests.Session) -> None:
         assert raw(checked, hub, method, path, token="wrong") == 403
 
 
+def test_a_starting_server_reports_its_port_once(hub: FakeHub, checked: requests.Session) -> None:
+    server = "alice-server-token"
+    assert raw(checked, hub, "POST", "servers/port", json={"port": 8000}) == 403  # a user's
+    assert raw(checked, hub, "POST", "servers/port", json={"port": 8000, "host": "x"}) == 400
+    assert raw(checked, hub, "POST", "servers/port", json={"port": 8000}, token=server) == 200
+    assert raw(checked, hub, "POST", "servers/port", json={"port": 8001}, token=server) == 409
+    assert hub.reported_port == 8000
+
+
 SCENARIOS = (
     "test_reading_offers_teams_and_allocations",
     "test_jobs_through_their_life",
     "test_job_refusals",
+    "test_a_starting_server_reports_its_port_once",
 )
 
 

@@ -32,7 +32,7 @@ from jupyterhub.roles import get_default_roles
 from tornado.ioloop import PeriodicCallback
 
 from gpupool.config import GPUPool
-from gpupool.hub import reconcile, refusals, shutdown, spawn_gate
+from gpupool.hub import reconcile, refusals, server_port, shutdown, spawn_gate
 from gpupool.hub.collector import PoolCollector, register
 from gpupool.hub.form import check_profile_offers, check_spawn_form
 from gpupool.hub.handlers import handlers
@@ -48,6 +48,7 @@ from gpupool.kube.settings import kueue_cohort, kueue_warnings
 from gpupool.monitors.dcgm import DCGMSource
 from gpupool.pool import Pool
 from gpupool.slurm.engine import SlurmEngine
+from gpupool.slurm.notebook import check_spawner_config
 from gpupool.usercode import check_shared_mode, spawner_setting
 
 log = logging.getLogger("gpupool")
@@ -66,6 +67,7 @@ def setup(c: Any, logger: logging.Logger = log) -> HubObjects:
     check_spawn_form(c)
     check_kube_settings(c)
     settings = GPUPool(config=c)
+    check_spawner_config(c, settings.inventory)
     pool = Pool.from_config(settings, logger, kueue_cohort(c), dra=uses_dra(c))
     for warning in kueue_warnings(c, pool.inventory):
         logger.warning("gpupool: %s", warning)
@@ -203,7 +205,8 @@ def _add_pages(c: Any) -> None:
 
 def _add_api(c: Any) -> None:
     """The REST API's routes, its scopes, and the roles that grant them."""
-    c.JupyterHub.extra_handlers = _with_routes(c.JupyterHub.get("extra_handlers", []), handlers())
+    routes = [*handlers(), *server_port.handlers()]
+    c.JupyterHub.extra_handlers = _with_routes(c.JupyterHub.get("extra_handlers", []), routes)
     c.JupyterHub.custom_scopes = {**c.JupyterHub.get("custom_scopes", {}), **CUSTOM_SCOPES}
     roles = [dict(r) for r in c.JupyterHub.get("load_roles", [])]
     _add_to_role(roles, "user", [JOBS_SCOPE])

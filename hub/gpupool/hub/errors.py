@@ -12,6 +12,7 @@ from tornado import web
 from gpupool.core import errors
 from gpupool.mig.manager import DeviceUnavailable
 from gpupool.slurm.commands import SlurmUnavailable
+from gpupool.slurm.notebook import NotStarting, NotTheServersToken
 from gpupool.store.outbox import StoreUnavailable
 
 STATUS: dict[type[errors.PoolError], int] = {
@@ -26,6 +27,8 @@ STATUS: dict[type[errors.PoolError], int] = {
     DeviceUnavailable: 503,
     StoreUnavailable: 503,
     SlurmUnavailable: 503,
+    NotTheServersToken: 403,
+    NotStarting: 409,
 }
 
 
