@@ -169,6 +169,22 @@ c.GPUPool.policy = "gpupool"
 # Allocations persist here and survive hub restarts (any SQLAlchemy URL).
 c.GPUPool.db_url = f"sqlite:///{STATE / 'gpupool.sqlite'}"
 
+# -- on Slurm (`make run-slurm`): every server and job is a Slurm job on a cluster started on this
+# machine with simulated GPUs (gpupool.slurm.demo), run as each user's own unix account.
+SLURM_CONF = os.environ.get("GPUPOOL_SLURM_CONF", "")
+if SLURM_CONF:
+    from gpupool.slurm.demo import GRES_MODELS
+
+    c.GPUPool.inventory = "slurm"
+    c.GPUPool.managed_mig = []  # Slurm's MIG instances are the admin's (gres.conf)
+    c.SlurmSettings.slurm_conf = SLURM_CONF
+    c.SlurmSettings.gres_models = GRES_MODELS
+    c.SlurmSettings.simulated = True
+    c.JupyterHub.spawner_class = "gpupool_spawner.slurm.SlurmSpawner"
+    c.JobManager.backend_class = "gpupool.slurm.jobs.SlurmJobBackend"
+    c.SlurmJobBackend.python = str(RUNTIME / "python")
+    c.LocalGPUSpawner.run_as_hub_user = False  # each user's own account, as Slurm runs them
+
 # Idle GPUs come back: a GPU notebook under 5% GPU use with no busy kernel for 60 minutes is
 # warned in JupyterLab 15 minutes ahead, then its server is stopped (vision) or restarted
 # without a GPU (nlp, "action": "cpu"). Simulated GPUs are idle unless the activity file says

@@ -13,6 +13,7 @@ the cluster's daemons stop too. Daemons a killed run left behind are stopped fir
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -27,6 +28,8 @@ LAYOUT = (
 )
 """Two whole H100s and one H100's worth of 1g.10gb MIG instances on one node, two L40S shared
 by Slurm shards (4 per GPU) on the other."""
+DEMO_USERS = ("ada", "ben", "cal", "dee", "eli", "eve")
+"""jupyterhub_config.py's demo users; on Slurm each needs a unix account (created if missing)."""
 FOLDER = Path("/var/tmp/gpupool-slurm-demo")
 GRES_MODELS = {"h100": "H100-80GB", "1g.10gb": "H100-80GB", "l40s": "L40S-48GB"}
 
@@ -45,6 +48,12 @@ def main(argv: list[str]) -> int:
     folder = FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o755)
+    for user in DEMO_USERS:  # Slurm runs each user's server and jobs as their unix account
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            subprocess.run(["useradd", "--create-home", "--user-group", user], check=True)
+            print(f"gpupool: created the unix account {user} for the Slurm demo")
     cluster = DevCluster(folder, nodes=LAYOUT)
     cluster.stop_stale()
     cluster.start()
