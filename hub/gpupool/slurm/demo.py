@@ -61,7 +61,11 @@ def main(argv: list[str]) -> int:
     env = {**os.environ, "GPUPOOL_SLURM_CONF": str(cluster.conf)}
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the hub; we wait for it
     try:
-        return subprocess.call([sys.executable, str(ROOT / "scripts" / "run-hub"), *argv], env=env)
+        hub = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "run-hub"), *argv], env=env)
+        # SIGTERM and SIGHUP go on to the hub (which stops its servers); then the cluster stops
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, lambda signum, _frame: hub.send_signal(signum))
+        return hub.wait()
     finally:
         cluster.stop()
 
