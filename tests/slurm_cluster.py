@@ -19,6 +19,7 @@ from typing import TypeVar
 
 import pytest
 
+from gpupool.slurm import accounts
 from gpupool.slurm.commands import SlurmCommands
 from gpupool.slurm.devcluster import DevCluster, NodeLayout, missing
 from gpupool.slurm.parse import SlurmJob
@@ -55,6 +56,16 @@ async def until(check: Callable[[], Awaitable[T | None]], timeout: float = 30.0)
             return found
         assert time.monotonic() < deadline, f"condition not reached in {timeout} s"
         await asyncio.sleep(0.2)
+
+
+def with_accounting(gres_costs: dict[str, int]) -> dict[str, object]:
+    """A dev cluster's arguments for slurmdbd with what the teams' plan needs: the billing
+    weights and tracked gres of ``gres_costs`` (:func:`gpupool.slurm.accounts.gres_costs_of`)."""
+    return {
+        "accounting": True,
+        "billing_weights": accounts.weights_text(accounts.billing_weights(gres_costs)),
+        "accounting_tres": ",".join(accounts.accounting_tres(gres_costs)),
+    }
 
 
 async def job_in_state(slurm: SlurmCommands, job_id: int, *states: str) -> SlurmJob | None:

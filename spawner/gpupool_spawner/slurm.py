@@ -34,7 +34,6 @@ from sqlalchemy.orm import object_session
 from traitlets import Float, Int, List, Unicode, default, validate
 
 from gpupool.core.errors import PoolError
-from gpupool.core.quota import EVERYONE
 from gpupool.declarations import ConfigError
 from gpupool.hub.errors import http_error, refuse
 from gpupool.hub.objects import hub_objects
@@ -178,8 +177,10 @@ class SlurmSpawnerBase(SlurmSettings, Spawner):
         env.update({"USER": who.name, "LOGNAME": who.name, "HOME": who.home})
         return env
 
-    def server_job(self, who: Account) -> ServerJob:
-        gres, node, team = self.slurm_request()
+    def server_job(self, who: Account, account: str) -> ServerJob:
+        """What to submit for this server, as ``who``, charged to Slurm ``account`` (``""``:
+        none; :meth:`SlurmEngine.submit_account`)."""
+        gres, node, _team = self.slurm_request()
         name = server_job_name(self.user.name, self.name)
         home = who.home
         workdir = self.workdir.format(username=who.name) if self.workdir else home
@@ -189,7 +190,7 @@ class SlurmSpawnerBase(SlurmSettings, Spawner):
             time_limit=self.time_limit,
             gres=gres,
             node=node,
-            account=self.account_of(team) if team else "",
+            account=account,
             partition=self.partition,
             output=output_path(self.output_template, home, who.name, name),
             workdir=workdir,
@@ -200,7 +201,11 @@ class SlurmSpawnerBase(SlurmSettings, Spawner):
     async def start(self) -> Any:
         engine = self.slurm
         who = self.code_account()
-        job = self.server_job(who)
+        team = self.slurm_request()[2]
+        try:
+            job = self.server_job(who, await engine.submit_account(who.name, team))
+        except PoolError as e:
+            raise http_error(e) from None
         script = batch_script(
             [*self.cmd, *self.get_args()],
             self.port_python,
@@ -481,8 +486,7 @@ class SlurmSpawner(GPUSpawnerMixin, SlurmSpawnerBase):
         if allocation is None:
             return "", "", ""
         gres = gres_request(allocation, self.gpupool.inventory, gres_types_of(self.gres_models))
-        team = "" if allocation.team == EVERYONE else allocation.team
-        return gres, allocation.node or "", team
+        return gres, allocation.node or "", allocation.team
 
     def slurm_tag(self) -> str:
         return str(Tag(self.gpupool.hub_marker, "server", self.gpupool_allocation_id))

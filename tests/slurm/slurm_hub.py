@@ -29,29 +29,33 @@ from typing import Any
 import pytest
 import requests
 
+from gpupool.slurm.accounts import gres_costs_of
 from gpupool.slurm.devcluster import DevCluster
 from tests.accounts import RUNTIME_PYTHON, homes, remove_unix_user, unix_user
 from tests.hub.conftest import Hub, running, wait_for
-from tests.slurm_cluster import TWO_NODES, skip_reason
+from tests.slurm_cluster import TWO_NODES, skip_reason, with_accounting
 
 MODELS = {"h100": "H100-80GB", "1g.10gb": "H100-80GB", "a100": "A100-80GB"}
 POLL_PERIOD = 4.0
 """The hub's ``SlurmSettings.poll_period`` here (jittered by a fifth either way)."""
-COMMANDS = ("sbatch", "scancel", "squeue", "sinfo")
+COMMANDS = ("sbatch", "scancel", "squeue", "sinfo", "scontrol", "sacctmgr")
 DUD_COMMAND = "echo DUD: this server cannot start >&2; exit 3"
 """The server command of users whose name ends with ``-dud``."""
 
 
-def start_cluster() -> DevCluster:
-    """A two-node dev cluster (:data:`tests.slurm_cluster.TWO_NODES`); skips without Slurm."""
-    reason = skip_reason()
+def start_cluster(accounting: bool = False) -> DevCluster:
+    """A two-node dev cluster (:data:`tests.slurm_cluster.TWO_NODES`); skips without Slurm.
+    ``accounting``: with slurmdbd, the billing weights and tracked gres the teams' plan needs."""
+    reason = skip_reason(accounting)
     if reason and os.geteuid() == 0:
         pytest.fail(f"as root the Slurm tests must run: {reason}")
     if reason:
         pytest.skip(reason)
     folder = Path(tempfile.mkdtemp(prefix="gpupool-slurm-"))
     folder.chmod(0o755)
-    return DevCluster(folder, nodes=TWO_NODES).start()
+    costs = gres_costs_of(MODELS, shards_per_gpu=4)  # TWO_NODES: 8 shards over 2 A100s
+    extra = with_accounting(costs) if accounting else {}
+    return DevCluster(folder, nodes=TWO_NODES, **extra).start()  # type: ignore[arg-type]
 
 
 def wrappers(folder: Path) -> Path:
@@ -167,9 +171,11 @@ class SlurmHub(Hub):
 
 
 @contextmanager
-def slurm_hub(state: Path, users: list[str]) -> Iterator[SlurmHub]:
-    """A dev cluster and a hub on it, whose ``users`` (real unix accounts) are in team vision."""
-    cluster = start_cluster()
+def slurm_hub(state: Path, users: list[str], accounting: bool = False) -> Iterator[SlurmHub]:
+    """A dev cluster and a hub on it, whose ``users`` (real unix accounts) are in team vision.
+    ``accounting``: the cluster runs slurmdbd and the hub manages the teams' accounts
+    (``c.SlurmAccounts.manage``), so every submit needs the user's association."""
+    cluster = start_cluster(accounting)
     for name in users:
         unix_user(name)
     slurm_bin = wrappers(cluster.folder / "hub-bin")  # the users run sbatch and scancel
@@ -178,6 +184,7 @@ def slurm_hub(state: Path, users: list[str]) -> Iterator[SlurmHub]:
         f"c.SlurmSettings.slurm_bin = {str(slurm_bin)!r}\n"
         f"c.SlurmSettings.gres_models = {MODELS!r}\n"
         f"c.SlurmSettings.poll_period = {POLL_PERIOD!r}\n"
+        f"c.SlurmAccounts.manage = {accounting!r}\n"
     )
     extra = (
         'c.JupyterHub.spawner_class = "gpupool_spawner.slurm.SlurmSpawner"\n'

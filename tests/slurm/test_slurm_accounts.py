@@ -22,7 +22,7 @@ from gpupool.slurm.commands import SlurmCommands
 from gpupool.slurm.devcluster import DevCluster, NodeLayout
 from gpupool.slurm.settings import SlurmSettings
 from tests.accounts import IS_ROOT, NOT_ROOT, unix_user
-from tests.slurm_cluster import MakeCluster
+from tests.slurm_cluster import MakeCluster, with_accounting
 
 LAYOUT = (
     NodeLayout("gpu1", {"h100": 2, "1g.10gb": 8}),
@@ -39,10 +39,7 @@ ANN, BOB = "gpslurm-ann", "gpslurm-bob"
 
 def accounting_cluster(make: MakeCluster, weights: bool = True) -> DevCluster:
     return make(
-        nodes=LAYOUT,
-        accounting=True,
-        billing_weights=accounts.weights_text(accounts.billing_weights(COSTS)) if weights else "",
-        accounting_tres=",".join(accounts.accounting_tres(COSTS)),
+        nodes=LAYOUT, **{**with_accounting(COSTS), **({} if weights else {"billing_weights": ""})}
     )
 
 
@@ -64,7 +61,8 @@ def assocs(cluster: DevCluster) -> dict[tuple[str, str], accounts.Assoc]:
 
 
 def submit(cluster: DevCluster, account: str, gres: str, user: str = "root") -> int:
-    args = ["sbatch", "--parsable", "-A", account, f"--gres={gres}", "-o", "/dev/null"]
+    args = ["sbatch", "--parsable", "-A", account, *([f"--gres={gres}"] if gres else [])]
+    args += ["-o", "/dev/null"]
     args += ["--chdir=/tmp", "--wrap", "sleep 300"]
     if user != "root":
         args = ["runuser", "-u", user, "--", *args]
@@ -202,7 +200,7 @@ def test_the_per_user_cap_holds_for_one_user_not_for_their_teammate(
 def test_ensure_user_adds_the_association_once(make_slurm_cluster: MakeCluster) -> None:
     cluster = accounting_cluster(make_slurm_cluster)
     sync = manager(cluster)
-    asyncio.run(sync.apply(TEAMS))
+    asyncio.run(sync.apply([*TEAMS, Team(EVERYONE)]))
     # not known to Slurm yet: a job on the team's account is refused at submit
     refused = cluster.run("sbatch", "-A", "vision", "--wrap", "true", check=False)
     assert refused.returncode and "Invalid account" in refused.stderr
@@ -212,9 +210,14 @@ def test_ensure_user_adds_the_association_once(make_slurm_cluster: MakeCluster) 
 
     assert asyncio.run(twice()) == ["vision", "vision"]
     assert ("vision", "root") in assocs(cluster)
-    # users in no team submit without --account: Slurm charges their own default account
-    assert asyncio.run(sync.ensure_user("root", EVERYONE)) == ""
     assert submit(cluster, "vision", "gpu:1g.10gb:1")
+    # users in no team: an account of their own team, everyone, whose limit (0: CPU only)
+    # refuses a GPU and lets a CPU job run (billing 0 under GrpTRES=billing=0)
+    assert asyncio.run(sync.ensure_user("root", EVERYONE)) == "everyone"
+    gpu, cpu = submit(cluster, "everyone", "gpu:1g.10gb:1"), submit(cluster, "everyone", "")
+    settle(cluster, {gpu: ("PENDING", "AssocGrpBilling"), cpu: ("RUNNING", "None")})
+    # a server without an allocation names no account
+    assert asyncio.run(sync.ensure_user("root", "")) == ""
 
 
 def test_missing_billing_weights_stop_the_hub_naming_the_line(

@@ -35,11 +35,13 @@ from gpupool.slurm.names import parse_tag
 from gpupool.slurm.parse import SlurmJob
 from gpupool.usercode import account, code_accounts
 from tests.accounts import IS_ROOT, NOT_ROOT, RUNTIME_PYTHON, unix_user
-from tests.slurm_cluster import MakeCluster
+from tests.slurm_cluster import MakeCluster, with_accounting
 
 pytestmark = pytest.mark.skipif(not IS_ROOT, reason=NOT_ROOT)
 
 OWNER, OTHER = "gpupool-sjob", "gpupool-sjob2"
+COSTS = {"gpu:h100": 1000, "gpu:1g.10gb": 125}
+"""The gres costs of :func:`config`'s gres models."""
 H100S = (NodeLayout("gpu1", {"h100": 2, "1g.10gb": 3}), NodeLayout("gpu2", {"h100": 2}))
 """Two nodes with the same whole-GPU type (a job asks the same gres of each node)."""
 
@@ -94,6 +96,7 @@ def manager(c: Config, engine: str = "mirror") -> JobManager:
     slurm = None
     if engine:
         slurm = SlurmEngine.from_config(c, pool=pool if engine == "mirror" else None)
+        slurm.apply_accounts(pool.ledger)
         slurm.start()
     return JobManager(pool, config=c, slurm=slurm)
 
@@ -115,6 +118,10 @@ def slurm_job(m: JobManager, job_id: str) -> SlurmJob | None:
     slurm = m.slurm or getattr(m.backend, "_own", None)
     assert slurm is not None
     return slurm.poller.last.jobs.get(handle.get("slurm_job_id", -1))
+
+
+def _in_state(job: SlurmJob | None, state: str) -> SlurmJob | None:
+    return job if job is not None and job.state == state else None
 
 
 async def log_of(m: JobManager, job_id: str, rank: int) -> str:
@@ -162,16 +169,26 @@ def test_the_hubs_slurm_side_reaches_the_backend(slurm_cluster: DevCluster, tmp_
 def test_a_two_node_ddp_job_runs_a_rank_per_node_as_its_owner(
     make_slurm_cluster: MakeCluster, tmp_path: Path, owner: str
 ) -> None:
-    cluster = make_slurm_cluster(nodes=H100S)
+    """On a cluster with slurmdbd, whose accounts the hub manages: every submit needs the
+    owner's association with their team's account (``everyone`` for users in no team)."""
+    cluster = make_slurm_cluster(nodes=H100S, **with_accounting(COSTS))
+    loner = unix_user(OTHER).pw_name  # in no team
+    c = config(cluster, tmp_path)  # jobs in the owner's home
+    c.SlurmAccounts.manage = True
+    c.GPUPool.offers = {**c.GPUPool.offers, "cpu": {"kind": "cpu"}}
+    c.GPUPool.everyone = {"offers": ["cpu"]}
 
     async def scenario() -> None:
-        m = manager(config(cluster, tmp_path))  # jobs in the owner's home
+        m = manager(c)
         await m.start()
         try:
             job = m.submit(owner, ["lab"], {"script": DDP, "offer": "h100", "nodes": 2})
+            alone = m.submit(loner, [], {"script": "print('alone')", "offer": "cpu"})
             await m.schedule_pass()
-            running = await until(lambda: slurm_job(m, job.id))
+            running = await until(lambda: _in_state(slurm_job(m, job.id), "RUNNING"))
             assert running.user == owner and running.account == "lab"
+            await until(lambda: m.jobs[alone.id].final)
+            assert m.jobs[alone.id].state == "succeeded", m.jobs[alone.id].reason
             tag = parse_tag(running.comment)
             assert tag is not None and (tag.kind, tag.id) == ("job", job.id)
             assert tag.marker == m.pool.hub_marker

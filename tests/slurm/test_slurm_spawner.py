@@ -30,7 +30,10 @@ ANN, BOB, CAL, DUD = (f"{RUN}-{name}" for name in ("ann", "bob", "cal", "dud"))
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmHub]:
-    with slurm_hub(tmp_path_factory.mktemp("slurm-hub"), [ANN, BOB, CAL, DUD]) as h:
+    # slurmdbd runs and the hub manages the teams' accounts: every submit needs its association
+    with slurm_hub(
+        tmp_path_factory.mktemp("slurm-hub"), [ANN, BOB, CAL, DUD], accounting=True
+    ) as h:
         yield h
 
 
@@ -50,6 +53,16 @@ def _stopped(hub: SlurmHub, user: str) -> bool:
 
 def _user_token(hub: SlurmHub, user: str) -> str:
     return hub.token(user, [f"access:servers!user={user}", "custom:gpupool:jobs"])
+
+
+def _associations(hub: SlurmHub) -> dict[tuple[str, str], dict[str, str]]:
+    """slurmdbd's associations, by (user, account); ``("", account)`` is the account's own."""
+    fields = ["User", "Account", "ParentName", "QOS", "GrpTRES"]
+    out = hub.cluster.run(
+        "sacctmgr", "--parsable2", "--noheader", "show", "assoc", f"format={','.join(fields)}"
+    ).stdout
+    rows = [dict(zip(fields, line.split("|"), strict=True)) for line in out.splitlines()]
+    return {(r["User"], r["Account"]): r for r in rows}
 
 
 def _block_cpus(hub: SlurmHub) -> int:
@@ -80,6 +93,10 @@ def test_a_gpu_server_is_a_slurm_job_of_the_user_reached_through_the_proxy(
     job = hub.job_of(ANN)
     assert job is not None and job["job_state"] == "RUNNING"
     assert job["user_name"] == ANN and job["account"] == "vision"
+    # the hub made team vision's account at start and ANN's association before the submit
+    assert (ANN, "vision") in _associations(hub)
+    vision = _associations(hub)[("", "vision")]
+    assert vision["ParentName"] == "gpupool" and vision["QOS"] == "gpupool-vision"
     assert job["nodes"] == "gpu1" and job["gres_detail"][0].startswith("gpu:h100:1(IDX:")
     tag = parse_tag(job["comment"])
     allocation = hub.allocations()[f"{ANN}/"]

@@ -87,16 +87,27 @@ def test_bad_costs_are_refused() -> None:
         accounts.billing_weights({"gpu:h100": 0.5})  # type: ignore[dict-item]
 
 
-def test_plan_one_account_and_qos_per_team_but_everyone() -> None:
+def test_plan_one_account_and_qos_per_team_everyone_included() -> None:
     p = accounts.plan(TEAMS, COSTS, parent="gpupool", names={"vision": "cv-lab"})
     assert [(a.team, a.account, a.qos) for a in p.accounts] == [
+        ("everyone", "everyone", "gpupool-everyone"),  # gpupool's limits hold for them too
         ("nlp", "nlp", "gpupool-nlp"),
         ("vision", "cv-lab", "gpupool-cv-lab"),
     ]
-    vision = p.accounts[1]
+    everyone, nlp, vision = p.accounts
     assert (vision.fairshare, vision.grp_billing, vision.user_cap) == (2000, 3000, 1000)
-    assert p.accounts[0].user_cap == accounts.NO_LIMIT
+    assert nlp.user_cap == accounts.NO_LIMIT
+    assert (everyone.fairshare, everyone.grp_billing) == (1, 0)  # CPU only: no GPU billing
     assert p.account("vision") == "cv-lab"
+
+
+def test_a_team_mapped_to_no_account_gets_none() -> None:
+    """``SlurmSettings.accounts = {"everyone": ""}``: users in no team submit without
+    ``--account`` (Slurm charges their own default account)."""
+    p = accounts.plan(TEAMS, COSTS, names={EVERYONE: ""})
+    assert [a.team for a in p.accounts] == ["nlp", "vision"]
+    with pytest.raises(KeyError):
+        p.account(EVERYONE)
 
 
 def test_plan_refuses_names_slurm_cannot_take() -> None:

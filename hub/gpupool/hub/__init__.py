@@ -134,11 +134,13 @@ def _discard(call: Callable[[], object]) -> Callable[[], None]:
 
 def _slurm_engine(pool: Pool, inventory: str, c: Any, logger: logging.Logger) -> SlurmEngine | None:
     """For a Slurm inventory (``GPUPool.inventory = "slurm"``), the hub's Slurm side: the
-    shared poller, whose snapshots the ledger mirrors, and the node watch
-    (:mod:`gpupool.slurm.engine`); ``None`` for any other inventory."""
+    shared poller, whose snapshots the ledger mirrors, the node watch, and the teams' accounts,
+    applied to slurmdbd now (:mod:`gpupool.slurm.engine`); ``None`` for any other inventory."""
     if inventory != "slurm":
         return None
-    return SlurmEngine.from_config(c, logger, pool)
+    engine = SlurmEngine.from_config(c, logger, pool)
+    engine.apply_accounts(pool.ledger)  # SlurmAccounts.manage: a cluster that cannot, stops the hub
+    return engine
 
 
 def _kube_reconciler(

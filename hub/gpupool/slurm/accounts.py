@@ -7,7 +7,8 @@ Vocabulary
 - *billing weights*: the partition's ``TRESBillingWeights`` that make Slurm's ``billing`` TRES of a
   job equal its cost in milli GPU-equivalents, so one number (``billing``) carries gpupool's quota
   unit into ``GrpTRES`` and ``MaxTRESPerUser``.
-- *plan*: per team, one Slurm account under a parent account (``Fairshare`` = the guarantee,
+- *plan*: per team (``everyone``, the users in no team, included), one Slurm account under a
+  parent account (``Fairshare`` = the guarantee,
   ``GrpTRES=billing=`` the limit, guarantee plus borrowing) and one QOS
   (``gpupool-<account>``, ``MaxTRESPerUser=billing=`` the per-user cap or ``-1`` for none), the
   account's default QOS; plus the slurm.conf lines the admin must add.
@@ -46,7 +47,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gpupool.core.offers import mig_costs
-from gpupool.core.quota import EVERYONE, Team
+from gpupool.core.quota import Team
 from gpupool.core.units import GPU_MILLI
 from gpupool.slurm.settings import mig_profile_of
 
@@ -177,16 +178,17 @@ def plan(
     parent: str = "gpupool",
     names: Mapping[str, str] | None = None,
 ) -> Plan:
-    """One account (and QOS) per team but ``everyone`` (users in no team keep their own default
-    account), named as the team unless ``names`` maps it."""
+    """One account (and QOS) per team, ``everyone`` included (gpupool's limits hold for the users
+    in no team too), named as the team unless ``names`` maps it; a team ``names`` maps to ``""``
+    gets none (its users submit without ``--account``: Slurm charges their default account)."""
     names = dict(names or {})
     if not NAME.match(parent):
         raise ValueError(f"parent account {parent!r} is not a Slurm account name ({NAME.pattern})")
     accounts = []
     for team in sorted(teams, key=lambda t: t.name):
-        if team.name == EVERYONE:
-            continue
         account = names.get(team.name, team.name)
+        if not account:
+            continue
         if not NAME.match(account):
             raise ValueError(
                 f"team {team.name!r}: {account!r} is not a Slurm account name (lowercase letters,"

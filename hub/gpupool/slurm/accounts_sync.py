@@ -26,11 +26,11 @@ from typing import Any
 from traitlets import Bool, Unicode
 from traitlets.config import LoggingConfigurable
 
-from gpupool.core.quota import EVERYONE, Team
+from gpupool.core.quota import Team
 from gpupool.declarations import ConfigError
 from gpupool.slurm import accounts
 from gpupool.slurm.accounts import Plan
-from gpupool.slurm.commands import SlurmCommands
+from gpupool.slurm.commands import SlurmCommands, SlurmUnavailable
 
 
 class SlurmCommandFailed(RuntimeError):
@@ -117,6 +117,17 @@ class SlurmAccounts(LoggingConfigurable):
             plan = accounts.plan(teams, self.gres_costs, self.parent_account, self.account_names)
         except ValueError as e:
             raise ConfigError("SlurmSettings.accounts", str(e)) from None
+        try:
+            return await self._apply(plan)
+        except (SlurmUnavailable, SlurmCommandFailed) as e:  # before any change was made
+            raise ConfigError(
+                "SlurmAccounts.manage",
+                f"the teams' accounts could not be read from Slurm ({e}); the hub needs "
+                "slurmctld and slurmdbd answering at start, and scontrol and sacctmgr in "
+                "SlurmSettings.slurm_bin",
+            ) from None
+
+    async def _apply(self, plan: Plan) -> list[list[str]]:
         part = await self._partition_line()
         config = await self._run(["scontrol", "show", "config"])
         name = accounts.parse_scontrol(part).get("PartitionName", self.partition)
@@ -165,38 +176,50 @@ class SlurmAccounts(LoggingConfigurable):
 
     # -- before a submit -------------------------------------------------------------------------
     async def ensure_user(self, user: str, team: str) -> str:
-        """The account ``user`` submits with for ``team``; with ``manage`` on, their association
-        with it exists once this returns (added at most once). ``""`` for ``everyone`` (users in
-        no team): submit without ``--account``, so Slurm charges the user's default account."""
-        if team == EVERYONE:
+        """The account ``user`` submits with for ``team`` (``everyone`` for users in no team);
+        with ``manage`` on, their association with it exists once this returns (added at most
+        once). ``""``, submit without ``--account`` (Slurm charges the user's default account),
+        where the team is ``""`` (a server without an allocation) or mapped to ``""``."""
+        if not team:
             return ""
         if self.manage and self.plan is None:
             raise RuntimeError("SlurmAccounts.ensure_user before apply (the hub's start)")
         try:
             account = self.plan.account(team) if self.plan else self.account_of(team)
         except KeyError:
+            if self.account_of(team) == "":
+                return ""
             raise RuntimeError(
                 f"team {team!r} has no Slurm account: it was not a team at start"
             ) from None
-        if not self.manage or (user, account) in self._known:
+        if not self.manage or not account or (user, account) in self._known:
             return account
         async with self._lock:
             if (user, account) not in self._known:
-                out = await self._run(
-                    [
-                        "sacctmgr",
-                        "--parsable2",
-                        "--noheader",
-                        "show",
-                        "assoc",
-                        "where",
-                        f"cluster={self._cluster}",
-                        f"account={account}",
-                        f"user={user}",
-                        "format=account,user",
-                    ]
-                )
-                if not out.strip():
-                    await self._run(accounts.user_command(user, account, self._cluster))
+                try:
+                    await self._add_association(user, account)
+                except SlurmCommandFailed as e:
+                    raise SlurmUnavailable(
+                        f"Slurm's database did not add {user} to account {account} ({e}); "
+                        "nothing was submitted: try again, or ask an admin to check slurmdbd"
+                    ) from None
                 self._known.add((user, account))
         return account
+
+    async def _add_association(self, user: str, account: str) -> None:
+        out = await self._run(
+            [
+                "sacctmgr",
+                "--parsable2",
+                "--noheader",
+                "show",
+                "assoc",
+                "where",
+                f"cluster={self._cluster}",
+                f"account={account}",
+                f"user={user}",
+                "format=account,user",
+            ]
+        )
+        if not out.strip():
+            await self._run(accounts.user_command(user, account, self._cluster))

@@ -176,8 +176,9 @@ class SlurmJobBackend(JobBackend, SlurmSettings):
         return Path(handle.get("dir") or self.job_dir(job, owner)), owner
 
     # -- start -------------------------------------------------------------------------------
-    def batch_job(self, job: Job, allocations: Sequence[Allocation]) -> BatchJob:
-        """What to submit for ``job`` on ``allocations`` (one per node)."""
+    def batch_job(self, job: Job, allocations: Sequence[Allocation], account: str) -> BatchJob:
+        """What to submit for ``job`` on ``allocations`` (one per node), charged to Slurm
+        ``account`` (``""``: none; :meth:`SlurmEngine.submit_account`)."""
         types = gres_types_of(self.gres_models)
         inventory = self._inventory()
         gres = [gres_request(a, inventory, types) for a in allocations]
@@ -194,7 +195,7 @@ class SlurmJobBackend(JobBackend, SlurmSettings):
         return BatchJob(
             name=batch_job_name(job.owner, job.id),
             tag=str(Tag(self.marker, "job", job.id)),
-            account=self.account_of(job.team),
+            account=account,
             nodes=tuple(a.node for a in allocations if a.node),  # all or none have one
             node_count=len(allocations),
             gres=gres[0] if gres else "",
@@ -230,9 +231,9 @@ class SlurmJobBackend(JobBackend, SlurmSettings):
             raise RuntimeError("the backend has no hub marker (the job manager sets it)")
         owner = self.account(job.owner)
         jdir = self.job_dir(job, owner)
-        batch = self.batch_job(job, allocations)
-        env = self.job_env(job, jdir, owner, batch.one_task_per_device)
         engine = self.engine
+        batch = self.batch_job(job, allocations, await engine.submit_account(owner.name, job.team))
+        env = self.job_env(job, jdir, owner, batch.one_task_per_device)
         since = time.monotonic()
         slurm_id = await engine.commands.sbatch(
             batch_script(batch, job.spec.script, job.spec.args),

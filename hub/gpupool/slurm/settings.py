@@ -71,8 +71,10 @@ class SlurmSettings(Configurable):
         key_trait=Unicode(),
         value_trait=Unicode(),
         config=True,
-        help="""The Slurm account of a team, where it is not the team's name. Example:
-        ``c.SlurmSettings.accounts = {"vision": "cv-lab"}``""",
+        help="""The Slurm account of a team, where it is not the team's name (``everyone``: the
+        users in no team; ``""``: submit without ``--account``, so Slurm charges the user's own
+        default account). Example:
+        ``c.SlurmSettings.accounts = {"vision": "cv-lab", "everyone": ""}``""",
     )
     command_timeout = Float(
         30.0,
@@ -104,9 +106,6 @@ class SlurmSettings(Configurable):
         account needs a sudoers rule for ``sbatch`` and ``scancel`` only (docs/slurm.md). Example:
         ``c.SlurmSettings.sudo = ["sudo", "-n", "-u", "{user}", "--"]``""",
     )
-
-    def account_of(self, team: str) -> str:
-        return str(self.accounts.get(team, team))
 
     @validate("gres_models")
     def _valid_gres_models(self, proposal: dict[str, Any]) -> dict[str, str]:
