@@ -164,20 +164,25 @@ demo-step = printf 'gpupool: [%s/%s] %s' $(1) $(words $(DEMO_STEPS)) '$(2)'; \
   $(DEMO_STEPS))] $(2) failed; the end of $(CURDIR)/$(INSTALL_LOG):"; tail -n 25 $(INSTALL_LOG); \
   exit 1; }; fi
 
+# What `make run` and `make run-slurm` install first: the ports are free, then each step.
+define demo-install
+@scripts/run-hub --check-ports
+@mkdir -p -m 700 .run && : >$(INSTALL_LOG) && \
+  echo "gpupool: installing what is missing (details: $(INSTALL_LOG))"
+@+$(call demo-step,1,venv and JupyterLab,$(VENV)/.base)
+@+$(call demo-step,2,the JupyterLab extension (jlpm build),$(LABEXT))
+@+$(call demo-step,3,the gpupool package (editable),$(DEMO_STAMP))
+@+$(call demo-step,4,configurable-http-proxy,$(CHP))
+$(if $(RUNTIME),@+$(call demo-step,5,the runtime for user code,$(RUNTIME)))
+endef
+
 # The demo hub on http://127.0.0.1:8000 (Ctrl-C stops the hub, its proxy and its servers). As
 # root, servers and jobs run as the unprivileged account gpupool-demo, created here. The install
 # (install-demo, by step, above) prints into $(INSTALL_LOG), the hub into $(HUB_LOG); the
 # terminal gets a line per install step, the hub's warnings and, last, its banner: the address,
 # the demo password, the admin-password file. Node.js is checked once, here.
 run: node-check
-	@scripts/run-hub --check-ports
-	@mkdir -p -m 700 .run && : >$(INSTALL_LOG) && \
-	  echo "gpupool: installing what is missing (details: $(INSTALL_LOG))"
-	@+$(call demo-step,1,venv and JupyterLab,$(VENV)/.base)
-	@+$(call demo-step,2,the JupyterLab extension (jlpm build),$(LABEXT))
-	@+$(call demo-step,3,the gpupool package (editable),$(DEMO_STAMP))
-	@+$(call demo-step,4,configurable-http-proxy,$(CHP))
-	$(if $(RUNTIME),@+$(call demo-step,5,the runtime for user code,$(RUNTIME)))
+	$(demo-install)
 	@scripts/demo-account gpupool-demo $(RUNTIME_PYTHON)
 	@echo "gpupool: starting the hub (log: $(HUB_LOG); Ctrl-C stops it, its proxy and servers)"
 	@$(BIN)/python scripts/run-hub $(HUB_LOG) $(BIN)/jupyterhub -f jupyterhub_config.py
@@ -185,14 +190,7 @@ run: node-check
 # The same demo hub on a Slurm cluster started on this machine (root only: Slurm's daemons, and each
 # user's server and jobs run as Slurm jobs of their own unix account; docs/slurm.md, section 8).
 run-slurm: node-check
-	@scripts/run-hub --check-ports
-	@mkdir -p -m 700 .run && : >$(INSTALL_LOG) && \
-	  echo "gpupool: installing what is missing (details: $(INSTALL_LOG))"
-	@+$(call demo-step,1,venv and JupyterLab,$(VENV)/.base)
-	@+$(call demo-step,2,the JupyterLab extension (jlpm build),$(LABEXT))
-	@+$(call demo-step,3,the gpupool package (editable),$(DEMO_STAMP))
-	@+$(call demo-step,4,configurable-http-proxy,$(CHP))
-	$(if $(RUNTIME),@+$(call demo-step,5,the runtime for user code,$(RUNTIME)))
+	$(demo-install)
 	@$(MAKE) --no-print-directory slurm
 	@echo "gpupool: starting a Slurm cluster and the hub (log: $(HUB_LOG); Ctrl-C stops both)"
 	@$(BIN)/python -m gpupool.slurm.demo $(HUB_LOG) $(BIN)/jupyterhub -f jupyterhub_config.py

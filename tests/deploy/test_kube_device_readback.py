@@ -25,11 +25,12 @@ from gpupool.hub.reconcile import Reconciler
 from gpupool.kube.api import ClusterAPI
 from gpupool.kube.manifests import job_name
 from gpupool.kube.nodes import inventory_from_nodes
-from gpupool.kube.readback import Seen, parse_seen, plan_readback, seen_by_allocation
+from gpupool.kube.readback import parse_seen, seen_by_allocation
 from gpupool.kube.reconcile import KubeReconciler
 from gpupool.monitors.activity import DeviceSample
 from gpupool.monitors.dcgm import DCGMSource, by_ledger_device
 from gpupool.pool import Pool
+from gpupool.readback import Seen, plan_readback
 from gpupool.store import Store
 from tests.conftest import a100_mixed_node, h100_node, kubeconfig
 from tests.deploy.kube_api import Served, served

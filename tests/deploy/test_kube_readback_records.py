@@ -24,9 +24,10 @@ from gpupool.jobs.manager import JobManager
 from gpupool.kube.jobs import KubeJobBackend
 from gpupool.kube.manifests import job_name
 from gpupool.kube.nodes import inventory_from_nodes
-from gpupool.kube.readback import MigKey, Seen, read_back
+from gpupool.kube.readback import MigKey, read_back
 from gpupool.monitors.dcgm import DCGMSource
 from gpupool.pool import Pool
+from gpupool.readback import Seen
 from gpupool.store import Store
 from tests.conftest import a100_mixed_node, h100_node
 from tests.deploy.kube_api import Served, served

@@ -56,11 +56,11 @@ from gpupool.core.offers import Offer, rank_env
 from gpupool.declarations import ConfigError
 from gpupool.jobs import private_network
 from gpupool.jobs.backend import JobBackend, Observation
+from gpupool.jobs.folders import read_rank_log, remove_job_folder
 from gpupool.procfs import process_start, with_item
 from gpupool.shares import ShareEnforcement, check_mps_accounts, share_env
 from gpupool.usercode import (
     Account,
-    UnsafeFile,
     become,
     check_shared_mode,
     code_account,
@@ -487,38 +487,16 @@ class LocalJobBackend(JobBackend):
 
     def _read_log(self, job: Job, rank: int, offset: int) -> tuple[bytes, int]:
         jdir, account = self._owned(job)
-        path = jdir / f"rank-{rank}.log"
         if account is None:
             return b"", 0
-        try:
-            return read_owned(path, account, offset, self.max_log_chunk)
-        except FileNotFoundError:
-            return b"", 0
-        except UnsafeFile as e:
-            self.log.warning("gpupool: not reading %s for job %s: %s", path, job.id, e.strerror)
-            return b"", 0
+        return read_rank_log(jdir, account, rank, offset, self.max_log_chunk, self.log, job.id)
 
     async def forget(self, job: Job) -> None:
         """Remove the ended job's directory (script, logs, exit codes) as its code account,
         which made it: ``rm -rf`` as that account, so nothing but what it may remove goes."""
         jdir, account = self._owned(job)
-        if account is None:
-            return  # the account is gone: nothing of it is touched
-        if jdir.name != job.id:
-            raise RuntimeError(f"{jdir} is not the directory of job {job.id}")
-        proc = await asyncio.create_subprocess_exec(
-            "/bin/rm", "-rf", "--", str(jdir),
-            cwd="/",
-            env={"PATH": "/usr/bin:/bin"},
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            **become(account),
-        )  # fmt: skip
-        _, said = await proc.communicate()
-        if proc.returncode:
-            why = said.decode(errors="replace").strip()[:300]
-            raise RuntimeError(f"rm -rf {jdir} as {account.name} failed: {why}")
+        if account is not None:  # the account is gone: nothing of it is touched
+            await remove_job_folder(jdir, job.id, account)
 
 
 def _whole(text: str | None) -> int | None:

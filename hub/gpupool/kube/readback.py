@@ -23,23 +23,15 @@ Vocabulary
 - *seen by allocation* (:func:`seen_by_allocation`): the seen devices of gpupool's pods (the
   reconciler's cache: a notebook pod by its ``gpupool.io/allocation`` label, a job pod by its
   ``gpupool.io/job`` label and node) on the allocation's own node.
-- *re-key* (:func:`plan_readback`): for an allocation of whole GPUs, its ledger devices become
-  the inventory GPUs with the indexes the node reports (``k8s-<node>-gpu<index>``), each with
-  the GPU's UUID as its ``instance`` (so ``visible_devices`` names the real GPU). An allocation
-  the ledger had put on those indexes is *displaced* onto the ones vacated (its pod cannot hold
-  them: the node says another pod does). The ledger's free GPUs are then the node's free GPUs,
-  and the next placement is on a GPU the device plugin can really give. Where the node's
-  indexes do not name whole GPUs of the inventory, only the UUIDs are recorded, paired in order.
-  MIG instances and shares are not re-keyed (see docs/kubernetes.md, section 4); a MIG
-  instance's parent GPU and GPU instance ID, as the node reports them, are kept for the admin
-  page only (:func:`mig_reported`).
+- *re-key* (:mod:`gpupool.readback`, shared with Slurm's mirror): an allocation of whole GPUs
+  takes the inventory GPUs with the indexes the node reports (``k8s-<node>-gpu<index>``), each
+  with the GPU's UUID as its ``instance`` (so ``visible_devices`` names the real GPU); one the
+  ledger had put there is displaced onto the ones vacated. MIG instances and shares are not
+  re-keyed (see docs/kubernetes.md, section 4); a MIG instance's parent GPU and GPU instance ID,
+  as the node reports them, are kept for the admin page only (:func:`mig_reported`).
 
-Contract: :func:`parse_seen`, :func:`seen_by_allocation` and :func:`plan_readback` are pure.
-:func:`apply_readback` changes the ledger under the pool's lock: every allocation of one plan is
-released and restored with its new devices, persisted, or nothing changes (logged by the
-caller), then the pool's ``on_devices`` listeners hear the allocations rewritten (the job
-manager records a job's new devices: its record, the jobs API and the saved job name the GPUs
-read back). Quotas and costs are unchanged (the same count of the same kind on the same node).
+Contract: :func:`parse_seen`, :func:`seen_by_allocation` and :func:`mig_reported` are pure;
+:func:`read_back` is one pass: query, plan and apply (:mod:`gpupool.readback`).
 """
 
 from __future__ import annotations
@@ -47,14 +39,14 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
 from typing import Any
 
 from tornado.httpclient import HTTPClientError
 
-from gpupool.core.ledger import Allocation, Device, Ledger
+from gpupool.core.ledger import Allocation, Ledger
 from gpupool.monitors.dcgm import PrometheusError
 from gpupool.pool import Pool
+from gpupool.readback import Seen, apply_readback, plan_readback
 
 READBACK_METRIC = "DCGM_FI_DEV_FB_USED"
 """One series per GPU and MIG instance, in dcgm-exporter's default counters."""
@@ -62,21 +54,6 @@ ALLOCATION_LABEL = "gpupool.io/allocation"
 JOB_LABEL = "gpupool.io/job"
 
 PodKey = tuple[str, str]
-
-
-@dataclass(frozen=True, order=True)
-class Seen:
-    """A device a pod holds, as dcgm-exporter labels it (see the module docstring)."""
-
-    index: int
-    uuid: str
-    gi: int | None = None
-    profile: str | None = None
-
-    @property
-    def id(self) -> str:
-        """``<UUID>`` of a GPU, ``<UUID>/gi<GPU instance ID>`` of a MIG instance."""
-        return self.uuid if self.gi is None else f"{self.uuid}/gi{self.gi}"
 
 
 def readback_query() -> str:
@@ -140,47 +117,6 @@ def seen_by_allocation(
     return {k: sorted(v) for k, v in out.items() if v}
 
 
-def plan_readback(ledger: Ledger, alloc_id: str, seen: Sequence[Seen]) -> list[Allocation]:
-    """The allocations to rewrite so that ``alloc_id`` holds what the node says it holds: the
-    allocation re-keyed, and any displaced one (see the module docstring); ``[]`` if nothing
-    changes or the node's answer does not fit the allocation (another count, MIG, shares)."""
-    a = ledger.allocations.get(alloc_id)
-    node = next((n for n in ledger.inventory.nodes if a and n.name == a.node), None)
-    whole = [s for s in seen if s.gi is None]
-    if a is None or node is None or len(whole) != len(a.devices) or len(seen) != len(whole):
-        return []
-    if any(d.profile is not None or d.share_milli is not None for d in a.devices):
-        return []
-    gpus = {g.uuid: g for g in node.gpus}
-    by_index = {g.index: g.uuid for g in node.gpus if not g.mig_enabled and not g.share_resource}
-    targets = [by_index.get(s.index) for s in whole]
-    old = [d.gpu for d in a.devices]
-    if any(t is None for t in targets) or len(set(targets)) != len(targets):
-        paired = tuple(
-            replace(d, instance=s.uuid)
-            for d, s in zip(sorted(a.devices, key=lambda d: gpus[d.gpu].index), whole, strict=True)
-        )
-        return [replace(a, devices=paired)] if set(paired) != set(a.devices) else []
-    devices = tuple(Device(str(t), instance=s.uuid) for t, s in zip(targets, whole, strict=True))
-    if set(devices) == set(a.devices):
-        return []
-    vacated = [g for g in old if g not in targets]
-    holders = {d.gpu: b for b in ledger.allocations.values() if b.id != a.id for d in b.devices}
-    moved: dict[str, Allocation] = {}
-    for t in targets:
-        b = holders.get(str(t))
-        if b is None or t in old:
-            continue
-        b = moved.get(b.id, b)
-        if any(d.profile is not None or d.share_milli is not None for d in b.devices):
-            return []
-        swap = vacated.pop(0)
-        moved[b.id] = replace(
-            b, devices=tuple(Device(swap) if d.gpu == t else d for d in b.devices)
-        )
-    return [replace(a, devices=devices), *moved.values()]
-
-
 MigKey = tuple[str, str, int | None]
 """A MIG device of an allocation: (allocation id, the ledger's GPU, start slot)."""
 
@@ -204,42 +140,6 @@ def mig_reported(ledger: Ledger, found: Mapping[str, Sequence[Seen]]) -> dict[Mi
         for d, s in zip(migs, instances, strict=True):
             out[a.id, d.gpu, d.start] = s
     return out
-
-
-def apply_readback(pool: Pool, plan: Sequence[Allocation]) -> bool:
-    """Rewrite the allocations of ``plan`` (:func:`plan_readback`) in the ledger and the store,
-    under the pool's lock; all or nothing. False if they would not restore (then nothing
-    changed)."""
-    if not plan:
-        return False
-
-    def decide(ledger: Ledger) -> list[Allocation] | None:
-        before = [ledger.allocations.get(a.id) for a in plan]
-        if any(b is None for b in before):
-            return None
-        for a in plan:
-            ledger.release(a.id)
-        restored, lost = ledger.restore(plan)
-        if lost:
-            for a in restored:
-                ledger.release(a.id)
-            ledger.restore([b for b in before if b is not None])
-            return None
-        try:
-            pool.store.replace(restored)
-        except Exception:
-            for a in restored:
-                ledger.release(a.id)
-            ledger.restore([b for b in before if b is not None])
-            raise
-        return restored
-
-    restored: list[Allocation] | None = pool.deciding(decide)
-    if restored is None:
-        return False
-    for listener in pool.on_devices:  # a job's recorded devices follow (its manager listens)
-        listener(restored)
-    return True
 
 
 def _plan(ledger: Ledger, alloc_id: str, seen: Sequence[Seen]) -> list[Allocation]:

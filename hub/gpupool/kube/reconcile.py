@@ -106,11 +106,12 @@ from gpupool.kube.nodes import (
     node_part,
     not_ready_reason,
 )
-from gpupool.kube.readback import MigKey, Seen, read_back
+from gpupool.kube.readback import MigKey, read_back
 from gpupool.kube.settings import default_namespace, kueue_hami_refusal
 from gpupool.kube.tenant_view import changed, public_reasons
 from gpupool.kube.tenants import digest, other_releases, tenant_shares, tenant_use
 from gpupool.pool import Pool
+from gpupool.readback import Seen
 
 log = logging.getLogger("gpupool")
 

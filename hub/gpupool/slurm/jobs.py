@@ -47,6 +47,7 @@ from gpupool.core.ledger import Allocation
 from gpupool.core.offers import DDP_BACKEND, Offer, one_rank_per_instance
 from gpupool.declarations import ConfigError
 from gpupool.jobs.backend import JobBackend, Observation
+from gpupool.jobs.folders import read_rank_log, remove_job_folder
 from gpupool.slurm.batch import (
     FINAL_RECORD,
     FOLDER_FAILED,
@@ -60,7 +61,7 @@ from gpupool.slurm.inventory import gres_request, gres_types_of
 from gpupool.slurm.names import Tag, batch_job_name, parse_tag
 from gpupool.slurm.parse import SlurmJob
 from gpupool.slurm.settings import SlurmSettings
-from gpupool.usercode import Account, UnsafeFile, account, become, read_owned
+from gpupool.usercode import Account, account, read_owned
 
 
 class SlurmJobBackend(JobBackend, SlurmSettings):
@@ -333,42 +334,14 @@ class SlurmJobBackend(JobBackend, SlurmSettings):
         jdir, owner = self._owned(job)
         if jdir is None or owner is None:
             return b"", 0
-        path = jdir / f"rank-{rank}.log"
-        try:
-            return read_owned(path, owner, offset, self.max_log_chunk)
-        except FileNotFoundError:
-            return b"", 0
-        except UnsafeFile as e:
-            self.log.warning("gpupool: not reading %s for job %s: %s", path, job.id, e.strerror)
-            return b"", 0
+        return read_rank_log(jdir, owner, rank, offset, self.max_log_chunk, self.log, job.id)
 
     async def forget(self, job: Job) -> None:
         """Remove the ended job's folder as its owner (``rm -rf`` as that account; a hub that is
         not root goes through ``sudo``)."""
         jdir, owner = self._owned(job)
-        if jdir is None or owner is None:
-            return
-        if jdir.name != job.id:
-            raise RuntimeError(f"{jdir} is not the folder of job {job.id}")
-        argv = ["/bin/rm", "-rf", "--", str(jdir)]
-        how: dict[str, Any] = {}
-        if os.geteuid() == 0:
-            how = become(owner)
-        elif owner.uid != os.geteuid():
-            argv = [p.replace("{user}", owner.name) for p in self.sudo] + argv
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            cwd="/",
-            env={"PATH": "/usr/bin:/bin"},
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            **how,
-        )
-        _, said = await proc.communicate()
-        if proc.returncode:
-            why = said.decode(errors="replace").strip()[:300]
-            raise RuntimeError(f"rm -rf {jdir} as {owner.name} failed: {why}")
+        if jdir is not None and owner is not None:
+            await remove_job_folder(jdir, job.id, owner, self.sudo)
 
 
 # -- what a Slurm job's state means (pure) -------------------------------------------------------

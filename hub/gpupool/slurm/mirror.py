@@ -7,7 +7,7 @@ Vocabulary
   hub's: the job is someone else's.
 - *read back*: a running job of this hub holds, per node, the gres indices ``gres_detail`` names;
   a whole-GPU allocation is re-keyed to those GPUs (the ledger decided node and count, Slurm the
-  device; :func:`gpupool.kube.readback.plan_readback` moves any allocation the ledger had put
+  device; :func:`gpupool.readback.plan_readback` moves any allocation the ledger had put
   there onto the GPUs vacated). MIG instances and shards are of one kind per node and cost the
   same whichever index: not re-keyed.
 - *outside use*: every other running job's GPU gres indices on the pool's nodes close those
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpupool.core.ledger import Allocation, Ledger
-from gpupool.kube.readback import Seen, apply_readback, plan_readback
 from gpupool.pool import Pool
+from gpupool.readback import Seen, apply_readback, plan_readback
 from gpupool.slurm.commands import SlurmCommands, SlurmUnavailable
 from gpupool.slurm.inventory import SHARD_RESOURCE, gpu_name
 from gpupool.slurm.names import parse_tag
