@@ -101,7 +101,12 @@ def manager(c: Config, engine: str = "mirror") -> JobManager:
     return JobManager(pool, config=c, slurm=slurm)
 
 
-async def until(check: Callable[[], Awaitable[Any] | Any], timeout: float = 90.0) -> Any:
+async def until(
+    check: Callable[[], Awaitable[Any] | Any],
+    timeout: float = 90.0,
+    seen: Callable[[], object] = lambda: "",
+) -> Any:
+    """Poll ``check`` until it holds; a failure says what ``seen`` shows then."""
     deadline = time.monotonic() + timeout
     while True:
         found = check()
@@ -109,7 +114,7 @@ async def until(check: Callable[[], Awaitable[Any] | Any], timeout: float = 90.0
             found = await found
         if found:
             return found
-        assert time.monotonic() < deadline, "condition not reached"
+        assert time.monotonic() < deadline, f"condition not reached; last seen: {seen()}"
         await asyncio.sleep(0.2)
 
 
@@ -326,13 +331,21 @@ def test_a_job_pending_in_slurm_shows_slurms_reason_and_cancels(
             await until(lambda: _state(cluster, blocker) == "RUNNING")
             job = m.submit(owner, ["lab"], {"script": SLEEPER, "offer": "h100"})
             await m.schedule_pass()
-            await until(lambda: m.jobs[job.id].reason.startswith("Slurm: PENDING (Resources)"))
+            # Slurm's own words for why the job waits (Resources, mostly; under load a node
+            # can answer late and Slurm says so): the panel shows what squeue says of the job
+            await until(
+                lambda: m.jobs[job.id].reason.startswith("Slurm: PENDING ("),
+                seen=lambda: (m.jobs[job.id].reason, _squeue(cluster)),
+            )
             seen = m.jobs[job.id]
             assert seen.state == "starting"
-            assert job_model(seen, None)["reason"].startswith("Slurm: PENDING (Resources)")
+            slurm_id = json.loads(seen.handle)["slurm_job_id"]
+            listed = next(j for j in _squeue(cluster) if j["job_id"] == slurm_id)
+            assert listed["job_state"] == "PENDING"
+            assert f"Slurm: PENDING ({listed['state_reason']})" in seen.reason, seen.reason
+            assert job_model(seen, None)["reason"] == seen.reason
             cancelled = await m.cancel(job.id, owner, False)
             assert cancelled.state == "cancelled"
-            slurm_id = json.loads(seen.handle)["slurm_job_id"]
             assert _state(cluster, slurm_id) == "CANCELLED"
         finally:
             await slurm.scancel(blocker)
