@@ -69,6 +69,7 @@ LOADS: tuple[float, ...] = (0.8, 0.95, 1.1)
 DEFAULT_PODS = 1000
 DEFAULT_GPUS = 32
 DEFAULT_MAX_DURATION = 21_600.0
+GAP_MEDIANS = 20.0
 BASELINE_PLACEMENT = "best-fit"
 RESULTS = Path(__file__).resolve().parent / "results" / "queue.json"
 
@@ -209,11 +210,12 @@ def offered_demand(jobs: Sequence[SimJob], capacity_milli: int) -> float:
     return work / (capacity_milli * span) if span > 0 else float("inf")
 
 
-def cap_gaps(jobs: Sequence[SimJob], quantile: float = 0.99) -> list[SimJob]:
-    """``jobs`` (in arrival order) with every gap between arrivals longer than the ``quantile``
-    gap cut to it: an idle stretch of the trace is an empty pool, not a queue."""
+def cap_gaps(jobs: Sequence[SimJob], medians: float = GAP_MEDIANS) -> list[SimJob]:
+    """``jobs`` (in arrival order) with every gap between arrivals longer than ``medians``
+    times the median gap cut to that: an idle stretch of the trace is an empty pool, not a
+    queue."""
     gaps = [b.arrival - a.arrival for a, b in itertools.pairwise(jobs)]
-    cap = percentile(gaps, quantile)
+    cap = percentile(gaps, 0.5) * medians
     out, at = [], jobs[0].arrival if jobs else 0.0
     for k, j in enumerate(jobs):
         at += min(gaps[k - 1], cap) if k else 0.0
@@ -667,9 +669,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"with times (skipped: {skipped.gpu_less:,} GPU-less, {skipped.no_times:,} without "
         f"scheduled/deletion time, {skipped.not_positive:,} with duration <= 0); window: "
         f"{len(window):,} pods from #{args.skip}; pool: {len(nodes):,} nodes, {gpus:,} GPUs; "
-        f"durations cut at {args.max_duration:,.0f} s, arrival gaps at the window's p99; "
-        f"time limits = duration x "
-        f"{args.estimate_factor}"
+        f"durations cut at {args.max_duration:,.0f} s, arrival gaps at {GAP_MEDIANS:.0f} "
+        f"median gaps; time limits = duration x {args.estimate_factor}"
     )
     entries = []
     for model in models:

@@ -200,8 +200,8 @@ def test_load_scaling_hits_its_target(jobs: list[SimJob], target: float) -> None
 
 def test_cap_gaps_cuts_only_the_longest_gaps() -> None:
     jobs = [SimJob(f"j{i}", "t0", "x", "gpu", 1, 1000, t, 1.0, 1.0) for i, t in
-            enumerate([0.0, 1.0, 2.0, 1000.0, 1001.0])]  # fmt: skip
-    assert [j.arrival for j in cap_gaps(jobs, 0.5)] == [0.0, 1.0, 2.0, 3.0, 4.0]
+            enumerate([0.0, 1.0, 2.0, 1000.0, 1001.0, 1003.0])]  # fmt: skip
+    assert [j.arrival for j in cap_gaps(jobs, 2.0)] == [0.0, 1.0, 2.0, 4.0, 5.0, 7.0]
 
 
 def test_gpupool_queue_drains_a_tiny_synthetic_trace(tmp_path: Path) -> None:
