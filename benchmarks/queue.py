@@ -556,16 +556,27 @@ def decide_cost(
     pool_jobs = [draw(i, 0.0) for i in range(gpus * 2)]
     ledger = build_pool(inventory, pool_jobs, "gpupool")
     running: list[Running] = []
-    for j in pool_jobs:  # fill: offer jobs until a tenth in a row is refused
+    for j in pool_jobs:  # fill: offer twice as many jobs as GPUs, keep those that fit
         q = as_queued(j)
         if grant(ledger, q):
             running.append(Running(j.id, j.team, (f"{j.id}#0",), j.limit, 0.0, j.id, j.count))
     waiting = [as_queued(draw(gpus * 2 + i, float(i))) for i in range(queued)]
     timings = []
-    for _ in range(passes):
-        t0 = time.perf_counter()
-        schedule(ledger, waiting, running, 1.0)
-        timings.append(time.perf_counter() - t0)
+    clones = [0]
+    real_clone = Ledger.clone
+
+    def counted(self: Ledger) -> Ledger:
+        clones[0] += 1
+        return real_clone(self)
+
+    Ledger.clone = counted  # type: ignore[method-assign]  # counts only; restored below
+    try:
+        for _ in range(passes):
+            t0 = time.perf_counter()
+            plan = schedule(ledger, waiting, running, 1.0)
+            timings.append(time.perf_counter() - t0)
+    finally:
+        Ledger.clone = real_clone  # type: ignore[method-assign]
     used = sum(ledger.team_used.values()) / (gpus * GPU_MILLI)
     return {
         "gpus": gpus,
@@ -575,6 +586,9 @@ def decide_cost(
         "passes": passes,
         "p50_s": percentile(timings, 0.5),
         "p99_s": percentile(timings, 0.99),
+        "clones_per_pass": clones[0] / passes,
+        "plan_starts": len(plan.start),
+        "plan_preempts": len(plan.preempt),
         "model": model,
         "seed": seed,
     }
@@ -620,21 +634,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help=f"also write {RESULTS}")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--decide", action="store_true", help="measure one pass's cost instead")
-    parser.add_argument("--decide-sizes", default="1024:156,8192:1250,65536:10000")
+    parser.add_argument(
+        "--decide-sizes",
+        default="256:39:5,512:78:5,1024:156:3,2048:312:1",
+        help="GPUS:QUEUED[:PASSES],... (queued jobs in the 65,536:10,000 ratio)",
+    )
     parser.add_argument("--decide-passes", type=int, default=5)
     return parser.parse_args(argv)
 
 
 def run_decide(args: argparse.Namespace) -> int:
-    rows = [["GPUs", "queued", "running", "pool used", "passes", "p50 s", "p99 s"]]
+    rows = [["GPUs", "queued", "running", "pool used", "passes", "p50 s", "p99 s", "clones",
+             "starts", "preempts"]]  # fmt: skip
     found = []
     for size in args.decide_sizes.split(","):
-        gpus, queued = (int(x) for x in size.split(":"))
-        r = decide_cost(gpus, queued, args.decide_passes, args.trace_seed)
+        gpus, queued, *more = (int(x) for x in size.split(":"))
+        r = decide_cost(gpus, queued, more[0] if more else args.decide_passes, args.trace_seed)
         found.append(r)
         rows.append(
             [f"{gpus:,}", f"{queued:,}", f"{r['running']:,}", f"{r['pool_used']:.1%}",
-             str(r["passes"]), f"{r['p50_s']:.3f}", f"{r['p99_s']:.3f}"]
+             str(r["passes"]), f"{r['p50_s']:.3f}", f"{r['p99_s']:.3f}",
+             f"{r['clones_per_pass']:.0f}", str(r["plan_starts"]), str(r["plan_preempts"])]
         )  # fmt: skip
         print(align(rows, left=()), flush=True)
     if args.json:
