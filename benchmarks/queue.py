@@ -581,6 +581,8 @@ def decide_cost(
     return {
         "gpus": gpus,
         "queued": queued,
+        "policy": "gpupool",
+        "placement": "gpupool",
         "running": len(running),
         "pool_used": used,
         "passes": passes,
@@ -662,10 +664,24 @@ def run_decide(args: argparse.Namespace) -> int:
     return 0
 
 
-def _merge_json(path: Path, part: dict[str, Any]) -> None:
+IDENTITY = ("trace", "model", "load", "policy", "placement", "window", "skip", "gpus",
+            "max_duration_s", "estimate_factor", "queued", "seed")  # fmt: skip
+
+
+def merge_entries(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> list[Any]:
+    """``old`` with each entry that ``new`` measures again replaced, then the rest of ``new``."""
+    key = lambda e: tuple(e.get(k) for k in IDENTITY)  # noqa: E731
+    fresh = {key(e) for e in new}
+    return [e for e in old if key(e) not in fresh] + list(new)
+
+
+def _merge_json(path: Path, part: dict[str, list[Any]]) -> None:
+    """Add ``part``'s sections to the JSON file at ``path`` (see :func:`merge_entries`)."""
     old = json.loads(path.read_text()) if path.is_file() else {}
+    for section, entries in part.items():
+        old[section] = merge_entries(old.get(section, []), entries)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(old | part, indent=2) + "\n")
+    path.write_text(json.dumps(old, indent=2) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -722,7 +738,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print()
             print(summary_table(outcomes), flush=True)
     if args.json:
-        _merge_json(args.out, {f"replay:{name}": entries})
+        _merge_json(args.out, {"replay": entries})
     return 0
 
 
