@@ -533,6 +533,35 @@ def summary_table(outcomes: Sequence[Outcome]) -> str:
     return align(rows, left=(0,))
 
 
+def _ratio(ours: float, theirs: float) -> str:
+    return f"{ours / theirs:.2f}" if theirs else "=" if ours == 0 else "inf"
+
+
+def comparison_table(entries: Sequence[dict[str, Any]]) -> str:
+    """gpupool against the best baseline per shape (the lowest p95, then max): the ratios
+    p95 / p99 / max of gpupool's wait to that baseline's (< 1: gpupool waits less), and
+    utilisation against the best baseline's. ``entries`` are :meth:`Outcome.to_json` dicts of one
+    trace, model and load."""
+    by_policy = {e["policy"]: e for e in entries}
+    ours = by_policy["gpupool"]
+    rows = [["shape", "best baseline", "p95 ratio", "p99 ratio", "max ratio"]]
+    for shape in SHAPES:
+        if not ours["wait_s"][shape]["n"]:
+            continue
+        best = min(
+            BASELINES, key=lambda p: (by_policy[p]["wait_s"][shape]["p95"],
+                                      by_policy[p]["wait_s"][shape]["max"])
+        )  # fmt: skip
+        a, b = ours["wait_s"][shape], by_policy[best]["wait_s"][shape]
+        rows.append([shape, best, *(_ratio(a[k], b[k]) for k in ("p95", "p99", "max"))])
+    best = max(BASELINES, key=lambda p: by_policy[p]["utilisation"])
+    rows.append(
+        ["utilisation", best, f"{ours['utilisation']:.1%}", "vs",
+         f"{by_policy[best]['utilisation']:.1%}"]
+    )  # fmt: skip
+    return align(rows, left=(0, 1))
+
+
 # -- the cost of deciding -------------------------------------------------------------------
 def decide_cost(
     gpus: int, queued: int, passes: int, seed: int, model: str = "mig"
@@ -737,6 +766,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(wait_table(outcomes))
             print()
             print(summary_table(outcomes), flush=True)
+            if {"gpupool", *BASELINES} <= set(policies):
+                print()
+                print(comparison_table([o.to_json() for o in outcomes]), flush=True)
     if args.json:
         _merge_json(args.out, {"replay": entries})
     return 0
