@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import heapq
 import itertools
 import json
@@ -59,7 +60,7 @@ from gpupool.core.errors import PoolError
 from gpupool.core.inventory import Inventory
 from gpupool.core.ledger import Ledger
 from gpupool.core.placement import make_policy
-from gpupool.core.queue import Queued, Running, schedule
+from gpupool.core.queue import Plan, Queued, Running, order, schedule
 from gpupool.core.quota import Team
 
 TEAMS = 4
@@ -270,15 +271,25 @@ StepResult = tuple[list[str], list[str]]
 Step = Callable[[Ledger, dict[str, SimJob], dict[str, Started], float], StepResult]
 
 
+Watch = Callable[[Ledger, list[Queued], Plan], None]
+
+
 def gpupool_step(
-    ledger: Ledger, queue: dict[str, SimJob], running: dict[str, Started], now: float
+    ledger: Ledger,
+    queue: dict[str, SimJob],
+    running: dict[str, Started],
+    now: float,
+    watch: Watch | None = None,
 ) -> StepResult:
     """gpupool's pass as :meth:`gpupool.jobs.manager.JobManager.schedule_pass` does it: plan
     with :func:`schedule`, release the preempted jobs (requeued by the caller), then grant each
-    planned job still queued node by node with :meth:`Queued.request` (all or nothing)."""
+    planned job still queued node by node with :meth:`Queued.request` (all or nothing).
+    ``watch`` sees the ledger, the queue and the plan before the plan is carried out."""
     queued = [as_queued(j) for j in queue.values()]
     live = [as_running(s) for s in running.values()]
     plan = schedule(ledger, queued, live, now)
+    if watch is not None:
+        watch(ledger, queued, plan)
     for job_id in plan.preempt:
         for alloc_id in running[job_id].allocations:
             ledger.release(alloc_id)
@@ -325,6 +336,42 @@ def baseline_step(name: str) -> Step:
         return policy(ledger, waiting, live, now), []
 
     return step
+
+
+@dataclass
+class HeadCounts:
+    """For one gang: passes it waited through, passes it was the plan's head, and jobs the
+    queue ordered ahead of it that started in those passes."""
+
+    queued: int = 0
+    head: int = 0
+    overtaken: int = 0
+
+
+def watch_gangs(counts: dict[str, HeadCounts]) -> Watch:
+    """A ``watch`` for :func:`gpupool_step` that fills ``counts`` for the jobs named in it."""
+
+    def watch(ledger: Ledger, queued: list[Queued], plan: Plan) -> None:
+        place = {q.id: i for i, q in enumerate(order(ledger, queued))}
+        for job_id, c in counts.items():
+            if job_id not in place:
+                continue
+            c.queued += 1
+            c.head += plan.head == job_id
+            c.overtaken += sum(place[s] < place[job_id] for s in plan.start)
+
+    return watch
+
+
+def gang_table(jobs: Sequence[SimJob], run: Run, counts: dict[str, HeadCounts]) -> str:
+    rows = [["gang", "GPUs", "team", "wait s", "passes queued", "as head", "overtaken"]]
+    for j in jobs:
+        if j.id in counts:
+            c = counts[j.id]
+            wait = _s(run.starts[j.id] - j.arrival) if j.id in run.starts else "never"
+            rows.append([j.id, str(j.count), j.team, wait, f"{c.queued:,}", f"{c.head:,}",
+                         f"{c.overtaken:,}"])  # fmt: skip
+    return align(rows, left=(0, 2))
 
 
 def step_for(policy: str) -> Step:
@@ -662,6 +709,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--placement", default="gpupool", help="placement policy of the gpupool policy's ledger"
     )
+    parser.add_argument(
+        "--gangs",
+        action="store_true",
+        help="gpupool: per multi-GPU job, passes queued, as the head, and jobs started ahead of it",
+    )
     parser.add_argument("--json", action="store_true", help=f"also write {RESULTS}")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--decide", action="store_true", help="measure one pass's cost instead")
@@ -752,8 +804,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             for policy in policies:
                 placement = args.placement if policy == "gpupool" else BASELINE_PLACEMENT
                 ledger = build_pool(inventory, jobs, placement)
-                run = simulate(ledger, jobs, step_for(policy))
+                gangs = {j.id: HeadCounts() for j in jobs if j.count > 1}
+                step = step_for(policy)
+                if policy == "gpupool" and args.gangs:
+                    step = functools.partial(gpupool_step, watch=watch_gangs(gangs))
+                run = simulate(ledger, jobs, step)
                 o = outcome(model, load, policy, jobs, run, capacity)
+                if policy == "gpupool" and args.gangs:
+                    print(gang_table(jobs, run, gangs))
                 outcomes.append(o)
                 entries.append(
                     {"trace": name, "seed": seed, "window": len(window), "skip": args.skip,

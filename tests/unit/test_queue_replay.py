@@ -5,6 +5,7 @@ moment), load scaling, and gpupool's real queue draining a tiny synthetic trace.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,12 +15,14 @@ from hypothesis import strategies as st
 from benchmarks import trace as traces
 from benchmarks.queue import (
     POLICIES,
+    HeadCounts,
     SimJob,
     Started,
     Step,
     baseline_step,
     build_pool,
     cap_gaps,
+    gpupool_step,
     make_jobs,
     offer_costs,
     offered_demand,
@@ -29,6 +32,7 @@ from benchmarks.queue import (
     simulate,
     step_for,
     team_of,
+    watch_gangs,
 )
 from benchmarks.queue_baselines import (
     Job,
@@ -227,3 +231,15 @@ def test_a_job_no_node_can_hold_is_reported_unstarted() -> None:
         run = simulate(build_pool(build_inventory([("a", 4)], "mig"), jobs, "best-fit"), jobs,
                        step_for(policy))  # fmt: skip
         assert (run.unstarted, set(run.starts)) == (["huge"], {"small"})
+
+
+def test_the_gang_watch_counts_the_passes_a_gang_waits_and_leads() -> None:
+    jobs = [
+        SimJob("small", "t0", "1 GPU", "gpu", 1, 1000, 0.0, 10.0, 10.0),
+        SimJob("gang", "t1", "8 GPUs", "gpu", 8, 8000, 1.0, 10.0, 10.0),
+    ]
+    counts = {"gang": HeadCounts()}
+    step: Step = functools.partial(gpupool_step, watch=watch_gangs(counts))
+    run = simulate(build_pool(build_inventory([("a", 8)], "mig"), jobs, "best-fit"), jobs, step)
+    assert run.starts == {"small": 0.0, "gang": 10.0}
+    assert counts["gang"] == HeadCounts(queued=2, head=1, overtaken=0)  # waits at 1, starts at 10
