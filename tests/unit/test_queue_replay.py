@@ -13,27 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks import trace as traces
-from benchmarks.queue import (
-    POLICIES,
-    HeadCounts,
-    SimJob,
-    Started,
-    Step,
-    baseline_step,
-    build_pool,
-    cap_gaps,
-    gpupool_step,
-    make_jobs,
-    offer_costs,
-    offered_demand,
-    read_timed_pods,
-    sample_nodes,
-    scale_arrivals,
-    simulate,
-    step_for,
-    team_of,
-    watch_gangs,
-)
+from benchmarks.queue import POLICIES, baseline_step, simulate, step_for
 from benchmarks.queue_baselines import (
     Job,
     Live,
@@ -43,6 +23,20 @@ from benchmarks.queue_baselines import (
     fifo,
     fits,
     request_of,
+)
+from benchmarks.queue_gpupool import HeadCounts, Step, gpupool_step, watch_gangs
+from benchmarks.queue_jobs import (
+    SimJob,
+    Started,
+    build_pool,
+    cap_gaps,
+    make_jobs,
+    offer_costs,
+    offered_demand,
+    read_timed_pods,
+    sample_nodes,
+    scale_arrivals,
+    team_of,
 )
 from benchmarks.replay import build_inventory, read_nodes
 from gpupool.core.ledger import Ledger
