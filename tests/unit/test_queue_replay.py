@@ -1,7 +1,8 @@
 """The queueing replay (``benchmarks.queue``): the baselines on tiny cases worked out by hand,
 properties of every policy on small random cases against brute-force checks (each job starts
 once, capacity is never exceeded, EASY starts its head by the shadow time found by trying every
-moment), load scaling, and gpupool's real queue draining a tiny synthetic trace."""
+moment), load scaling, gpupool's real queue draining a tiny synthetic trace and preempting a
+borrower, a job no node can hold, and the count of how a gang fares in gpupool's queue."""
 
 from __future__ import annotations
 
@@ -237,3 +238,18 @@ def test_the_gang_watch_counts_the_passes_a_gang_waits_and_leads() -> None:
     run = simulate(build_pool(build_inventory([("a", 8)], "mig"), jobs, "best-fit"), jobs, step)
     assert run.starts == {"small": 0.0, "gang": 10.0}
     assert counts["gang"] == HeadCounts(queued=2, head=1, overtaken=0)  # waits at 1, starts at 10
+
+
+def test_gpupool_preempts_a_borrower_and_requeues_it() -> None:
+    """Four 1-GPU jobs of t0 borrow a 4-GPU pool (guarantee 1 GPU per team); a t1 job within
+    its guarantee takes back the newest one, which restarts from zero when a GPU frees."""
+    jobs = [SimJob(f"a{i}", "t0", "1 GPU", "gpu", 1, 1000, float(i), 100.0, 100.0)
+            for i in range(4)]  # fmt: skip
+    jobs.append(SimJob("b", "t1", "1 GPU", "gpu", 1, 1000, 10.0, 5.0, 5.0))
+    run = simulate(build_pool(build_inventory([("a", 4)], "mig"), jobs, "best-fit"), jobs,
+                   step_for("gpupool"))  # fmt: skip
+    assert run.preemptions == 1
+    assert run.starts["b"] == 10.0
+    assert run.starts["a3"] == 15.0  # requeued, restarted when b ended
+    assert run.lost_milli_s == 1000 * (10.0 - 3.0)
+    assert sorted(e for s, e, c, t in run.segments if c) == [10.0, 15.0, 100.0, 101.0, 102.0, 115.0]
