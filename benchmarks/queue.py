@@ -24,6 +24,7 @@ import argparse
 import functools
 import heapq
 import json
+import math
 import sys
 import tempfile
 import time
@@ -64,6 +65,7 @@ from benchmarks.queue_report import (
 )
 from benchmarks.replay import GPU_MILLI, MODELS, build_inventory, read_nodes
 from gpupool.core.ledger import Ledger
+from gpupool.jobs.manager import JobManager
 
 POLICIES: tuple[str, ...] = ("gpupool", *BASELINES)
 LOADS: tuple[float, ...] = (0.8, 0.95, 1.1)
@@ -88,8 +90,10 @@ def baseline_step(name: str) -> Step:
     return step
 
 
-def step_for(policy: str) -> Step:
-    return gpupool_step if policy == "gpupool" else baseline_step(policy)
+def step_for(policy: str, reserve_after: float = float("inf")) -> Step:
+    if policy == "gpupool":
+        return functools.partial(gpupool_step, reserve_after=reserve_after)
+    return baseline_step(policy)
 
 
 def simulate(ledger: Ledger, jobs: Sequence[SimJob], step: Step) -> Run:
@@ -184,6 +188,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--estimate-factor", type=float, default=1.0)
     parser.add_argument(
+        "--reserve-after",
+        type=float,
+        default=JobManager.reserve_after.default_value,
+        metavar="SECONDS",
+        help="gpupool: the queue's reserve_after (c.JobManager.reserve_after; inf: never)",
+    )
+    parser.add_argument(
         "--placement", default="gpupool", help="placement policy of the gpupool policy's ledger"
     )
     parser.add_argument(
@@ -218,7 +229,7 @@ def run_decide(args: argparse.Namespace) -> int:
 
 
 IDENTITY = ("trace", "model", "load", "policy", "placement", "window", "skip", "gpus",
-            "max_duration_s", "estimate_factor", "queued", "seed")  # fmt: skip
+            "max_duration_s", "estimate_factor", "queued", "seed", "reserve_after_s")  # fmt: skip
 
 
 def merge_entries(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> list[Any]:
@@ -226,6 +237,11 @@ def merge_entries(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) 
     key = lambda e: tuple(e.get(k) for k in IDENTITY)  # noqa: E731
     fresh = {key(e) for e in new}
     return [e for e in old if key(e) not in fresh] + list(new)
+
+
+def _reserve_json(reserve_after: float, policy: str) -> float | None:
+    """``reserve_after`` as the JSON says it: ``null`` for never (and for the baselines)."""
+    return None if policy != "gpupool" or math.isinf(reserve_after) else reserve_after
 
 
 def _merge_json(path: Path, part: dict[str, list[Any]]) -> None:
@@ -277,9 +293,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 placement = args.placement if policy == "gpupool" else BASELINE_PLACEMENT
                 ledger = build_pool(inventory, jobs, placement)
                 gangs = {j.id: HeadCounts() for j in jobs if j.count > 1}
-                step = step_for(policy)
+                step = step_for(policy, args.reserve_after)
                 if policy == "gpupool" and args.gangs:
-                    step = functools.partial(gpupool_step, watch=watch_gangs(gangs))
+                    step = functools.partial(
+                        gpupool_step, watch=watch_gangs(gangs), reserve_after=args.reserve_after
+                    )
                 run = simulate(ledger, jobs, step)
                 o = outcome(model, load, policy, jobs, run, capacity)
                 if policy == "gpupool" and args.gangs:
@@ -289,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     {"trace": name, "seed": seed, "window": len(window), "skip": args.skip,
                      "gpus": gpus, "max_duration_s": args.max_duration,
                      "estimate_factor": args.estimate_factor,
+                     "reserve_after_s": _reserve_json(args.reserve_after, policy),
                      "placement": placement,
                      "offered_demand": offered_demand(jobs, capacity)} | o.to_json()
                 )  # fmt: skip

@@ -30,14 +30,16 @@ def gpupool_step(
     running: dict[str, Started],
     now: float,
     watch: Watch | None = None,
+    reserve_after: float = float("inf"),
 ) -> StepResult:
     """gpupool's pass as :meth:`gpupool.jobs.manager.JobManager.schedule_pass` does it: plan
     with :func:`schedule`, release the preempted jobs (requeued by the caller), then grant each
-    planned job still queued node by node with :meth:`Queued.request` (all or nothing).
+    planned job still queued node by node with :meth:`Queued.request` (all or nothing);
+    ``reserve_after`` as ``JobManager.reserve_after``.
     ``watch`` sees the ledger, the queue and the plan before the plan is carried out."""
     queued = [as_queued(j) for j in queue.values()]
     live = [as_running(s) for s in running.values()]
-    plan = schedule(ledger, queued, live, now)
+    plan = schedule(ledger, queued, live, now, reserve_after=reserve_after)
     if watch is not None:
         watch(ledger, queued, plan)
     for job_id in plan.preempt:

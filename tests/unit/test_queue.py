@@ -240,3 +240,78 @@ def test_a_user_runs_at_most_so_many_cpu_jobs_and_ranks_and_others_go_on() -> No
     )
     plan = schedule(ledger, [cpu_job("big", "ann", 6)], [], now=0, limits=Limits(user_cpu_ranks=5))
     assert plan.waiting["big"].endswith("JobManager.max_cpu_ranks_per_user = 5")
+
+
+# -- starving jobs: the oldest holds the reservation (c.JobManager.reserve_after) -------------
+def test_a_starving_gang_holds_the_reservation_whatever_the_fair_share() -> None:
+    ledger = two_gpu_ledger(3, a=Team("a", 3000), b=Team("b", 3000))
+    running = [run(ledger, "r", 1, "b", ends_at=100)]  # team b is further above its share
+    queue = [q("big", gpus=3, team="b", created=0), q("small", team="a", created=900)]
+    # by fair share team a's job goes first and starts, though it would delay the gang
+    assert schedule(ledger, queue, running, now=1000).start == ["small"]
+    plan = schedule(ledger, queue, running, now=1000, reserve_after=500)
+    assert (plan.head, plan.shadow, plan.start) == ("big", 100, [])
+    assert plan.waiting["small"] == "would delay job big, which is first in the queue"
+    # not starving yet: the fair-share order again
+    assert schedule(ledger, queue, running, now=400, reserve_after=500).start == ["small"]
+
+
+def test_while_a_job_starves_nothing_is_preempted() -> None:
+    """A preempted job keeps its submission time: it would starve next and preempt in turn."""
+    ledger = two_gpu_ledger(a=Team("a", 1000, 1000), b=Team("b", 1000))
+    running = [run(ledger, "a1", 1, "a", started=1), run(ledger, "a2", 1, "a", started=2)]
+    waiting = [q("b1", team="b", created=3)]
+    assert schedule(ledger, waiting, running, now=3, reserve_after=10).preempt == ["a2"]
+    plan = schedule(ledger, waiting, running, now=13, reserve_after=10)
+    assert (plan.preempt, plan.start, plan.head) == ([], [], "b1")
+
+
+@given(
+    data=st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b"]),
+            st.integers(1, 3),  # the offer's max_count
+            st.integers(0, 20),
+            st.sampled_from([10.0, 100.0, 1000.0]),
+        ),
+        min_size=1,
+        max_size=10,
+    ),
+    running=st.lists(
+        st.tuples(st.sampled_from(["a", "b"]), st.integers(1, 2), st.sampled_from([5.0, 50.0])),
+        max_size=4,
+    ),
+)
+@settings(max_examples=200, deadline=None)
+def test_nothing_started_delays_the_oldest_starving_job(
+    data: list[tuple[str, int, int, float]], running: list[tuple[str, int, float]]
+) -> None:
+    """EASY's guarantee, checked by brute force: with every job starving, the oldest one
+    starts first or is the head, and then it still fits at its shadow time once every job that
+    ends by then (running or just started, at its time limit) has ended."""
+    ledger = two_gpu_ledger(4, a=Team("a", 2000, 2000), b=Team("b", 2000, 2000))
+    live = []
+    for i, (team, gpus, ends) in enumerate(running):
+        with contextlib.suppress(PoolError):
+            live.append(run(ledger, f"r{i}", gpus, team, ends_at=ends, started=0))
+    queue = [
+        q(f"j{i}", gpus, team, created=c, time_limit=t) for i, (team, gpus, c, t) in enumerate(data)
+    ]
+    now = 100.0  # every job has waited at least reserve_after
+    plan = schedule(ledger, queue, live, now, reserve_after=50)
+    oldest = min(queue, key=lambda j: (j.created, j.id))
+    assert plan.preempt == []
+    if oldest.id in plan.start or plan.head is None:
+        return  # it started (first of all); the fair-share rules go on as before
+    assert plan.head == oldest.id
+    by_id = {j.id: j for j in queue}
+    at_shadow = ledger.clone()
+    for r in live:
+        if r.ends_at <= plan.shadow:
+            for alloc_id in r.allocations:
+                at_shadow.release(alloc_id)
+    for job_id in plan.start:  # started ones that have not ended by the shadow time hold on
+        if now + by_id[job_id].time_limit > plan.shadow:
+            assert try_gang(at_shadow, by_id[job_id]) == ""
+    if plan.shadow != float("inf"):
+        assert try_gang(at_shadow, by_id[plan.head]) == "", "a start delayed the oldest job"

@@ -99,6 +99,15 @@ class JobManager(LoggingConfigurable):
         help="""Seconds between reads of a followed log (``?follow=1``) while nothing new has come.
         Example: ``c.JobManager.log_poll_interval = 1.0``""",
     )
+    reserve_after = Float(
+        float("inf"),
+        config=True,
+        help="""Seconds a queued job waits before it holds the queue's one reservation, whatever
+        the teams' fair share: while it cannot start, no other job may start if it would delay
+        it (EASY backfill's guarantee against starvation, for the oldest job); ``inf``: the
+        reservation goes to the first blocked job in fair-share order. Example:
+        ``c.JobManager.reserve_after = 4 * 3600``""",
+    )
     max_concurrent_launches = Int(
         4,
         config=True,
@@ -437,7 +446,9 @@ class JobManager(LoggingConfigurable):
             if not queued:
                 return
             running = [self._running(j, now) for j in self.jobs.values() if j.active]
-            plan = schedule(self.pool.ledger, queued, running, now, self.limits())
+            plan = schedule(
+                self.pool.ledger, queued, running, now, self.limits(), self.reserve_after
+            )
             for job_id in plan.preempt:
                 await self._preempt(job_id)
             granted = [job_id for job_id in plan.start if self._grant(job_id)]
