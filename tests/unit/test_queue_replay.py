@@ -142,6 +142,20 @@ def test_every_policy_starts_each_job_once_within_capacity(jobs: list[SimJob], p
         assert run.preemptions == 0
 
 
+@settings(max_examples=40, deadline=None)
+@given(small_cases())
+def test_the_starvation_guard_starts_each_job_once_and_preempts_nothing(
+    jobs: list[SimJob],
+) -> None:
+    """gpupool's queue with ``reserve_after = 0`` (``--reserve-after 0``): every queued job is
+    starving, so the oldest always holds the reservation and nothing is preempted."""
+    ledger = build_pool(build_inventory(NODES, "mig"), jobs, "best-fit")
+    run = simulate(ledger, jobs, step_for("gpupool", reserve_after=0.0))
+    assert run.unstarted == [] and set(run.starts) == {j.id for j in jobs}
+    assert run.preemptions == 0
+    assert never_over_capacity(run.segments, 14_000)
+
+
 def brute_force_shadow(ledger: Ledger, head: Job, running: Sequence[Started], now: float) -> float:
     """The first moment among now and the running jobs' limit ends at which ``head`` fits on a
     copy of ``ledger`` holding only the jobs still running then (every moment tried afresh)."""
