@@ -315,3 +315,13 @@ def test_nothing_started_delays_the_oldest_starving_job(
             assert try_gang(at_shadow, by_id[job_id]) == ""
     if plan.shadow != float("inf"):
         assert try_gang(at_shadow, by_id[plan.head]) == "", "a start delayed the oldest job"
+
+
+def test_a_trial_that_only_asks_whether_it_fits_skips_the_free_now_sentence() -> None:
+    """The queue's trials (shadow time, preemption, backfill) allocate with ``explain=False``:
+    the same refusal, without the costly "Free now" sentence; the plan's reasons keep it."""
+    ledger = two_gpu_ledger()
+    ledger.allocate(Request("nb", "t", "gpu", 1), "notebook")
+    assert try_gang(ledger, q("big", gpus=2), explain=False) == "No 2× GPU free."
+    assert "Free now: 1× gpu." in try_gang(ledger, q("big", gpus=2))
+    assert set(ledger.allocations) == {"notebook"}

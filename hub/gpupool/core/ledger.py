@@ -397,8 +397,12 @@ class Ledger:
         return "nothing"
 
     # -- operations ------------------------------------------------------------------------
-    def allocate(self, request: Request, alloc_id: str, created: float = 0.0) -> Allocation:
-        """Grant ``request`` or raise; the ledger is unchanged when it raises."""
+    def allocate(
+        self, request: Request, alloc_id: str, created: float = 0.0, explain: bool = True
+    ) -> Allocation:
+        """Grant ``request`` or raise; the ledger is unchanged when it raises. ``explain=False``:
+        a refusal does not say what is free now (the queue's trials only ask whether it fits,
+        and that sentence was most of a scheduling pass's time)."""
         if alloc_id in self.allocations:
             raise InvalidRequest(f"Allocation {alloc_id} exists already.")
         team = self.team(request.team)
@@ -411,6 +415,8 @@ class Ledger:
             cost = self.unit_cost_milli(offer) * request.count
             check_cohort(self.cohort, team.name, self.team_used, cost, what)
         except QuotaExceeded as e:
+            if not explain:
+                raise
             free = self.free_now(team, request.user)
             raise QuotaExceeded(f"{e.message} Free now: {free}.") from None
         picks: list[Pick] = []
@@ -426,7 +432,11 @@ class Ledger:
             self.policy.observe(demand)
             found = self.policy.place(self.occ, demand)
             if found is None:
-                raise NoCapacity(self._no_capacity(team, request.user, offer, request.count, avoid))
+                raise NoCapacity(
+                    self._no_capacity(team, request.user, offer, request.count, avoid)
+                    if explain
+                    else f"No {what} free."
+                )
             picks = found
             # what the placement really blocks (a profile name may mean other sizes on other
             # models, a share by size other fractions of other GPUs; the settings forbid the

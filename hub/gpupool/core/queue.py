@@ -187,13 +187,14 @@ def oldest_starving(ordered: Sequence[Queued], now: float, reserve_after: float)
     return min(starving, key=lambda q: (q.created, q.id)) if starving else None
 
 
-def try_gang(ledger: Ledger, job: Queued, tag: str = "") -> str:
-    """Allocate every request of ``job`` on ``ledger`` or none; '' on success, else the reason."""
+def try_gang(ledger: Ledger, job: Queued, tag: str = "", explain: bool = True) -> str:
+    """Allocate every request of ``job`` on ``ledger`` or none; '' on success, else the reason
+    (in full only with ``explain``: trials that only ask whether it fits skip the sentence)."""
     taken: list[str] = []
     held: list[str | None] = []
     for i in range(job.nodes):
         try:
-            a = ledger.allocate(job.request(held), f"{tag}{job.id}#{i}")
+            a = ledger.allocate(job.request(held), f"{tag}{job.id}#{i}", explain=explain)
             taken.append(a.id)
             held.append(a.node)
         except PoolError as e:
@@ -211,13 +212,13 @@ def release_job(ledger: Ledger, job_id: str, tag: str = "") -> None:
 def shadow_time(ledger: Ledger, head: Queued, running: Sequence[Running], now: float) -> float:
     """Earliest time ``head`` fits if running jobs end at their limits (``inf``: not by that)."""
     trial = ledger.clone()
-    if not try_gang(trial, head, "?"):
+    if not try_gang(trial, head, "?", explain=False):
         return now
     for job in sorted(running, key=lambda r: r.ends_at):
         for alloc_id in job.allocations:
             if alloc_id in trial.allocations:
                 trial.release(alloc_id)
-        if not try_gang(trial, head, "?"):
+        if not try_gang(trial, head, "?", explain=False):
             return job.ends_at
     return float("inf")
 
@@ -238,7 +239,7 @@ def victims(ledger: Ledger, head: Queued, running: Sequence[Running]) -> list[st
             if alloc_id in trial.allocations:
                 trial.release(alloc_id)
         chosen.append(job.id)
-        if not try_gang(trial, head, "?"):
+        if not try_gang(trial, head, "?", explain=False):
             return chosen
     return None
 
@@ -278,7 +279,7 @@ def schedule(
                     if r.id in chosen:
                         for alloc_id in r.allocations:
                             trial.release(alloc_id)
-                if not try_gang(trial, job):
+                if not try_gang(trial, job, explain=False):
                     for r in live:
                         if r.id in chosen:
                             load.add(r.user, r.ranks, r.cpu, -1)
@@ -311,7 +312,7 @@ def _head_still_fits(ledger: Ledger, head: Queued, running: Sequence[Running], a
             for alloc_id in job.allocations:
                 if alloc_id in trial.allocations:
                     trial.release(alloc_id)
-    return not try_gang(trial, head, "?")
+    return not try_gang(trial, head, "?", explain=False)
 
 
 @dataclass(frozen=True)
