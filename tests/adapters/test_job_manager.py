@@ -200,6 +200,20 @@ def test_a_high_priority_job_does_not_jump_another_teams_older_job(tmp_path: Pat
     assert m.queue_positions() == {a_urgent.id: 1, a_plain.id: 2, b_old.id: 3, b_new.id: 4}
 
 
+def test_a_job_queued_past_reserve_after_is_served_first(tmp_path: Path) -> None:
+    """``c.JobManager.reserve_after``: the oldest job queued that long goes first, whatever the
+    teams' fair share; the queue positions users see are the order a pass serves."""
+    m = queue_only(tmp_path, {"a": {"guarantee": 1}, "b": {"guarantee": 1}})
+    m.reserve_after = 60.0
+    b_old = m.submit("bob", ["b"], JOB)
+    a_new = m.submit("ann", ["a"], JOB)
+    m.pool.allocate("bob", ["b"], "gpu", 1, team="b")  # team b holds its guarantee
+    assert m.queue_positions() == {a_new.id: 1, b_old.id: 2}  # fair share: a first
+    later = datetime(2025, 1, 1, tzinfo=UTC) + timedelta(minutes=2)
+    m.clock = lambda: later  # both waited 2 minutes: bob's job is the oldest
+    assert m.queue_positions() == {b_old.id: 1, a_new.id: 2}
+
+
 def test_cpu_job_limits_hold_real_jobs_in_the_queue_with_the_reason(tmp_path: Path) -> None:
     """CPU-only jobs cost no GPU-equivalents: the per-user limit and the machine's rank limit
     keep them queued (saying why) instead of starting them all; they start as others end."""

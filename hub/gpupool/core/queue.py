@@ -181,6 +181,18 @@ def order(ledger: Ledger, queued: Iterable[Queued]) -> list[Queued]:
     return [job for _, job in sorted(keyed, key=lambda kj: kj[0])]
 
 
+def serving_order(
+    ledger: Ledger, queued: Iterable[Queued], now: float, reserve_after: float = float("inf")
+) -> list[Queued]:
+    """The order a pass considers jobs in: :func:`order`, with the oldest *starving* job first
+    (the queue positions users see are this order)."""
+    ordered = order(ledger, queued)
+    starving = oldest_starving(ordered, now, reserve_after)
+    if starving is None:
+        return ordered
+    return [starving, *(q for q in ordered if q is not starving)]
+
+
 def oldest_starving(ordered: Sequence[Queued], now: float, reserve_after: float) -> Queued | None:
     """The oldest job queued for at least ``reserve_after`` seconds (see *starving*)."""
     starving = [q for q in ordered if now - q.created >= reserve_after]
@@ -257,10 +269,8 @@ def schedule(
     live = list(running)
     load = Load.of(live)
     head: Queued | None = None
-    ordered = order(ledger, queued)
+    ordered = serving_order(ledger, queued, now, reserve_after)
     starving = oldest_starving(ordered, now, reserve_after)
-    if starving is not None:
-        ordered = [starving, *(q for q in ordered if q is not starving)]
     for job in ordered:
         over = load.over(job, limits)
         if over:

@@ -49,7 +49,15 @@ from gpupool.core.jobs import Job, JobSpec, check_submission, job_devices, trans
 from gpupool.core.offers import check_ddp_backend
 from gpupool.core.paging import page
 from gpupool.core.parse import check_size, clip, clip_names, whole_number
-from gpupool.core.queue import Limits, Queued, Running, ScaleUp, order, scale_ups, schedule
+from gpupool.core.queue import (
+    Limits,
+    Queued,
+    Running,
+    ScaleUp,
+    scale_ups,
+    schedule,
+    serving_order,
+)
 from gpupool.core.quota import PRIORITY_RANGE, Team, check_offer, check_priority, resolve_team
 from gpupool.core.retention import expired
 from gpupool.declarations import ConfigError
@@ -425,7 +433,8 @@ class JobManager(LoggingConfigurable):
     def queue_positions(self) -> dict[str, int]:
         """Queued job id -> its place in the queue's own order (1 is served first)."""
         queued = [self._queued(j) for j in self.jobs.values() if j.state == "queued"]
-        return {q.id: i for i, q in enumerate(order(self.pool.ledger, queued), 1)}
+        ordered = serving_order(self.pool.ledger, queued, self.now(), self.reserve_after)
+        return {q.id: i for i, q in enumerate(ordered, 1)}
 
     def queue_position(self, job: Job) -> int | None:
         """1 for the job the queue serves first, None if not queued (one job: for many, ask
