@@ -166,6 +166,10 @@ class StandIn:
         the event before it left it (``None`` for a new one)."""
         self._last: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.compacted = 0
+        self.bookmarks = True
+        """Whether a watch asked for ``allowWatchBookmarks`` ends with one. The API server's
+        bookmarks are best effort: a client may not assume one is sent even when it asked
+        (Kubernetes docs, "API Concepts", Watch bookmarks); ``False`` makes it send none."""
         self.forbidden: set[tuple[str, str]] = set()
         self.lost: set[str] = set()
         """Nodes whose kubelet is gone (:meth:`lose_node`): it confirms no deletion."""
@@ -1606,7 +1610,8 @@ class Served:
                 if self.closing:
                     break
                 if asyncio.get_running_loop().time() >= deadline:
-                    if query.get("allowWatchBookmarks", "").lower() in ("true", "1"):
+                    asked = query.get("allowWatchBookmarks", "").lower() in ("true", "1")
+                    if asked and self.api.bookmarks:
                         with self.api.lock:  # nothing recorded between the two
                             events = self.api.events_after(plural, ns, selector, at)
                             mark = self.api.bookmark(plural)
