@@ -18,6 +18,16 @@ from typing import Any
 from gpupool.usercode import Account, UnsafeFile, become, read_owned
 
 
+def exit_code(text: str | None) -> int | None:
+    """An exit code the job wrote in its folder (``None`` if absent or not a number)."""
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
 def read_rank_log(
     jdir: Path, owner: Account, rank: int, offset: int, limit: int, log: logging.Logger, job: str
 ) -> tuple[bytes, int]:

@@ -56,7 +56,7 @@ from gpupool.core.offers import Offer, rank_env
 from gpupool.declarations import ConfigError
 from gpupool.jobs import private_network
 from gpupool.jobs.backend import JobBackend, Observation
-from gpupool.jobs.folders import read_rank_log, remove_job_folder
+from gpupool.jobs.folders import exit_code, read_rank_log, remove_job_folder
 from gpupool.procfs import process_start, with_item
 from gpupool.shares import ShareEnforcement, check_mps_accounts, share_env
 from gpupool.usercode import (
@@ -415,7 +415,7 @@ class LocalJobBackend(JobBackend):
         if alive or bool(await asyncio.to_thread(job_pids, job.id, uid)):
             return Observation("running", "", codes)  # the launcher ended; ranks still exiting
         self._procs.pop(job.id, None)
-        rc = _whole(self._read_small(jdir / "exit-code", account))
+        rc = exit_code(self._read_small(jdir / "exit-code", account))
         if rc is None and len(codes) == job.spec.ranks:  # the launcher was stopped (e.g. with
             rc = max((abs(c) for _, c in codes), default=0)  # the hub) after every rank ended
         if rc is not None:
@@ -429,7 +429,7 @@ class LocalJobBackend(JobBackend):
     ) -> tuple[tuple[int, int], ...]:
         codes = []
         for r in range(ranks):
-            code = _whole(self._read_small(jdir / f"rank-{r}.exit", account))
+            code = exit_code(self._read_small(jdir / f"rank-{r}.exit", account))
             if code is not None:
                 codes.append((r, code))
         return tuple(codes)
@@ -497,13 +497,3 @@ class LocalJobBackend(JobBackend):
         jdir, account = self._owned(job)
         if account is not None:  # the account is gone: nothing of it is touched
             await remove_job_folder(jdir, job.id, account)
-
-
-def _whole(text: str | None) -> int | None:
-    """An exit code written by the job (``None`` if absent or not a number)."""
-    if text is None:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        return None

@@ -47,7 +47,7 @@ from gpupool.core.ledger import Allocation
 from gpupool.core.offers import DDP_BACKEND, Offer, one_rank_per_instance
 from gpupool.declarations import ConfigError
 from gpupool.jobs.backend import JobBackend, Observation
-from gpupool.jobs.folders import read_rank_log, remove_job_folder
+from gpupool.jobs.folders import exit_code, read_rank_log, remove_job_folder
 from gpupool.slurm.batch import (
     FINAL_RECORD,
     FOLDER_FAILED,
@@ -304,7 +304,7 @@ class SlurmJobBackend(JobBackend, SlurmSettings):
     ) -> tuple[tuple[int, int], ...]:
         codes = []
         for r in range(ranks):
-            code = _whole(self._read_small(jdir, owner, f"rank-{r}.exit"))
+            code = exit_code(self._read_small(jdir, owner, f"rank-{r}.exit"))
             if code is not None:
                 codes.append((r, code))
         return tuple(codes)
@@ -423,12 +423,3 @@ def _handle(job: Job) -> dict[str, Any]:
     except ValueError:
         return {}
     return found if isinstance(found, dict) else {}
-
-
-def _whole(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        return None
