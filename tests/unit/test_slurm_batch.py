@@ -8,6 +8,7 @@ import base64
 import json
 import re
 import subprocess
+from dataclasses import replace
 
 import pytest
 from traitlets.config import Config
@@ -33,11 +34,11 @@ def test_sbatch_asks_each_granted_node_for_its_gres_as_the_teams_account() -> No
     assert sbatch_args(JOB) == [
         "--job-name=gpupool-ann-abc12345",
         "--comment=gpupool:hub1:job:abc123456789",
-        "--account=vision",
         "--nodes=2",
         "--ntasks-per-node=1",
         "--output=/dev/null",
         "--error=/dev/null",
+        "--account=vision",
         "--nodelist=gpu2,gpu1",
         "--gres=gpu:h100:2",
         "--partition=gpu",
@@ -140,3 +141,10 @@ def test_a_jobs_folder_that_is_not_an_absolute_template_stops_the_hub(folder: st
         SlurmJobBackend(config=c)
     c.SlurmJobBackend.jobs_folder = "/scratch/{username}/gpupool-jobs"
     assert SlurmJobBackend(config=c).jobs_folder.startswith("/scratch/")
+
+
+def test_a_job_without_an_account_names_none() -> None:
+    """``SlurmSettings.accounts = {"everyone": ""}``: Slurm charges the user's own default
+    account; an empty ``--account=`` would be refused by sbatch."""
+    args = sbatch_args(replace(JOB, account=""))
+    assert not [a for a in args if a.startswith("--account")]

@@ -78,13 +78,14 @@ def sbatch_args(job: BatchJob) -> list[str]:
     args = [
         f"--job-name={job.name}",
         f"--comment={job.tag}",
-        f"--account={job.account}",
         f"--nodes={job.node_count or len(job.nodes)}",
         f"--ntasks-per-node={tasks}",
         # The batch script sends its own output to the job folder once it has made it.
         "--output=/dev/null",
         "--error=/dev/null",
     ]
+    if job.account:  # none: Slurm charges the user's default account (SlurmSettings.accounts)
+        args.append(f"--account={job.account}")
     if job.nodes:
         args.append(f"--nodelist={','.join(job.nodes)}")
     if job.gres:
