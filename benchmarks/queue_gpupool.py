@@ -47,7 +47,8 @@ def gpupool_step(
             ledger.release(alloc_id)
     granted = []
     for job_id in plan.start:
-        if job_id in queue and grant(ledger, as_queued(queue[job_id])):
+        keep_off = plan.keep_off.get(job_id, frozenset())
+        if job_id in queue and grant(ledger, as_queued(queue[job_id]), keep_off):
             granted.append(job_id)
     return granted, list(plan.preempt)
 
@@ -61,13 +62,14 @@ def as_queued(job: SimJob) -> Queued:
     return Queued(job.id, job.id, job.team, job.offer, job.count, 1, 0, job.arrival, job.limit)
 
 
-def grant(ledger: Ledger, q: Queued) -> bool:
-    """The manager's ``_grant``: each node's request in turn, all released if one fails."""
+def grant(ledger: Ledger, q: Queued, keep_off: frozenset[str] = frozenset()) -> bool:
+    """The manager's ``_grant``: each node's request in turn (off the nodes the plan keeps it
+    off), all released if one fails."""
     taken: list[str] = []
     held: list[str | None] = []
     try:
         for i in range(q.nodes):
-            a = ledger.allocate(q.request(held), f"{q.id}#{i}")
+            a = ledger.allocate(q.request(held, keep_off), f"{q.id}#{i}")
             taken.append(a.id)
             held.append(a.node)
     except PoolError:

@@ -138,10 +138,12 @@ def test_jobs_queued_before_a_restart_start_at_once_when_the_hub_is_back(tmp_pat
     asyncio.run(scenario())
 
 
-def queue_only(tmp_path: Path, teams: dict[str, Any]) -> JobManager:
+def queue_only(
+    tmp_path: Path, teams: dict[str, Any], inventory: str = "simulated:n: 2x H100-80GB"
+) -> JobManager:
     """A manager that is never started: jobs stay queued; its clock ticks a second a call."""
     c = Config()
-    c.GPUPool.inventory = "simulated:n: 2x H100-80GB"
+    c.GPUPool.inventory = inventory
     c.GPUPool.db_url = f"sqlite:///{tmp_path / 'pool.sqlite'}"
     c.GPUPool.offers = {"gpu": {"kind": "gpu", "max_count": 2}, "cpu": {"kind": "cpu"}}
     c.GPUPool.teams = teams
@@ -385,3 +387,16 @@ def test_a_running_manager_forgets_old_jobs_on_its_own(tmp_path: Path) -> None:
             await m.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_grant_keeps_off_the_nodes_the_plan_keeps_it_off(tmp_path: Path) -> None:
+    """The queue places a backfilled job off the head's reserved nodes (``Plan.keep_off``); the
+    grant must place it the same way, or it lands where the placement policy prefers, which
+    may be the node the head waits for."""
+    m = queue_only(tmp_path, {"a": {"guarantee": 4}}, "simulated:m: 2x H100-80GB; n: 2x H100-80GB")
+    free = m.submit("ann", ["a"], JOB)
+    kept = m.submit("ann", ["a"], JOB)
+    assert m._grant(free.id)
+    assert m._grant(kept.id, frozenset({"m"}))
+    nodes = [m.pool.ledger.allocations[m.jobs[j.id].allocations[0]].node for j in (free, kept)]
+    assert nodes == ["m", "n"]

@@ -9,7 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupool.core import Inventory, Ledger, Node, Offer, PoolError, Request, Team
-from gpupool.core.queue import Limits, Queued, Running, order, schedule, try_gang
+from gpupool.core.queue import (
+    Limits,
+    Plan,
+    Queued,
+    Running,
+    order,
+    release_job,
+    schedule,
+    try_gang,
+)
 from tests.factories import gpu
 
 OFFERS = {"gpu": Offer("gpu", "gpu", max_count=3), "cpu": Offer("cpu", "cpu")}
@@ -266,6 +275,43 @@ def test_while_a_job_starves_nothing_is_preempted() -> None:
     assert (plan.preempt, plan.start, plan.head) == ([], [], "b1")
 
 
+def two_node_ledger(gpus: int = 4, **teams: Team) -> Ledger:
+    """Two nodes ``m`` and ``n``, best-fit: the tightest node that fits is chosen."""
+    nodes = tuple(Node(name, tuple(gpu(name, i) for i in range(gpus))) for name in "mn")
+    return Ledger(Inventory(nodes), OFFERS, teams or {"t": Team("t", 10_000)}, policy="best-fit")
+
+
+def carry_out(ledger: Ledger, plan: Plan, queue: list[Queued], live: list[Running]) -> Ledger:
+    """The plan done as the job manager does it, on a copy: preemptions, then each start in
+    order, off the nodes the plan keeps it off (``JobManager._grant``)."""
+    after = ledger.clone()
+    for victim in plan.preempt:
+        release_job(after, victim)
+    by_id = {j.id: j for j in queue}
+    for job_id in plan.start:
+        keep_off = plan.keep_off.get(job_id, frozenset())
+        assert try_gang(after, by_id[job_id], keep_off=keep_off) == "", f"{job_id} does not fit"
+    return after
+
+
+def test_a_backfill_goes_around_the_heads_reserved_node_where_best_fit_would_block_it() -> None:
+    """Best-fit puts a small job on the fullest node that fits; when that is the node the head
+    waits for, the job would delay the head, though the other node has room that nobody has
+    reserved. The plan places it off the reserved node, and the grant does the same."""
+    ledger = two_node_ledger()
+    running = [run(ledger, "m-short", 3, ends_at=100), run(ledger, "n-long", 2, ends_at=1000)]
+    queue = [q("big", gpus=3, created=0), q("small", created=1, time_limit=500)]
+    plan = schedule(ledger, queue, running, now=0, reserve_after=0)
+    assert (plan.head, plan.shadow, plan.reserved) == ("big", 100, {"m"})
+    assert plan.start == ["small"] and plan.keep_off == {"small": {"m"}}
+    after = carry_out(ledger, plan, queue, running)
+    assert after.allocations["small#0"].node == "n"
+    release_job(after, "m-short")  # at the shadow time the head fits, as reserved
+    assert try_gang(after, queue[0]) == ""
+    # the same job placed by best-fit alone lands on m and would delay the head
+    assert ledger.clone().allocate(q("small").request([]), "x").node == "m"
+
+
 @given(
     data=st.lists(
         st.tuples(
@@ -279,17 +325,20 @@ def test_while_a_job_starves_nothing_is_preempted() -> None:
     ),
     running=st.lists(
         st.tuples(st.sampled_from(["a", "b"]), st.integers(1, 2), st.sampled_from([5.0, 50.0])),
-        max_size=4,
+        max_size=6,
     ),
+    nodes=st.sampled_from([1, 2]),
 )
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 def test_nothing_started_delays_the_oldest_starving_job(
-    data: list[tuple[str, int, int, float]], running: list[tuple[str, int, float]]
+    data: list[tuple[str, int, int, float]], running: list[tuple[str, int, float]], nodes: int
 ) -> None:
     """EASY's guarantee, checked by brute force: with every job starving, the oldest one
-    starts first or is the head, and then it still fits at its shadow time once every job that
-    ends by then (running or just started, at its time limit) has ended."""
-    ledger = two_gpu_ledger(4, a=Team("a", 2000, 2000), b=Team("b", 2000, 2000))
+    starts first or is the head, and then, with the plan carried out as the job manager does it
+    (reserved nodes kept off), it still fits at its shadow time once every job that ends by
+    then (running or just started, at its time limit) has ended."""
+    teams = {"a": Team("a", 2000, 2000), "b": Team("b", 2000, 2000)}
+    ledger = two_gpu_ledger(4, **teams) if nodes == 1 else two_node_ledger(3, **teams)
     live = []
     for i, (team, gpus, ends) in enumerate(running):
         with contextlib.suppress(PoolError):
@@ -304,15 +353,14 @@ def test_nothing_started_delays_the_oldest_starving_job(
     if oldest.id in plan.start or plan.head is None:
         return  # it started (first of all); the fair-share rules go on as before
     assert plan.head == oldest.id
+    at_shadow = carry_out(ledger, plan, queue, live)
     by_id = {j.id: j for j in queue}
-    at_shadow = ledger.clone()
     for r in live:
         if r.ends_at <= plan.shadow:
-            for alloc_id in r.allocations:
-                at_shadow.release(alloc_id)
-    for job_id in plan.start:  # started ones that have not ended by the shadow time hold on
-        if now + by_id[job_id].time_limit > plan.shadow:
-            assert try_gang(at_shadow, by_id[job_id]) == ""
+            release_job(at_shadow, r.id)
+    for job_id in plan.start:  # started ones that end by the shadow time are gone then
+        if now + by_id[job_id].time_limit <= plan.shadow:
+            release_job(at_shadow, job_id)
     if plan.shadow != float("inf"):
         assert try_gang(at_shadow, by_id[plan.head]) == "", "a start delayed the oldest job"
 

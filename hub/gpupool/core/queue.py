@@ -11,8 +11,12 @@ Vocabulary
 - *head*: the first job in order that cannot start. Its *shadow time* is the earliest moment it
   could start if the running jobs end at their time limits (never, if notebooks or quotas keep it
   out).
+- *reserved nodes*: the nodes the head would be placed on at its shadow time.
 - *backfill*: a later job may start ahead of the head only if it cannot delay it: it ends (by its
   time limit) before the shadow time, or the head still fits at the shadow time with it running.
+  It is placed off the reserved nodes when it fits there (*keep-off*), and the grant places it
+  the same way, so small jobs flow around a big gang's reservation instead of being refused
+  because the placement policy would have put them on its nodes.
 - *starving*: a job queued for at least ``reserve_after`` seconds. The oldest starving job is
   considered before the fair-share order: while it cannot start it is the head, and every other
   job is backfill against its reservation. Otherwise the head is the first blocked job in
@@ -71,11 +75,16 @@ class Queued:
     def requests(self) -> list[Request]:
         return [Request(self.user, self.team, self.offer, self.gpus, "job", self.id)] * self.nodes
 
-    def request(self, held: Iterable[str | None]) -> Request:
-        """The request for the job's next node, given the machines its granted nodes are on:
-        the one rule for the queue's plan and the job manager's grant alike."""
+    def request(
+        self, held: Iterable[str | None], keep_off: frozenset[str] = frozenset()
+    ) -> Request:
+        """The request for the job's next node, given the machines its granted nodes are on and
+        the nodes the plan keeps it off (:attr:`Plan.keep_off`): the one rule for the queue's
+        plan and the job manager's grant alike."""
         avoid = frozenset(n for n in held if n) if self.distinct else frozenset()
-        return Request(self.user, self.team, self.offer, self.gpus, "job", self.id, avoid)
+        return Request(
+            self.user, self.team, self.offer, self.gpus, "job", self.id, avoid | keep_off
+        )
 
 
 @dataclass(frozen=True)
@@ -154,6 +163,10 @@ class Plan:
     shadow: float = float("inf")
     waiting: dict[str, str] = field(default_factory=dict)
     """Why each job that stays queued waits, in words."""
+    reserved: frozenset[str] = frozenset()
+    """The head's reserved nodes (see *reserved nodes*)."""
+    keep_off: dict[str, frozenset[str]] = field(default_factory=dict)
+    """The nodes a started job must be granted off (pass to :meth:`Queued.request`)."""
 
 
 def fair_share(ledger: Ledger, team: str) -> float:
@@ -199,14 +212,21 @@ def oldest_starving(ordered: Sequence[Queued], now: float, reserve_after: float)
     return min(starving, key=lambda q: (q.created, q.id)) if starving else None
 
 
-def try_gang(ledger: Ledger, job: Queued, tag: str = "", explain: bool = True) -> str:
-    """Allocate every request of ``job`` on ``ledger`` or none; '' on success, else the reason
-    (in full only with ``explain``: trials that only ask whether it fits skip the sentence)."""
+def try_gang(
+    ledger: Ledger,
+    job: Queued,
+    tag: str = "",
+    explain: bool = True,
+    keep_off: frozenset[str] = frozenset(),
+) -> str:
+    """Allocate every request of ``job`` on ``ledger`` (off the nodes ``keep_off``) or none;
+    '' on success, else the reason (in full only with ``explain``: trials that only ask whether
+    it fits skip the sentence)."""
     taken: list[str] = []
     held: list[str | None] = []
     for i in range(job.nodes):
         try:
-            a = ledger.allocate(job.request(held), f"{tag}{job.id}#{i}", explain=explain)
+            a = ledger.allocate(job.request(held, keep_off), f"{tag}{job.id}#{i}", explain=explain)
             taken.append(a.id)
             held.append(a.node)
         except PoolError as e:
@@ -221,18 +241,24 @@ def release_job(ledger: Ledger, job_id: str, tag: str = "") -> None:
         ledger.release(alloc_id)
 
 
-def shadow_time(ledger: Ledger, head: Queued, running: Sequence[Running], now: float) -> float:
-    """Earliest time ``head`` fits if running jobs end at their limits (``inf``: not by that)."""
+def reservation(
+    ledger: Ledger, head: Queued, running: Sequence[Running], now: float
+) -> tuple[float, frozenset[str]]:
+    """The earliest time ``head`` fits if running jobs end at their limits (``inf``: not by
+    that) and the nodes it would be placed on then (its *reserved nodes*)."""
     trial = ledger.clone()
-    if not try_gang(trial, head, "?", explain=False):
-        return now
-    for job in sorted(running, key=lambda r: r.ends_at):
-        for alloc_id in job.allocations:
-            if alloc_id in trial.allocations:
-                trial.release(alloc_id)
+    at = now
+    for job in [None, *sorted(running, key=lambda r: r.ends_at)]:
+        if job is not None:
+            at = job.ends_at
+            for alloc_id in job.allocations:
+                if alloc_id in trial.allocations:
+                    trial.release(alloc_id)
         if not try_gang(trial, head, "?", explain=False):
-            return job.ends_at
-    return float("inf")
+            prefix = f"?{head.id}#"
+            nodes = {a.node for a_id, a in trial.allocations.items() if a_id.startswith(prefix)}
+            return at, frozenset(n for n in nodes if n)
+    return float("inf"), frozenset()
 
 
 def victims(ledger: Ledger, head: Queued, running: Sequence[Running]) -> list[str] | None:
@@ -299,20 +325,34 @@ def schedule(
                     load.add(job.user, job.ranks, job.cpu)
                     continue
             head = job
-            plan.head, plan.shadow = job.id, shadow_time(work, job, live, now)
+            plan.head, (plan.shadow, plan.reserved) = job.id, reservation(work, job, live, now)
             plan.waiting[job.id] = scale_up_reason(ledger, job) or why
             continue
+        if plan.reserved and not try_gang(work, job, explain=False, keep_off=plan.reserved):
+            if _backfills(work, job, head, live, now, plan.shadow):
+                plan.start.append(job.id)
+                plan.keep_off[job.id] = plan.reserved
+                load.add(job.user, job.ranks, job.cpu)
+                continue
+            release_job(work, job.id)
         why = try_gang(work, job)
         if why:
             plan.waiting[job.id] = scale_up_reason(ledger, job) or why
             continue
-        if now + job.time_limit <= plan.shadow or _head_still_fits(work, head, live, plan.shadow):
+        if _backfills(work, job, head, live, now, plan.shadow):
             plan.start.append(job.id)
             load.add(job.user, job.ranks, job.cpu)
         else:
             release_job(work, job.id)
             plan.waiting[job.id] = f"would delay job {head.id}, which is first in the queue"
     return plan
+
+
+def _backfills(
+    work: Ledger, job: Queued, head: Queued, running: Sequence[Running], now: float, shadow: float
+) -> bool:
+    """Whether ``job``, placed on ``work``, cannot delay ``head`` (see *backfill*)."""
+    return now + job.time_limit <= shadow or _head_still_fits(work, head, running, shadow)
 
 
 def _head_still_fits(ledger: Ledger, head: Queued, running: Sequence[Running], at: float) -> bool:

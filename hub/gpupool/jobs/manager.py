@@ -460,7 +460,11 @@ class JobManager(LoggingConfigurable):
             )
             for job_id in plan.preempt:
                 await self._preempt(job_id)
-            granted = [job_id for job_id in plan.start if self._grant(job_id)]
+            granted = [
+                job_id
+                for job_id in plan.start
+                if self._grant(job_id, plan.keep_off.get(job_id, frozenset()))
+            ]
             waits = [
                 replace(job, reason=why)
                 for job_id, why in plan.waiting.items()
@@ -509,10 +513,10 @@ class JobManager(LoggingConfigurable):
             user_cpu_ranks=self.max_cpu_ranks_per_user or None,
         )
 
-    def _grant(self, job_id: str) -> bool:
-        """Allocate a planned job's GPUs and mark it ``starting``, in one step without awaits;
-        False (nothing taken) if it is no longer queued (cancelled since the plan) or no longer
-        fits."""
+    def _grant(self, job_id: str, keep_off: frozenset[str] = frozenset()) -> bool:
+        """Allocate a planned job's GPUs (off the nodes the plan keeps it off) and mark it
+        ``starting``, in one step without awaits; False (nothing taken) if it is no longer
+        queued (cancelled since the plan) or no longer fits."""
         job = self.jobs[job_id]
         if job.state != "queued":
             return False
@@ -522,7 +526,7 @@ class JobManager(LoggingConfigurable):
         try:
             held: list[str | None] = []
             for _ in range(q.nodes):
-                r = q.request(held)
+                r = q.request(held, keep_off)
                 a = self.pool.allocate(
                     job.owner, [job.team], r.offer, r.count, team=job.team, kind="job",
                     ref=job.id, avoid_nodes=r.avoid_nodes,
