@@ -40,8 +40,9 @@ def meminfo_gib(key: str) -> float:
     return float("inf")
 
 
-def machine() -> dict[str, Any]:
-    commit = subprocess.run(
+def git_state() -> tuple[str, str]:
+    """The checkout's short commit and ``git status --porcelain`` of its tracked files."""
+    head = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     dirty = subprocess.run(
@@ -49,6 +50,17 @@ def machine() -> dict[str, Any]:
         capture_output=True,
         text=True,
     ).stdout.strip()
+    return head, dirty
+
+
+def commit() -> str:
+    """The checkout's commit, ``+changes`` when tracked files differ from it."""
+    head, dirty = git_state()
+    return head + ("+changes" if dirty else "")
+
+
+def machine() -> dict[str, Any]:
+    head, dirty = git_state()
     total = meminfo_gib("MemTotal")
     import gpupool
 
@@ -57,7 +69,7 @@ def machine() -> dict[str, Any]:
         "memory_gib": round(total, 1),
         "cpu": platform.processor() or platform.machine(),
         "python": platform.python_version(),
-        "commit": commit + ("+changes" if dirty else ""),
+        "commit": head + ("+changes" if dirty else ""),
         "uncommitted": sorted(
             line[3:] for line in dirty.splitlines() if line[3:].startswith(("hub/", "spawner/"))
         ),

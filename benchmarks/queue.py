@@ -33,12 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import trace as traces
+from benchmarks.load_report import commit
 from benchmarks.queue_baselines import BASELINES, Job, Live
 from benchmarks.queue_decide import decide_cost, decide_table
 from benchmarks.queue_gpupool import (
     HeadCounts,
     Step,
     StepResult,
+    as_queued,
+    as_running,
     gpupool_step,
     watch_gangs,
 )
@@ -58,6 +61,7 @@ from benchmarks.queue_jobs import (
 )
 from benchmarks.queue_report import (
     comparison_table,
+    floor_table,
     gang_table,
     outcome,
     summary_table,
@@ -65,6 +69,7 @@ from benchmarks.queue_report import (
 )
 from benchmarks.replay import GPU_MILLI, MODELS, build_inventory, read_nodes
 from gpupool.core.ledger import Ledger
+from gpupool.core.queue import reservation
 from gpupool.jobs.manager import JobManager
 
 POLICIES: tuple[str, ...] = ("gpupool", *BASELINES)
@@ -125,7 +130,11 @@ def simulate(ledger: Ledger, jobs: Sequence[SimJob], step: Step) -> Run:
             run.segments.append((done.start, end, done.job.cost_milli, done.job.team))
             run.last_end = max(run.last_end, end)
         while i < len(arrivals) and arrivals[i].arrival <= now:
-            queue[arrivals[i].id] = arrivals[i]
+            job = arrivals[i]
+            queue[job.id] = job
+            if job.count > 1:
+                live = [as_running(s) for s in running.values()]
+                run.floors[job.id] = reservation(ledger, as_queued(job), live, now)[0]
             i += 1
         if not queue:
             continue
@@ -200,7 +209,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--gangs",
         action="store_true",
-        help="gpupool: per multi-GPU job, passes queued, as the head, and jobs started ahead of it",
+        help="per multi-GPU job: for gpupool, passes queued, as the head and jobs started "
+        "ahead of it; for every policy, its wait and its floor (the part no later decision avoids)",
     )
     parser.add_argument("--json", action="store_true", help=f"also write {RESULTS}")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -277,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"durations cut at {args.max_duration:,.0f} s, arrival gaps at {GAP_MEDIANS:.0f} "
         f"median gaps; time limits = duration x {args.estimate_factor}"
     )
-    entries = []
+    entries, code = [], commit()
     for model in models:
         inventory = build_inventory(nodes, model)
         base = cap_gaps(
@@ -288,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )  # fmt: skip
         for load in loads:
             jobs = scale_arrivals(base, capacity, load)
-            outcomes = []
+            outcomes, runs = [], {}
             for policy in policies:
                 placement = args.placement if policy == "gpupool" else BASELINE_PLACEMENT
                 ledger = build_pool(inventory, jobs, placement)
@@ -303,8 +313,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if policy == "gpupool" and args.gangs:
                     print(gang_table(jobs, run, gangs))
                 outcomes.append(o)
+                runs[policy] = run
                 entries.append(
-                    {"trace": name, "seed": seed, "window": len(window), "skip": args.skip,
+                    {"trace": name, "seed": seed, "commit": code, "window": len(window),
+                     "skip": args.skip,
                      "gpus": gpus, "max_duration_s": args.max_duration,
                      "estimate_factor": args.estimate_factor,
                      "reserve_after_s": _reserve_json(args.reserve_after, policy),
@@ -318,6 +330,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if {"gpupool", *BASELINES} <= set(policies):
                 print()
                 print(comparison_table([o.to_json() for o in outcomes]), flush=True)
+            if args.gangs:
+                print()
+                print(floor_table(jobs, runs), flush=True)
     if args.json:
         _merge_json(args.out, {"replay": entries})
     return 0

@@ -227,3 +227,7 @@ class Run:
     last_end: float = 0.0
     unstarted: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    floors: dict[str, float] = field(default_factory=dict)
+    """Per multi-GPU job, its *floor*: the earliest it could start without preempting, given
+    the jobs this policy had running when it arrived (ending at their time limits) and ignoring
+    every job queued or arriving (a wait at its floor lost nothing after the job arrived)."""

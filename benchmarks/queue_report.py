@@ -6,6 +6,7 @@ Contract: pure functions of a run's records; waits in seconds; tables in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -200,3 +201,17 @@ def gang_table(jobs: Sequence[SimJob], run: Run, counts: dict[str, HeadCounts]) 
             rows.append([j.id, str(j.count), j.team, wait, f"{c.queued:,}", f"{c.head:,}",
                          f"{c.overtaken:,}"])  # fmt: skip
     return align(rows, left=(0, 2))
+
+
+def floor_table(jobs: Sequence[SimJob], runs: dict[str, Run]) -> str:
+    """Per multi-GPU job and policy: its wait, and the part of it that is its *floor* (see
+    :attr:`Run.floors`): the wait left once nothing that happened after it arrived counts."""
+    rows = [["gang", "GPUs", *(f"{p} wait / floor s" for p in runs)]]
+    for j in jobs:
+        if j.count > 1:
+            cells = []
+            for run in runs.values():
+                wait = run.starts[j.id] - j.arrival if j.id in run.starts else math.inf
+                cells.append(f"{_s(wait)} / {_s(run.floors[j.id] - j.arrival)}")
+            rows.append([j.id, str(j.count), *cells])
+    return align(rows, left=(0,))

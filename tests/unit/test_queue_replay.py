@@ -267,3 +267,53 @@ def test_gpupool_preempts_a_borrower_and_requeues_it() -> None:
     assert run.starts["a3"] == 15.0  # requeued, restarted when b ended
     assert run.lost_milli_s == 1000 * (10.0 - 3.0)
     assert sorted(e for s, e, c, t in run.segments if c) == [10.0, 15.0, 100.0, 101.0, 102.0, 115.0]
+
+
+# -- a gang's floor: the wait no decision after its arrival avoids, short of preemption -------
+def test_a_gangs_floor_is_when_the_jobs_running_at_its_arrival_have_left_it_room() -> None:
+    jobs = [
+        SimJob("long", "t0", "1 GPU", "gpu", 1, 1000, 0.0, 50.0, 50.0),
+        SimJob("short", "t0", "1 GPU", "gpu", 1, 1000, 0.0, 10.0, 10.0),
+        SimJob("gang", "t1", "2-4 GPUs", "gpu", 4, 4000, 1.0, 10.0, 10.0),
+        SimJob("late", "t0", "1 GPU", "gpu", 1, 1000, 2.0, 100.0, 100.0),
+    ]
+    runs = {
+        policy: simulate(build_pool(build_inventory([("a", 4), ("b", 4)], "mig"), jobs,
+                                    "best-fit"), jobs, step_for(policy, reserve_after=0.0))
+        for policy in POLICIES
+    }  # fmt: skip
+    for policy, run in runs.items():
+        # best-fit put both on one node; node b is free at the gang's arrival: floor = arrival
+        assert run.floors == {"gang": 1.0}, policy
+        assert run.starts["gang"] == 1.0, policy
+    one_node = build_pool(build_inventory([("a", 4)], "mig"), jobs, "best-fit")
+    run = simulate(one_node, jobs, step_for("fifo"))
+    assert run.floors == {"gang": 50.0}  # both 1-GPU jobs must end first: the long one at 50
+    assert run.starts["gang"] == 50.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(small_cases(), st.sampled_from(POLICIES))
+def test_no_policy_that_preempts_nothing_starts_a_gang_before_its_floor(
+    jobs: list[SimJob], policy: str
+) -> None:
+    """The floor is a lower bound: found by brute force over the jobs running at the gang's
+    arrival, and never beaten by a policy that preempts nothing (gpupool with every job
+    starving, ``reserve_after = 0``, preempts nothing)."""
+    floors: dict[str, float] = {}
+    inner = step_for(policy, reserve_after=0.0)
+
+    def watched(
+        ledger: Ledger, queue: dict[str, SimJob], running: dict[str, Started], now: float
+    ) -> tuple[list[str], list[str]]:
+        for j in queue.values():
+            if j.count > 1 and j.arrival == now and j.id not in floors:
+                as_job = Job(j.id, j.team, j.offer, j.count, j.arrival, j.limit)
+                floors[j.id] = brute_force_shadow(ledger, as_job, [*running.values()], now)
+        return inner(ledger, queue, running, now)
+
+    step: Step = watched
+    run = simulate(build_pool(build_inventory(NODES, "mig"), jobs, "best-fit"), jobs, step)
+    assert run.floors == floors
+    assert run.preemptions == 0
+    assert all(run.starts[j] >= floor for j, floor in floors.items())
