@@ -54,9 +54,15 @@ def git_state() -> tuple[str, str]:
 
 
 def commit() -> str:
-    """The checkout's commit, ``+changes`` when tracked files differ from it."""
+    """The checkout's commit, ``+changes`` when its code (Python under hub/, spawner/ or
+    benchmarks/) differs from it."""
     head, dirty = git_state()
-    return head + ("+changes" if dirty else "")
+    code = [
+        line[3:]
+        for line in dirty.splitlines()
+        if line[3:].startswith(("hub/", "spawner/", "benchmarks/")) and line.endswith(".py")
+    ]
+    return head + ("+changes" if code else "")
 
 
 def machine() -> dict[str, Any]:
