@@ -208,6 +208,24 @@ class LedgerMachine(RuleBasedStateMachine):
                 self.ledger.release(held[pick])
             self.ledger.check_invariants()
 
+    @rule(offer=st.sampled_from(sorted(SHARE_OFFERS)), count=st.integers(1, 2))
+    def allocate_as_a_clone_planned(self, offer: str, count: int) -> None:
+        """A clone is what the job queue plans on: it must place a request exactly where the
+        ledger it copies then does (devices, or the same refusal), whatever the placement
+        policy has learned so far."""
+        request = Request("ana", "roomy", offer, count)
+        alloc_id = next(self.ids)
+        planned: object
+        try:
+            planned = self.ledger.clone().allocate(request, alloc_id).devices
+        except PoolError as e:
+            planned = e.message
+        try:
+            granted: object = self.ledger.allocate(request, alloc_id).devices
+        except PoolError as e:
+            granted = e.message
+        assert granted == planned, f"planned {planned}, granted {granted}"
+
     @rule(devices=st.sets(st.sampled_from(OUTSIDE_DEVICES), max_size=4))
     def outside_use(self, devices: set[str]) -> None:
         """Processes that hold nothing come to (and leave) GPUs and fixed MIG instances."""

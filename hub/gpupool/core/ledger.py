@@ -154,11 +154,12 @@ class Ledger:
         self._unit_costs: dict[Offer, int] = {}
 
     def clone(self) -> Ledger:
-        """An independent copy with the same allocations (for what-if planning)."""
-        policy = type(self.policy)()
+        """An independent copy with the same allocations and the placement policy in the same
+        state (for what-if planning: the copy places a request where this ledger then would)."""
         twin = Ledger(
-            self.inventory, self.offers, self.teams, self.everyone, policy, self.cohort_name
-        )
+            self.inventory, self.offers, self.teams, self.everyone, self.policy.copy(),
+            self.cohort_name,
+        )  # fmt: skip
         for b in self.blocked.values():
             twin.block(b)
         twin.restore(self.allocations.values())

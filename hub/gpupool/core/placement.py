@@ -96,6 +96,11 @@ class PlacementPolicy:
     def observe(self, demand: Demand) -> None:
         """Called for every demand before it is placed (whether it fits or not)."""
 
+    def copy(self) -> PlacementPolicy:
+        """A policy in this one's state: it places every demand as this one would now (what a
+        ledger's clone needs, so that a plan made on it is what the ledger then grants)."""
+        return type(self)()
+
     # ranking hooks: lower sorts first; ties go to lower ordinal, then lower start slot
     def whole_key(self, occ: Occupancy, whole_free: int, free: int, count: int) -> Key:
         raise NotImplementedError
@@ -370,6 +375,18 @@ class FragmentationAware(PlacementPolicy):
         self._share_frags: dict[int, list[float]] = {}
         self._share_orders: dict[tuple[int, int], list[int]] = {}
         self._dirty = True
+
+    def copy(self) -> FragmentationAware:
+        """The demands seen and the weights derived from them (re-derived only now and then,
+        so both are copied); the caches are functions of the weights and are shared."""
+        twin = FragmentationAware()
+        twin._seen = Counter(self._seen)
+        twin._weights = dict(self._weights)
+        twin._dirty = self._dirty
+        twin._cache = dict(self._cache)
+        twin._share_frags = dict(self._share_frags)
+        twin._share_orders = dict(self._share_orders)
+        return twin
 
     def observe(self, demand: Demand) -> None:
         shape: tuple[str, int | str]
