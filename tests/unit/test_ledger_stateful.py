@@ -8,6 +8,7 @@ restart rebuilds exactly the same ledger (from the database, for the pool).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import tempfile
 from pathlib import Path
@@ -151,6 +152,26 @@ OUTSIDE_DEVICES = ["GPU-a-0", "GPU-a-2", "MIG-a-3-0", "MIG-a-4-2", "GPU-b-1", "G
 fixed instance and an admin's instance on a managed GPU."""
 
 
+def occupancy_state(ledger: Ledger) -> tuple[object, ...]:
+    """Everything a placement reads, as plain values (empty index entries left out: a copy
+    keeps them, a rebuild never makes them)."""
+    occ = ledger.occ
+
+    def members(index: dict[object, object]) -> dict[object, list[int]]:
+        return {k: list(m) for k, m in index.items() if len(m)}
+
+    groups = {
+        key: ({u: list(m) for u, m in g.by_used.items() if len(m)}, g.used_values, g.tree)
+        for key, g in occ.share_groups.items()
+    }
+    return (
+        occ.mask, occ.whole, occ.share_used, occ.closed, occ._share_index, groups,
+        members(occ.mig_buckets), members(occ.node_buckets), members(occ.node_free),
+        members(occ.fixed_buckets), occ._gpu_key, occ._node_keys, occ._fixed_keys,
+        ledger.allocations, ledger.blocked, ledger.outside, +ledger.team_used, +ledger.user_used,
+    )  # fmt: skip
+
+
 class LedgerMachine(RuleBasedStateMachine):
     teams: ClassVar[dict[str, Team]] = {**TEAMS, "roomy": Team("roomy", guarantee_milli=100_000)}
 
@@ -225,6 +246,29 @@ class LedgerMachine(RuleBasedStateMachine):
         except PoolError as e:
             granted = e.message
         assert granted == planned, f"planned {planned}, granted {granted}"
+
+    @rule(offer=st.sampled_from(sorted(SHARE_OFFERS)), count=st.integers(1, 2))
+    def a_clone_is_a_copy_that_stands_alone(self, offer: str, count: int) -> None:
+        """A clone copies the slot state and its indexes (it does not rebuild them): they must
+        equal what a rebuild from the inventory and the allocations gives, and nothing done on
+        the clone may reach the ledger."""
+        ledger = self.ledger
+        rebuilt = Ledger(small_inventory(), SHARE_OFFERS, self.teams, policy=self.policy)
+        for b in ledger.blocked.values():
+            rebuilt.block(b)
+        rebuilt.restore(ledger.allocations.values())
+        rebuilt.set_outside_use(ledger.outside)
+        twin = ledger.clone()
+        before = occupancy_state(ledger)
+        assert occupancy_state(twin) == occupancy_state(rebuilt) == before
+        twin.check_invariants()
+        with contextlib.suppress(PoolError):
+            twin.allocate(Request("ana", "roomy", offer, count), "on-the-clone")
+        for alloc_id in sorted(twin.allocations)[:2]:
+            twin.release(alloc_id)
+        twin.set_outside_use({})
+        twin.check_invariants()
+        assert occupancy_state(ledger) == before, "a change to the clone reached the ledger"
 
     @rule(devices=st.sets(st.sampled_from(OUTSIDE_DEVICES), max_size=4))
     def outside_use(self, devices: set[str]) -> None:

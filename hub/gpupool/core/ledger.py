@@ -158,13 +158,15 @@ class Ledger:
         state (for what-if planning: the copy places a request where this ledger then would)."""
         twin = Ledger(
             self.inventory, self.offers, self.teams, self.everyone, self.policy.copy(),
-            self.cohort_name,
+            self.cohort_name, occupancy=self.occ.copy(),
         )  # fmt: skip
-        for b in self.blocked.values():
-            twin.block(b)
-        twin.restore(self.allocations.values())
-        twin.set_outside_use(self.outside)
-        twin.set_outside_shares(self.outside_shares)
+        twin.allocations = dict(self.allocations)  # an Allocation is frozen: shared
+        twin.blocked = dict(self.blocked)
+        twin.outside = dict(self.outside)
+        twin.outside_shares = dict(self.outside_shares)
+        twin._outside_milli = dict(self._outside_milli)
+        twin.team_used = Counter(self.team_used)
+        twin.user_used = Counter(self.user_used)
         return twin
 
     # -- questions -------------------------------------------------------------------------

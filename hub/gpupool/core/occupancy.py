@@ -95,6 +95,12 @@ class MinSet:
             heapq.heappop(heap)
         return heap[0] if heap else None
 
+    def copy(self) -> MinSet:
+        twin = MinSet()
+        twin._heap = self._heap[:]
+        twin._members = set(self._members)
+        return twin
+
     def __len__(self) -> int:
         return len(self._members)
 
@@ -139,6 +145,16 @@ class ShareGroup:
             size *= 2
         self.size = size
         self.tree = [-1] * (2 * size)
+
+    def copy(self) -> ShareGroup:
+        """The same group with its own index (members and positions are shared: never changed)."""
+        twin = object.__new__(ShareGroup)
+        for name in ("model", "memory_mib", "replicas", "slots", "members", "pos", "size"):
+            setattr(twin, name, getattr(self, name))
+        twin.by_used = {u: m.copy() for u, m in self.by_used.items()}
+        twin.used_values = self.used_values[:]
+        twin.tree = self.tree[:]
+        return twin
 
     def need(self, milli: int, share_mib: int | None = None) -> int:
         """What a share of ``milli`` (asked as ``share_mib`` MiB, if by size) takes on a member:
@@ -265,6 +281,27 @@ class Occupancy:
             self._reindex_gpu(g)
         for n in range(len(self.node_gpus)):
             self._reindex_node(n)
+
+    def copy(self) -> Occupancy:
+        """An independent occupancy in the same state, for a ledger's clone: the tables derived
+        from the inventory are shared (nothing changes them after ``__init__``), the slot state
+        and every index over it are copied (a copy, not a rebuild: the cost is the copying)."""
+        twin = object.__new__(Occupancy)
+        twin.__dict__.update(self.__dict__)
+        twin.mask, twin.whole = self.mask[:], self.whole[:]
+        twin.share_used, twin.closed = self.share_used[:], self.closed[:]
+        twin._share_index = self._share_index[:]
+        twin.share_groups = {key: group.copy() for key, group in self.share_groups.items()}
+        groups = twin.share_groups.values()
+        twin.share_group_of = {g: group for group in groups for g in group.members}
+        twin.mig_buckets = {key: m.copy() for key, m in self.mig_buckets.items()}
+        twin.node_buckets = {key: m.copy() for key, m in self.node_buckets.items()}
+        twin.node_free = {key: m.copy() for key, m in self.node_free.items()}
+        twin.fixed_buckets = {key: m.copy() for key, m in self.fixed_buckets.items()}
+        twin._gpu_key = self._gpu_key[:]
+        twin._node_keys = [keys[:] for keys in self._node_keys]
+        twin._fixed_keys = {g: keys[:] for g, keys in self._fixed_keys.items()}
+        return twin
 
     def _carry(self, old: Occupancy, skip: Collection[str]) -> dict[int, int]:
         """Copy the slot state of the GPUs carried over (see ``carry``); returns their old
