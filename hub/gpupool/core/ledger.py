@@ -424,13 +424,8 @@ class Ledger:
             raise QuotaExceeded(f"{e.message} Free now: {free}.") from None
         picks: list[Pick] = []
         if offer.kind != "cpu":
-            avoid = (
-                frozenset(
-                    n for n, name in enumerate(self.occ.node_names) if name in request.avoid_nodes
-                )
-                if request.avoid_nodes
-                else frozenset()
-            )
+            ordinal = self.occ.node_ordinal
+            avoid = frozenset(ordinal[n] for n in request.avoid_nodes if n in ordinal)
             demand = Demand.of(offer, request.count, avoid)
             self.policy.observe(demand)
             found = self.policy.place(self.occ, demand)

@@ -225,6 +225,7 @@ class Occupancy:
         self.gpus: list[GPU] = list(inventory.gpus)
         self.ordinal: dict[str, int] = {g.uuid: i for i, g in enumerate(self.gpus)}
         self.node_names: list[str] = [n.name for n in inventory.nodes]
+        self.node_ordinal: dict[str, int] = {name: n for n, name in enumerate(self.node_names)}
         self.node_of: list[int] = []
         self.node_gpus: list[list[int]] = []
         for n_idx, node in enumerate(inventory.nodes):

@@ -13,7 +13,8 @@ Vocabulary
   out).
 - *reserved nodes*: the nodes the head would be placed on at its shadow time.
 - *backfill*: a later job may start ahead of the head only if it cannot delay it: it ends (by its
-  time limit) before the shadow time, or the head still fits at the shadow time with it running.
+  time limit) before the shadow time, or the head still fits at the shadow time with it and
+  every earlier start that outlasts the shadow time running (:class:`AtShadow`).
   It is placed off the reserved nodes when it fits there (*keep-off*), and the grant places it
   the same way, so small jobs flow around a big gang's reservation instead of being refused
   because the placement policy would have put them on its nodes.
@@ -236,8 +237,17 @@ def try_gang(
     return ""
 
 
+def gang_allocations(ledger: Ledger, job_id: str, tag: str = "") -> list[str]:
+    """The ids of a job's allocations as :func:`try_gang` names them: ``<tag><id>#0``, ``#1``,
+    … (a gang is granted whole, so they run without a gap)."""
+    ids: list[str] = []
+    while (alloc_id := f"{tag}{job_id}#{len(ids)}") in ledger.allocations:
+        ids.append(alloc_id)
+    return ids
+
+
 def release_job(ledger: Ledger, job_id: str, tag: str = "") -> None:
-    for alloc_id in [a for a in ledger.allocations if a.startswith(f"{tag}{job_id}#")]:
+    for alloc_id in gang_allocations(ledger, job_id, tag):
         ledger.release(alloc_id)
 
 
@@ -255,8 +265,7 @@ def reservation(
                 if alloc_id in trial.allocations:
                     trial.release(alloc_id)
         if not try_gang(trial, head, "?", explain=False):
-            prefix = f"?{head.id}#"
-            nodes = {a.node for a_id, a in trial.allocations.items() if a_id.startswith(prefix)}
+            nodes = {trial.allocations[a].node for a in gang_allocations(trial, head.id, "?")}
             return at, frozenset(n for n in nodes if n)
     return float("inf"), frozenset()
 
@@ -294,7 +303,7 @@ def schedule(
     work = ledger.clone()
     live = list(running)
     load = Load.of(live)
-    head: Queued | None = None
+    at_shadow: AtShadow | None = None  # once the head is found
     ordered = serving_order(ledger, queued, now, reserve_after)
     starving = oldest_starving(ordered, now, reserve_after)
     for job in ordered:
@@ -302,7 +311,7 @@ def schedule(
         if over:
             plan.waiting[job.id] = over
             continue
-        if head is None:
+        if at_shadow is None:
             why = try_gang(work, job)
             if not why:
                 plan.start.append(job.id)
@@ -324,12 +333,12 @@ def schedule(
                     plan.start.append(job.id)
                     load.add(job.user, job.ranks, job.cpu)
                     continue
-            head = job
             plan.head, (plan.shadow, plan.reserved) = job.id, reservation(work, job, live, now)
+            at_shadow = AtShadow(job, live, plan.shadow)
             plan.waiting[job.id] = scale_up_reason(ledger, job) or why
             continue
         if plan.reserved and not try_gang(work, job, explain=False, keep_off=plan.reserved):
-            if _backfills(work, job, head, live, now, plan.shadow):
+            if at_shadow.admits(work, job, now):
                 plan.start.append(job.id)
                 plan.keep_off[job.id] = plan.reserved
                 load.add(job.user, job.ranks, job.cpu)
@@ -339,30 +348,47 @@ def schedule(
         if why:
             plan.waiting[job.id] = scale_up_reason(ledger, job) or why
             continue
-        if _backfills(work, job, head, live, now, plan.shadow):
+        if at_shadow.admits(work, job, now):
             plan.start.append(job.id)
             load.add(job.user, job.ranks, job.cpu)
         else:
             release_job(work, job.id)
-            plan.waiting[job.id] = f"would delay job {head.id}, which is first in the queue"
+            plan.waiting[job.id] = f"would delay job {plan.head}, which is first in the queue"
     return plan
 
 
-def _backfills(
-    work: Ledger, job: Queued, head: Queued, running: Sequence[Running], now: float, shadow: float
-) -> bool:
-    """Whether ``job``, placed on ``work``, cannot delay ``head`` (see *backfill*)."""
-    return now + job.time_limit <= shadow or _head_still_fits(work, head, running, shadow)
+class AtShadow:
+    """The pass's ledger as it will be at the head's shadow time, for the backfill check: the
+    plan's ledger without the running jobs that end by then, built when first needed and then
+    kept in step with the starts that outlast the shadow time (each check costs one trial of the
+    head, not a copy of the pool)."""
 
+    def __init__(self, head: Queued, running: Sequence[Running], at: float) -> None:
+        self.head, self.running, self.at = head, running, at
+        self.ledger: Ledger | None = None
 
-def _head_still_fits(ledger: Ledger, head: Queued, running: Sequence[Running], at: float) -> bool:
-    trial = ledger.clone()
-    for job in running:
-        if job.ends_at <= at:
-            for alloc_id in job.allocations:
-                if alloc_id in trial.allocations:
-                    trial.release(alloc_id)
-    return not try_gang(trial, head, "?", explain=False)
+    def admits(self, work: Ledger, job: Queued, now: float) -> bool:
+        """Whether ``job``, just placed on ``work``, cannot delay the head (see *backfill*); if
+        it can, the caller takes it off ``work`` again."""
+        if now + job.time_limit <= self.at:
+            return True  # gone by the shadow time
+        taken = [work.allocations[a] for a in gang_allocations(work, job.id)]
+        if self.ledger is None:
+            self.ledger = work.clone()
+            for r in self.running:
+                if r.ends_at <= self.at:
+                    for alloc_id in r.allocations:
+                        if alloc_id in self.ledger.allocations:
+                            self.ledger.release(alloc_id)
+        else:
+            _restored, lost = self.ledger.restore(taken)
+            assert not lost, "a start fits now but not on the ledger at the shadow time"
+        if not try_gang(self.ledger, self.head, "?", explain=False):
+            release_job(self.ledger, self.head.id, "?")
+            return True
+        for a in taken:
+            self.ledger.release(a.id)
+        return False
 
 
 @dataclass(frozen=True)
