@@ -379,7 +379,7 @@ class FragmentationAware(PlacementPolicy):
     def copy(self) -> FragmentationAware:
         """The demands seen and the weights derived from them (re-derived only now and then,
         so both are copied); the caches are functions of the weights and are shared."""
-        twin = FragmentationAware()
+        twin = type(self)()
         twin._seen = Counter(self._seen)
         twin._weights = dict(self._weights)
         twin._dirty = self._dirty
